@@ -1,0 +1,59 @@
+"""Deterministic, resumable, per-process batches over the prepared blocks (grain).
+
+The batch for a step is a pure function of (seed, step): each source is shuffled anew
+every epoch and repeated forever, the sources are mixed by weight, and process p of P
+reads the rows p, p + P, p + 2P, ... of that global stream. The union over processes of
+step s is the same global batch whatever P is, and resuming means starting at step s:
+the data position saved in a checkpoint is the step itself.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import grain
+import numpy as np
+
+from maelm_jax.data import packing
+
+
+def _mixed_stream(blocks: dict[str, np.ndarray], weights: dict[str, float],
+                                    seed: int) -> grain.MapDataset:
+    streams, mix_weights = [], []
+    for i, name in enumerate(sorted(blocks)):
+        if len(blocks[name]) == 0:
+            continue
+        streams.append(grain.MapDataset.source(blocks[name]).shuffle(seed=seed + i).repeat())
+        mix_weights.append(weights[name])
+    if len(streams) == 1:
+        return streams[0]
+    return grain.MapDataset.mix(streams, mix_weights)
+
+
+def train_batches(data: packing.PreparedData, batch_size: int, seed: int,
+                                    start_step: int = 0, process_index: int = 0, process_count: int = 1,
+                                    prefetch: int = 2) -> Iterator[np.ndarray]:
+    """Yields this process's [batch_size / process_count, L] int32 rows for steps
+    start_step, start_step + 1, ... forever."""
+    if batch_size % process_count:
+        raise ValueError(f"config.train.batch_size={batch_size} is not divisible by the "
+                                          f"{process_count} processes")
+    local = batch_size // process_count
+    stream = _mixed_stream(data.train, data.weights, seed)
+    batches = stream[process_index::process_count].batch(local)[start_step:]
+    batches = batches.map(lambda b: np.asarray(b, dtype=np.int32))
+    options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=max(prefetch, 1))
+    return iter(batches.to_iter_dataset(options))
+
+
+def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int
+                                  ) -> list[np.ndarray]:
+    """The first num_batches full [batch_size, L] batches of the validation split, in
+    fixed order (all sources concatenated), so successive evals are comparable."""
+    blocks = np.concatenate([np.asarray(data.valid[n]) for n in sorted(data.valid)], axis=0)
+    count = min(num_batches, len(blocks) // batch_size)
+    if count == 0:
+        # Fewer validation blocks than one batch: use them all as a single smaller batch.
+        return [blocks.astype(np.int32)] if len(blocks) else []
+    return [blocks[i * batch_size:(i + 1) * batch_size].astype(np.int32)
+                    for i in range(count)]

@@ -1,0 +1,76 @@
+"""From the config's corpus sources to a tokenizer and prepared blocks in the workdir."""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+
+import ml_collections
+from absl import logging
+
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.data import packing, sources
+
+TOKENIZER_FILE = "tokenizer.model"
+
+
+def source_field(name: str) -> str:
+    return f"data.sources.{name}"
+
+
+def validate_sources(config: ml_collections.ConfigDict) -> None:
+    """Fails fast (before any tokenizer training) on a source that cannot be read."""
+    for name, source in config.data.sources.items():
+        sources.validate_source(source, source_field(name))
+
+
+def _documents(config: ml_collections.ConfigDict, name: str, stats: sources.ReadStats):
+    return sources.iter_documents(config.data.sources[name],
+                                  encoding_errors=config.data.encoding_errors, stats=stats)
+
+
+def setup_tokenizer(config: ml_collections.ConfigDict,
+                    workdir: pathlib.Path) -> tokenizer_lib.Tokenizer:
+    """The configured model file, else the workdir's, else one trained on the sources."""
+    tok_cfg = config.tokenizer
+    if tok_cfg.model_path:
+        return tokenizer_lib.load_tokenizer(tok_cfg.model_path)
+    path = workdir / TOKENIZER_FILE
+    if path.exists():
+        tok = tokenizer_lib.load_tokenizer(str(path))
+        if tok.vocab_size != tok_cfg.vocab_size:
+            raise tokenizer_lib.TokenizerError(
+                f"{path} has vocab_size {tok.vocab_size} but config.tokenizer.vocab_size is "
+                f"{tok_cfg.vocab_size}; use another workdir or set it to {tok.vocab_size}")
+        logging.info("reusing tokenizer %s", path)
+        return tok
+    logging.info("training a %d-piece %s tokenizer on the corpus (lowercase=%s)",
+                 tok_cfg.vocab_size, tok_cfg.model_type, tok_cfg.lowercase)
+    stats = sources.ReadStats()
+    # Sources in turn, each bounded, so the largest one cannot crowd out the rest entirely.
+    per_source = max(tok_cfg.max_sentences // len(config.data.sources), 1)
+    documents = itertools.chain.from_iterable(
+        itertools.islice(_documents(config, name, stats), per_source)
+        for name in sorted(config.data.sources))
+    return tokenizer_lib.train_tokenizer(
+        documents, str(path), tok_cfg.vocab_size, model_type=tok_cfg.model_type,
+        lowercase=tok_cfg.lowercase, max_sentences=tok_cfg.max_sentences, seed=config.seed)
+
+
+def prepare_data(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+                 tok: tokenizer_lib.Tokenizer) -> packing.PreparedData:
+    """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
+    cache_dir = pathlib.Path(config.data.cache_dir or workdir / "data")
+    stats = sources.ReadStats()
+    inputs = {name: (_documents(config, name, stats),
+                     float(sources.source_settings(source)["weight"]))
+              for name, source in config.data.sources.items()}
+    fingerprints = {name: sources.source_fingerprint(source)
+                    for name, source in config.data.sources.items()}
+    data = packing.prepare(inputs, fingerprints, tok, config.data.seq_len,
+                           config.data.validation_fraction, cache_dir)
+    if stats.replaced:
+        logging.warning("replaced %d invalid UTF-8 sequences while reading the corpus "
+                        "(config.data.encoding_errors='strict' makes this an error)",
+                        stats.replaced)
+    return data

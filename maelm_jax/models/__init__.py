@@ -1,0 +1,1 @@
+"""Flax models: Transformer layers, the encoder, the MAE-LM decoder, heads, objectives."""

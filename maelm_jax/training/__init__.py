@@ -1,0 +1,1 @@
+"""Training: optimiser, train state and steps, checkpoints, metrics, the loop."""
