@@ -26,31 +26,32 @@ class ConfigError(ValueError):
 def pretrain_defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "pretrain"
-    c.objective = "maelm"        # "maelm" (MAE-LM / 3ML_self) or "mlm" (RoBERTa baseline)
-    c.seed = 0                   # parameters, data order, masks and dropout all derive from it
+    c.objective = "maelm"  # "maelm" (MAE-LM / 3ML_self) or "mlm" (RoBERTa baseline)
+    c.seed = 0  # parameters, data order, masks and dropout all derive from it
 
     c.tokenizer = ml_collections.ConfigDict()
     c.tokenizer.model_path = ""  # an existing sentencepiece .model; "" trains one into the workdir
     c.tokenizer.vocab_size = 32768
-    c.tokenizer.model_type = "bpe"   # "bpe" or "unigram"
-    c.tokenizer.lowercase = True     # the paper's base setting is uncased
+    c.tokenizer.model_type = "bpe"  # "bpe" or "unigram"
+    c.tokenizer.lowercase = True  # the paper's base setting is uncased
     c.tokenizer.max_sentences = 2_000_000  # sentences sampled to train the tokenizer
 
     c.data = ml_collections.ConfigDict()
     # Named corpus sources, mixed by weight; see maelm_jax/data/sources.py for the kinds.
     c.data.sources = ml_collections.ConfigDict(
-            {"main": ml_collections.ConfigDict({"kind": "builtin", "weight": 1.0})})
-    c.data.seq_len = 512                 # L: every block is exactly L tokens
-    c.data.validation_fraction = 0.01    # documents held out (by hash) for eval
-    c.data.cache_dir = ""                # prepared blocks; "" = <workdir>/data
-    c.data.encoding_errors = "replace"   # non-UTF-8 bytes: "replace" (and count) or "strict"
-    c.data.prefetch = 2                  # batches read ahead by a background thread
+        {"main": ml_collections.ConfigDict({"kind": "builtin", "weight": 1.0})}
+    )
+    c.data.seq_len = 512  # L: every block is exactly L tokens
+    c.data.validation_fraction = 0.01  # documents held out (by hash) for eval
+    c.data.cache_dir = ""  # prepared blocks; "" = <workdir>/data
+    c.data.encoding_errors = "replace"  # non-UTF-8 bytes: "replace" (and count) or "strict"
+    c.data.prefetch = 2  # batches read ahead by a background thread
 
     c.masking = ml_collections.ConfigDict()
-    c.masking.mask_ratio = 0.15   # k = round(mask_ratio * L) positions predicted per sequence
-    c.masking.mask_frac = 1.0     # of the k: fraction replaced by [MASK] (3ML: 0.8)
-    c.masking.random_frac = 0.0   # of the k: fraction replaced by a random token (3ML: 0.1)
-    c.masking.delta = 0.0         # of the [MASK]s: fraction kept in the encoder (MAE-LM ablation)
+    c.masking.mask_ratio = 0.15  # k = round(mask_ratio * L) positions predicted per sequence
+    c.masking.mask_frac = 1.0  # of the k: fraction replaced by [MASK] (3ML: 0.8)
+    c.masking.random_frac = 0.0  # of the k: fraction replaced by a random token (3ML: 0.1)
+    c.masking.delta = 0.0  # of the [MASK]s: fraction kept in the encoder (MAE-LM ablation)
 
     c.model = ml_collections.ConfigDict()
     c.model.num_layers = 12
@@ -60,27 +61,27 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.dropout = 0.1
     c.model.attention_dropout = 0.1
     c.model.pre_ln = False
-    c.model.rel_pos_buckets = 32       # 0 disables the T5 relative position bias
+    c.model.rel_pos_buckets = 32  # 0 disables the T5 relative position bias
     c.model.rel_pos_max_distance = 128
-    c.model.dtype = "float32"          # compute dtype; parameters stay float32
+    c.model.dtype = "float32"  # compute dtype; parameters stay float32
     c.model.decoder = ml_collections.ConfigDict()
     c.model.decoder.num_layers = 4
-    c.model.decoder.d_model = 768      # a projection bridges a different encoder width
+    c.model.decoder.d_model = 768  # a projection bridges a different encoder width
     c.model.decoder.num_heads = 12
     c.model.decoder.d_ff = 3072
     c.model.decoder.pre_ln = False
 
     c.train = ml_collections.ConfigDict()
-    c.train.batch_size = 2048          # sequences per optimiser step (global)
-    c.train.grad_accum_steps = 1       # micro-batches per step; batch_size must divide
+    c.train.batch_size = 2048  # sequences per optimiser step (global)
+    c.train.grad_accum_steps = 1  # micro-batches per step; batch_size must divide
     c.train.num_steps = 125_000
-    c.train.learning_rate = 5e-4       # peak, after linear warmup; then linear decay to 0
+    c.train.learning_rate = 5e-4  # peak, after linear warmup; then linear decay to 0
     c.train.warmup_steps = 10_000
-    c.train.weight_decay = 0.01        # not applied to biases or LayerNorm
+    c.train.weight_decay = 0.01  # not applied to biases or LayerNorm
     c.train.adam_b1 = 0.9
     c.train.adam_b2 = 0.98
     c.train.adam_eps = 1e-6
-    c.train.clip_norm = 2.0            # global-norm clipping; 0 disables
+    c.train.clip_norm = 2.0  # global-norm clipping; 0 disables
     c.train.log_every = 100
     c.train.eval_every = 2000
     c.train.eval_batches = 20
@@ -98,66 +99,120 @@ def mask_counts(config: ml_collections.ConfigDict) -> masking.MaskCounts:
     m = config.masking
     try:
         return masking.MaskCounts.create(
-                config.data.seq_len, m.mask_ratio, m.mask_frac, m.random_frac, m.delta,
-                remove_masked=config.objective == "maelm")
+            config.data.seq_len,
+            m.mask_ratio,
+            m.mask_frac,
+            m.random_frac,
+            m.delta,
+            remove_masked=config.objective == "maelm",
+        )
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises ConfigError for the first problem found."""
-    _require(config.objective in pretrain_lib.OBJECTIVES, "objective",
-                      f"one of {pretrain_lib.OBJECTIVES}", config.objective)
+    _require(
+        config.objective in pretrain_lib.OBJECTIVES,
+        "objective",
+        f"one of {pretrain_lib.OBJECTIVES}",
+        config.objective,
+    )
     tok = config.tokenizer
-    _require(tok.model_type in ("bpe", "unigram"), "tokenizer.model_type",
-                      "'bpe' or 'unigram'", tok.model_type)
+    _require(
+        tok.model_type in ("bpe", "unigram"),
+        "tokenizer.model_type",
+        "'bpe' or 'unigram'",
+        tok.model_type,
+    )
     _require(tok.vocab_size > 16, "tokenizer.vocab_size", "an int > 16", tok.vocab_size)
     _require(config.data.seq_len >= 2, "data.seq_len", "an int >= 2", config.data.seq_len)
-    _require(0.0 < config.data.validation_fraction < 1.0, "data.validation_fraction",
-                      "a fraction in (0, 1)", config.data.validation_fraction)
-    _require(config.data.encoding_errors in ("replace", "strict"), "data.encoding_errors",
-                      "'replace' or 'strict'", config.data.encoding_errors)
+    _require(
+        0.0 < config.data.validation_fraction < 1.0,
+        "data.validation_fraction",
+        "a fraction in (0, 1)",
+        config.data.validation_fraction,
+    )
+    _require(
+        config.data.encoding_errors in ("replace", "strict"),
+        "data.encoding_errors",
+        "'replace' or 'strict'",
+        config.data.encoding_errors,
+    )
     _require(len(config.data.sources) > 0, "data.sources", "at least one source", {})
     mask_counts(config)
     m = config.model
     for prefix, stack in (("model", m), ("model.decoder", m.decoder)):
         for field in ("num_layers", "d_model", "num_heads", "d_ff"):
             _require(stack[field] >= 1, f"{prefix}.{field}", "an int >= 1", stack[field])
-        _require(stack.d_model % stack.num_heads == 0, f"{prefix}.d_model",
-                          f"a multiple of {prefix}.num_heads={stack.num_heads}", stack.d_model)
-    _require(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype",
-                      "'float32', 'bfloat16' or 'float16'", m.dtype)
-    _require(m.rel_pos_buckets == 0 or (m.rel_pos_buckets >= 4 and m.rel_pos_buckets % 2 == 0),
-                      "model.rel_pos_buckets", "0 (off) or an even int >= 4", m.rel_pos_buckets)
-    _require(m.rel_pos_max_distance > m.rel_pos_buckets // 4, "model.rel_pos_max_distance",
-                      f"an int > rel_pos_buckets / 4 = {m.rel_pos_buckets // 4}", m.rel_pos_max_distance)
+        _require(
+            stack.d_model % stack.num_heads == 0,
+            f"{prefix}.d_model",
+            f"a multiple of {prefix}.num_heads={stack.num_heads}",
+            stack.d_model,
+        )
+    _require(
+        m.dtype in ("float32", "bfloat16", "float16"),
+        "model.dtype",
+        "'float32', 'bfloat16' or 'float16'",
+        m.dtype,
+    )
+    _require(
+        m.rel_pos_buckets == 0 or (m.rel_pos_buckets >= 4 and m.rel_pos_buckets % 2 == 0),
+        "model.rel_pos_buckets",
+        "0 (off) or an even int >= 4",
+        m.rel_pos_buckets,
+    )
+    _require(
+        m.rel_pos_max_distance > m.rel_pos_buckets // 4,
+        "model.rel_pos_max_distance",
+        f"an int > rel_pos_buckets / 4 = {m.rel_pos_buckets // 4}",
+        m.rel_pos_max_distance,
+    )
     t = config.train
     _require(t.batch_size >= 1, "train.batch_size", "an int >= 1", t.batch_size)
-    _require(t.grad_accum_steps >= 1 and t.batch_size % t.grad_accum_steps == 0,
-                      "train.grad_accum_steps", f"a divisor of train.batch_size={t.batch_size}",
-                      t.grad_accum_steps)
+    _require(
+        t.grad_accum_steps >= 1 and t.batch_size % t.grad_accum_steps == 0,
+        "train.grad_accum_steps",
+        f"a divisor of train.batch_size={t.batch_size}",
+        t.grad_accum_steps,
+    )
     _require(t.num_steps >= 1, "train.num_steps", "an int >= 1", t.num_steps)
     _require(0 <= t.warmup_steps, "train.warmup_steps", "an int >= 0", t.warmup_steps)
     _require(t.learning_rate > 0, "train.learning_rate", "a float > 0", t.learning_rate)
-    for field in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
-                                "eval_batches"):
+    for field in (
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "eval_batches",
+    ):
         _require(t[field] >= 1, f"train.{field}", "an int >= 1", t[field])
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int
-                                  ) -> pretrain_lib.PretrainConfig:
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain_lib.PretrainConfig:
     """The frozen model description the Flax modules take."""
     m = config.model
     dtype = jnp.dtype(m.dtype)
-    enc_stack = layers.StackConfig(m.num_layers, m.d_model, m.num_heads, m.d_ff, m.dropout,
-                                                                  m.attention_dropout, m.pre_ln, dtype)
-    encoder = encoder_lib.EncoderConfig(enc_stack, vocab_size, config.data.seq_len,
-                                                                            m.rel_pos_buckets, m.rel_pos_max_distance)
+    enc_stack = layers.StackConfig(
+        m.num_layers,
+        m.d_model,
+        m.num_heads,
+        m.d_ff,
+        m.dropout,
+        m.attention_dropout,
+        m.pre_ln,
+        dtype,
+    )
+    encoder = encoder_lib.EncoderConfig(
+        enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance
+    )
     decoder = None
     if config.objective == "maelm":
         d = m.decoder
-        dec_stack = layers.StackConfig(d.num_layers, d.d_model, d.num_heads, d.d_ff,
-                                                                      0.0, 0.0, d.pre_ln, dtype)
+        dec_stack = layers.StackConfig(
+            d.num_layers, d.d_model, d.num_heads, d.d_ff, 0.0, 0.0, d.pre_ln, dtype
+        )
         decoder = decoder_lib.DecoderConfig(dec_stack, config.data.seq_len)
     return pretrain_lib.PretrainConfig(config.objective, encoder, decoder)
 

@@ -33,12 +33,13 @@ def round_half_up(x: float) -> int:
 @dataclasses.dataclass(frozen=True)
 class MaskCounts:
     """Per-sequence counts, all Python ints (they decide array shapes)."""
+
     seq_len: int
-    k: int            # predicted positions
-    k_mask: int       # of which replaced by [MASK]
-    k_random: int     # of which replaced by a random token
-    k_keep: int       # of which left unchanged
-    k_in_enc: int     # [MASK] tokens that stay in the encoder (delta ablation)
+    k: int  # predicted positions
+    k_mask: int  # of which replaced by [MASK]
+    k_random: int  # of which replaced by a random token
+    k_keep: int  # of which left unchanged
+    k_in_enc: int  # [MASK] tokens that stay in the encoder (delta ablation)
     remove_masked: bool  # MAE-LM/3ML: [MASK] tokens leave the encoder; MLM: they stay
 
     @property
@@ -52,31 +53,42 @@ class MaskCounts:
         return self.seq_len - self.k_removed
 
     @classmethod
-    def create(cls, seq_len: int, mask_ratio: float, mask_frac: float = 1.0,
-                          random_frac: float = 0.0, delta: float = 0.0,
-                          remove_masked: bool = True) -> "MaskCounts":
+    def create(
+        cls,
+        seq_len: int,
+        mask_ratio: float,
+        mask_frac: float = 1.0,
+        random_frac: float = 0.0,
+        delta: float = 0.0,
+        remove_masked: bool = True,
+    ) -> "MaskCounts":
         """Derives the counts; raises ValueError naming the offending setting."""
         if not 0.0 < mask_ratio < 1.0:
             raise ValueError(f"masking.mask_ratio must be in (0, 1), got {mask_ratio}")
-        for name, v in (("mask_frac", mask_frac), ("random_frac", random_frac),
-                                        ("delta", delta)):
+        for name, v in (("mask_frac", mask_frac), ("random_frac", random_frac), ("delta", delta)):
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"masking.{name} must be in [0, 1], got {v}")
         if mask_frac + random_frac > 1.0 + 1e-9:
-            raise ValueError("masking.mask_frac + masking.random_frac must be <= 1, got "
-                                              f"{mask_frac} + {random_frac}")
+            raise ValueError(
+                "masking.mask_frac + masking.random_frac must be <= 1, got "
+                f"{mask_frac} + {random_frac}"
+            )
         k = round_half_up(mask_ratio * seq_len)
         if k < 1:
-            raise ValueError(f"masking.mask_ratio={mask_ratio} with seq_len={seq_len} predicts "
-                                              "k < 1 tokens per sequence; raise mask_ratio or seq_len")
+            raise ValueError(
+                f"masking.mask_ratio={mask_ratio} with data.seq_len={seq_len} predicts "
+                "k < 1 tokens per sequence; raise either"
+            )
         k_mask = round_half_up(mask_frac * k)
         k_random = min(round_half_up(random_frac * k), k - k_mask)
         k_keep = k - k_mask - k_random
         k_in_enc = round_half_up(delta * k_mask)
         counts = cls(seq_len, k, k_mask, k_random, k_keep, k_in_enc, remove_masked)
         if counts.n_enc < 1:
-            raise ValueError(f"encoder length {counts.n_enc} < 1: masking removes every token; "
-                                              "lower masking.mask_ratio")
+            raise ValueError(
+                f"masking.mask_ratio={mask_ratio} leaves an encoder length of "
+                f"{counts.n_enc} < 1 token; lower it"
+            )
         return counts
 
 
@@ -89,6 +101,7 @@ class MaskedBatch(NamedTuple):
     targets:    [B, k] int32   original tokens at pred_index
     weights:    [B, k] float32 1 for a real target, 0 for padding (short sequences only)
     """
+
     inputs: jax.Array
     enc_index: jax.Array
     pred_index: jax.Array
@@ -106,8 +119,9 @@ def _scatter_set(x: jax.Array, index: jax.Array, values: jax.Array) -> jax.Array
     return x.at[rows, index].set(values)
 
 
-def apply_mask(key: jax.Array, tokens: jax.Array, counts: MaskCounts,
-                              vocab_size: int) -> MaskedBatch:
+def apply_mask(
+    key: jax.Array, tokens: jax.Array, counts: MaskCounts, vocab_size: int
+) -> MaskedBatch:
     """Samples the corruption of `tokens` [B, L] with exactly `counts` per sequence.
 
     Padding sorts after every real token, so it is chosen only when a sequence holds
@@ -115,8 +129,7 @@ def apply_mask(key: jax.Array, tokens: jax.Array, counts: MaskCounts,
     """
     B, L = tokens.shape
     if L != counts.seq_len:
-        raise ValueError(f"tokens have length {L}, masking counts were built for "
-                                          f"{counts.seq_len}")
+        raise ValueError(f"tokens have length {L}, masking counts were built for {counts.seq_len}")
     c = counts
     score_key, random_key = jax.random.split(key)
     is_pad = tokens == tokenizer.PAD_ID
@@ -125,27 +138,29 @@ def apply_mask(key: jax.Array, tokens: jax.Array, counts: MaskCounts,
 
     # order[:, :k] are corrupted: first [MASK] (the first k_in_enc of which stay in the
     # encoder), then random tokens, then unchanged ones.
-    mask_pos = order[:, :c.k_mask]
-    random_pos = order[:, c.k_mask:c.k_mask + c.k_random]
+    mask_pos = order[:, : c.k_mask]
+    random_pos = order[:, c.k_mask : c.k_mask + c.k_random]
 
     inputs = _scatter_set(tokens, mask_pos, jnp.int32(tokenizer.MASK_ID))
     if c.k_random:
         # Random replacements never produce a special token.
-        random_tokens = jax.random.randint(random_key, (B, c.k_random),
-                                                                              tokenizer.NUM_SPECIAL, vocab_size, jnp.int32)
+        random_tokens = jax.random.randint(
+            random_key, (B, c.k_random), tokenizer.NUM_SPECIAL, vocab_size, jnp.int32
+        )
         inputs = _scatter_set(inputs, random_pos, random_tokens)
 
     # The first k_in_enc [MASK] positions stay in the encoder (delta); the rest leave it.
     if c.remove_masked:
-        keep_enc = jnp.concatenate([order[:, :c.k_in_enc], order[:, c.k_mask:]], axis=1)
+        keep_enc = jnp.concatenate([order[:, : c.k_in_enc], order[:, c.k_mask :]], axis=1)
     else:
         keep_enc = order
     enc_index = jnp.sort(keep_enc, axis=1)
-    pred_index = jnp.sort(order[:, :c.k], axis=1)
+    pred_index = jnp.sort(order[:, : c.k], axis=1)
     targets = _gather(tokens, pred_index)
     weights = (targets != tokenizer.PAD_ID).astype(jnp.float32)
-    return MaskedBatch(inputs.astype(jnp.int32), enc_index, pred_index,
-                                          targets.astype(jnp.int32), weights)
+    return MaskedBatch(
+        inputs.astype(jnp.int32), enc_index, pred_index, targets.astype(jnp.int32), weights
+    )
 
 
 def gather_tokens(x: jax.Array, index: jax.Array) -> jax.Array:

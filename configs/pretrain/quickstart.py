@@ -5,12 +5,13 @@
 `quickstart.py:mlm` trains the MLM baseline with the same settings.
 """
 
+from configs.pretrain import base
 from maelm_jax import config as config_lib
 
 
-def get_config(objective: str = "maelm"):
+def get_config(arg: str | None = None):
     c = config_lib.pretrain_defaults()
-    c.objective = objective
+    c.objective = base.objective_from_arg(arg)
     c.tokenizer.vocab_size = 8192
     c.data.seq_len = 128
     c.data.validation_fraction = 0.02

@@ -17,8 +17,9 @@ import numpy as np
 from maelm_jax.data import packing
 
 
-def _mixed_stream(blocks: dict[str, np.ndarray], weights: dict[str, float],
-                                    seed: int) -> grain.MapDataset:
+def _mixed_stream(
+    blocks: dict[str, np.ndarray], weights: dict[str, float], seed: int
+) -> grain.MapDataset:
     streams, mix_weights = [], []
     for i, name in enumerate(sorted(blocks)):
         if len(blocks[name]) == 0:
@@ -30,14 +31,22 @@ def _mixed_stream(blocks: dict[str, np.ndarray], weights: dict[str, float],
     return grain.MapDataset.mix(streams, mix_weights)
 
 
-def train_batches(data: packing.PreparedData, batch_size: int, seed: int,
-                                    start_step: int = 0, process_index: int = 0, process_count: int = 1,
-                                    prefetch: int = 2) -> Iterator[np.ndarray]:
+def train_batches(
+    data: packing.PreparedData,
+    batch_size: int,
+    seed: int,
+    start_step: int = 0,
+    process_index: int = 0,
+    process_count: int = 1,
+    prefetch: int = 2,
+) -> Iterator[np.ndarray]:
     """Yields this process's [batch_size / process_count, L] int32 rows for steps
     start_step, start_step + 1, ... forever."""
     if batch_size % process_count:
-        raise ValueError(f"config.train.batch_size={batch_size} is not divisible by the "
-                                          f"{process_count} processes")
+        raise ValueError(
+            f"config.train.batch_size={batch_size} is not divisible by the "
+            f"{process_count} processes"
+        )
     local = batch_size // process_count
     stream = _mixed_stream(data.train, data.weights, seed)
     batches = stream[process_index::process_count].batch(local)[start_step:]
@@ -46,8 +55,7 @@ def train_batches(data: packing.PreparedData, batch_size: int, seed: int,
     return iter(batches.to_iter_dataset(options))
 
 
-def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int
-                                  ) -> list[np.ndarray]:
+def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int) -> list[np.ndarray]:
     """The first num_batches full [batch_size, L] batches of the validation split, in
     fixed order (all sources concatenated), so successive evals are comparable."""
     blocks = np.concatenate([np.asarray(data.valid[n]) for n in sorted(data.valid)], axis=0)
@@ -55,5 +63,4 @@ def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int
     if count == 0:
         # Fewer validation blocks than one batch: use them all as a single smaller batch.
         return [blocks.astype(np.int32)] if len(blocks) else []
-    return [blocks[i * batch_size:(i + 1) * batch_size].astype(np.int32)
-                    for i in range(count)]
+    return [blocks[i * batch_size : (i + 1) * batch_size].astype(np.int32) for i in range(count)]

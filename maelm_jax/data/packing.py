@@ -31,7 +31,7 @@ from absl import logging
 from maelm_jax import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
-_ENCODE_CHUNK = 512          # documents per sentencepiece batch call
+_ENCODE_CHUNK = 512  # documents per sentencepiece batch call
 _PROGRESS_SECONDS = 10.0
 
 
@@ -62,6 +62,7 @@ class BlockPacker:
 @dataclasses.dataclass
 class _SplitWriter:
     """Appends blocks of one split of one source to a raw file."""
+
     path: pathlib.Path
     dtype: np.dtype
     blocks: int = 0
@@ -93,12 +94,19 @@ def _chunks(documents: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def pack_source(documents: Iterable[str], tok: tokenizer_lib.Tokenizer, seq_len: int,
-                                validation_fraction: float, out_dir: pathlib.Path, name: str) -> dict:
+def pack_source(
+    documents: Iterable[str],
+    tok: tokenizer_lib.Tokenizer,
+    seq_len: int,
+    validation_fraction: float,
+    out_dir: pathlib.Path,
+    name: str,
+) -> dict:
     """Tokenises and packs one source into `<split>_<name>.bin` files; returns counts."""
     dtype = token_dtype(tok.vocab_size)
-    writers = {split: _SplitWriter(out_dir / f"{split}_{name}.bin", dtype)
-                          for split in ("train", "valid")}
+    writers = {
+        split: _SplitWriter(out_dir / f"{split}_{name}.bin", dtype) for split in ("train", "valid")
+    }
     packers = {split: BlockPacker(seq_len) for split in writers}
     docs = tokens = 0
     start = last_report = time.monotonic()
@@ -111,21 +119,37 @@ def pack_source(documents: Iterable[str], tok: tokenizer_lib.Tokenizer, seq_len:
         now = time.monotonic()
         if now - last_report > _PROGRESS_SECONDS:
             last_report = now
-            logging.info("preparing %s: %d documents, %.1fM tokens, %d blocks (%.0f tokens/s)",
-                                      name, docs, tokens / 1e6, writers["train"].blocks,
-                                      tokens / (now - start))
+            logging.info(
+                "preparing %s: %d documents, %.1fM tokens, %d blocks (%.0f tokens/s)",
+                name,
+                docs,
+                tokens / 1e6,
+                writers["train"].blocks,
+                tokens / (now - start),
+            )
     for w in writers.values():
         w.close()
-    logging.info("prepared %s: %d documents, %d tokens -> %d train / %d valid blocks "
-                              "in %.1fs", name, docs, tokens, writers["train"].blocks,
-                              writers["valid"].blocks, time.monotonic() - start)
-    return {"documents": docs, "tokens": tokens,
-                    "train_blocks": writers["train"].blocks, "valid_blocks": writers["valid"].blocks}
+    logging.info(
+        "prepared %s: %d documents, %d tokens -> %d train / %d valid blocks in %.1fs",
+        name,
+        docs,
+        tokens,
+        writers["train"].blocks,
+        writers["valid"].blocks,
+        time.monotonic() - start,
+    )
+    return {
+        "documents": docs,
+        "tokens": tokens,
+        "train_blocks": writers["train"].blocks,
+        "valid_blocks": writers["valid"].blocks,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
 class PreparedData:
     """Memory-mapped blocks of every source, each [num_blocks, seq_len]."""
+
     directory: pathlib.Path
     seq_len: int
     train: dict[str, np.ndarray]
@@ -136,39 +160,68 @@ class PreparedData:
     def load(cls, directory: pathlib.Path) -> "PreparedData":
         meta = json.loads((directory / "meta.json").read_text())
         dtype, L = np.dtype(meta["dtype"]), meta["seq_len"]
+
         def open_split(split):
             arrays = {}
             for name, stats in meta["sources"].items():
                 n = stats[f"{split}_blocks"]
-                arrays[name] = (np.memmap(directory / f"{split}_{name}.bin", dtype=dtype,
-                                                                    mode="r", shape=(n, L)) if n else
-                                                np.zeros((0, L), dtype))
+                arrays[name] = (
+                    np.memmap(
+                        directory / f"{split}_{name}.bin", dtype=dtype, mode="r", shape=(n, L)
+                    )
+                    if n
+                    else np.zeros((0, L), dtype)
+                )
             return arrays
-        return cls(directory, L, open_split("train"), open_split("valid"),
-                              {name: s["weight"] for name, s in meta["sources"].items()})
+
+        return cls(
+            directory,
+            L,
+            open_split("train"),
+            open_split("valid"),
+            {name: s["weight"] for name, s in meta["sources"].items()},
+        )
 
 
-def data_fingerprint(source_fingerprints: dict[str, str], tokenizer_path: str,
-                                          seq_len: int, validation_fraction: float) -> str:
+def data_fingerprint(
+    source_fingerprints: dict[str, str],
+    tokenizer_path: str,
+    seq_len: int,
+    validation_fraction: float,
+) -> str:
     """Everything the prepared blocks depend on, hashed."""
     h = hashlib.sha256()
     h.update(pathlib.Path(tokenizer_path).read_bytes())
-    h.update(json.dumps({"format": FORMAT_VERSION, "seq_len": seq_len,
-                                              "validation_fraction": validation_fraction,
-                                              "sources": source_fingerprints}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {
+                "format": FORMAT_VERSION,
+                "seq_len": seq_len,
+                "validation_fraction": validation_fraction,
+                "sources": source_fingerprints,
+            },
+            sort_keys=True,
+        ).encode()
+    )
     return h.hexdigest()[:16]
 
 
-def prepare(sources: dict[str, tuple[Iterable[str], float]], source_fingerprints: dict[str, str],
-                        tok: tokenizer_lib.Tokenizer, seq_len: int, validation_fraction: float,
-                        cache_dir: pathlib.Path) -> PreparedData:
+def prepare(
+    sources: dict[str, tuple[Iterable[str], float]],
+    source_fingerprints: dict[str, str],
+    tok: tokenizer_lib.Tokenizer,
+    seq_len: int,
+    validation_fraction: float,
+    cache_dir: pathlib.Path,
+) -> PreparedData:
     """Packs every source (name -> (documents, weight)) unless already prepared.
 
     Returns the memory-mapped blocks. Raises ValueError naming a source that yields no
     training block, or when the validation split is empty.
     """
-    fingerprint = data_fingerprint(source_fingerprints, tok.model_path, seq_len,
-                                                                  validation_fraction)
+    fingerprint = data_fingerprint(
+        source_fingerprints, tok.model_path, seq_len, validation_fraction
+    )
     final = cache_dir / fingerprint
     if (final / "meta.json").exists():
         logging.info("reusing prepared data in %s", final)
@@ -176,18 +229,25 @@ def prepare(sources: dict[str, tuple[Iterable[str], float]], source_fingerprints
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir))
     try:
-        meta = {"format": FORMAT_VERSION, "seq_len": seq_len,
-                        "dtype": token_dtype(tok.vocab_size).str, "sources": {}}
+        meta = {
+            "format": FORMAT_VERSION,
+            "seq_len": seq_len,
+            "dtype": token_dtype(tok.vocab_size).str,
+            "sources": {},
+        }
         for name, (documents, weight) in sources.items():
             stats = pack_source(documents, tok, seq_len, validation_fraction, tmp, name)
             if stats["train_blocks"] == 0:
                 raise ValueError(
-                        f"config.data.sources.{name}: {stats['tokens']} tokens do not fill one "
-                        f"training block of data.seq_len={seq_len}; add text or lower seq_len")
+                    f"config.data.sources.{name}: {stats['tokens']} tokens do not fill one "
+                    f"training block of data.seq_len={seq_len}; add text or lower seq_len"
+                )
             meta["sources"][name] = dict(stats, weight=weight)
         if sum(s["valid_blocks"] for s in meta["sources"].values()) == 0:
-            raise ValueError("config.data.validation_fraction: no validation block of "
-                                              f"data.seq_len={seq_len} was held out; raise it or add text")
+            raise ValueError(
+                "config.data.validation_fraction: no validation block of "
+                f"data.seq_len={seq_len} was held out; raise it or add text"
+            )
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         os.replace(tmp, final)
     finally:

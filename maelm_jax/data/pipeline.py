@@ -25,12 +25,14 @@ def validate_sources(config: ml_collections.ConfigDict) -> None:
 
 
 def _documents(config: ml_collections.ConfigDict, name: str, stats: sources.ReadStats):
-    return sources.iter_documents(config.data.sources[name],
-                                  encoding_errors=config.data.encoding_errors, stats=stats)
+    return sources.iter_documents(
+        config.data.sources[name], encoding_errors=config.data.encoding_errors, stats=stats
+    )
 
 
-def setup_tokenizer(config: ml_collections.ConfigDict,
-                    workdir: pathlib.Path) -> tokenizer_lib.Tokenizer:
+def setup_tokenizer(
+    config: ml_collections.ConfigDict, workdir: pathlib.Path
+) -> tokenizer_lib.Tokenizer:
     """The configured model file, else the workdir's, else one trained on the sources."""
     tok_cfg = config.tokenizer
     if tok_cfg.model_path:
@@ -41,36 +43,54 @@ def setup_tokenizer(config: ml_collections.ConfigDict,
         if tok.vocab_size != tok_cfg.vocab_size:
             raise tokenizer_lib.TokenizerError(
                 f"{path} has vocab_size {tok.vocab_size} but config.tokenizer.vocab_size is "
-                f"{tok_cfg.vocab_size}; use another workdir or set it to {tok.vocab_size}")
+                f"{tok_cfg.vocab_size}; use another workdir or set it to {tok.vocab_size}"
+            )
         logging.info("reusing tokenizer %s", path)
         return tok
-    logging.info("training a %d-piece %s tokenizer on the corpus (lowercase=%s)",
-                 tok_cfg.vocab_size, tok_cfg.model_type, tok_cfg.lowercase)
+    logging.info(
+        "training a %d-piece %s tokenizer on the corpus (lowercase=%s)",
+        tok_cfg.vocab_size,
+        tok_cfg.model_type,
+        tok_cfg.lowercase,
+    )
     stats = sources.ReadStats()
     # Sources in turn, each bounded, so the largest one cannot crowd out the rest entirely.
     per_source = max(tok_cfg.max_sentences // len(config.data.sources), 1)
     documents = itertools.chain.from_iterable(
         itertools.islice(_documents(config, name, stats), per_source)
-        for name in sorted(config.data.sources))
+        for name in sorted(config.data.sources)
+    )
     return tokenizer_lib.train_tokenizer(
-        documents, str(path), tok_cfg.vocab_size, model_type=tok_cfg.model_type,
-        lowercase=tok_cfg.lowercase, max_sentences=tok_cfg.max_sentences, seed=config.seed)
+        documents,
+        str(path),
+        tok_cfg.vocab_size,
+        model_type=tok_cfg.model_type,
+        lowercase=tok_cfg.lowercase,
+        max_sentences=tok_cfg.max_sentences,
+        seed=config.seed,
+    )
 
 
-def prepare_data(config: ml_collections.ConfigDict, workdir: pathlib.Path,
-                 tok: tokenizer_lib.Tokenizer) -> packing.PreparedData:
+def prepare_data(
+    config: ml_collections.ConfigDict, workdir: pathlib.Path, tok: tokenizer_lib.Tokenizer
+) -> packing.PreparedData:
     """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
     cache_dir = pathlib.Path(config.data.cache_dir or workdir / "data")
     stats = sources.ReadStats()
-    inputs = {name: (_documents(config, name, stats),
-                     float(sources.source_settings(source)["weight"]))
-              for name, source in config.data.sources.items()}
-    fingerprints = {name: sources.source_fingerprint(source)
-                    for name, source in config.data.sources.items()}
-    data = packing.prepare(inputs, fingerprints, tok, config.data.seq_len,
-                           config.data.validation_fraction, cache_dir)
+    inputs = {
+        name: (_documents(config, name, stats), float(sources.source_settings(source)["weight"]))
+        for name, source in config.data.sources.items()
+    }
+    fingerprints = {
+        name: sources.source_fingerprint(source) for name, source in config.data.sources.items()
+    }
+    data = packing.prepare(
+        inputs, fingerprints, tok, config.data.seq_len, config.data.validation_fraction, cache_dir
+    )
     if stats.replaced:
-        logging.warning("replaced %d invalid UTF-8 sequences while reading the corpus "
-                        "(config.data.encoding_errors='strict' makes this an error)",
-                        stats.replaced)
+        logging.warning(
+            "replaced %d invalid UTF-8 sequences while reading the corpus "
+            "(config.data.encoding_errors='strict' makes this an error)",
+            stats.replaced,
+        )
     return data

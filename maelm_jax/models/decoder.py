@@ -28,8 +28,9 @@ class Decoder(nn.Module):
     cfg: DecoderConfig
 
     @nn.compact
-    def __call__(self, enc_out: jax.Array, enc_index: jax.Array,
-                              mask_embedding: jax.Array) -> jax.Array:
+    def __call__(
+        self, enc_out: jax.Array, enc_index: jax.Array, mask_embedding: jax.Array
+    ) -> jax.Array:
         """enc_out [B, n_enc, D_enc] at positions enc_index [B, n_enc]; mask_embedding [D_enc].
 
         Returns decoder states [B, L, D_dec].
@@ -40,14 +41,23 @@ class Decoder(nn.Module):
             # 3ML: a linear projection bridges the widths. Being linear, projecting the encoder
             # outputs and the [MASK] row separately equals projecting the scattered buffer, at
             # n_enc instead of L rows.
-            proj = nn.Dense(stack.d_model, dtype=stack.dtype, name="projection",
-                                            kernel_init=layers.normal_init(("embed", "dec_embed")),
-                                            bias_init=layers.zeros_init(("dec_embed",)))
+            proj = nn.Dense(
+                stack.d_model,
+                dtype=stack.dtype,
+                name="projection",
+                kernel_init=layers.normal_init(("embed", "dec_embed")),
+                bias_init=layers.zeros_init(("dec_embed",)),
+            )
             enc_out, mask_embedding = proj(enc_out), proj(mask_embedding)
         buffer = jnp.broadcast_to(mask_embedding.astype(stack.dtype), (B, L, stack.d_model))
         x = masking.scatter_tokens(buffer, enc_index, enc_out.astype(stack.dtype))
-        positions = nn.Embed(L, stack.d_model, dtype=stack.dtype, name="position_embeddings",
-                                                  embedding_init=layers.normal_init(("positions", "dec_embed")))
+        positions = nn.Embed(
+            L,
+            stack.d_model,
+            dtype=stack.dtype,
+            name="position_embeddings",
+            embedding_init=layers.normal_init(("positions", "dec_embed")),
+        )
         x = x + positions(jnp.arange(L))[None]
         x = layers.layer_norm("ln_embed", stack.dtype)(x)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))

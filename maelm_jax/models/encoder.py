@@ -24,33 +24,47 @@ class EncoderConfig:
     stack: layers.StackConfig
     vocab_size: int
     max_positions: int
-    rel_pos_buckets: int = 32      # 0 disables the relative position bias
+    rel_pos_buckets: int = 32  # 0 disables the relative position bias
     rel_pos_max_distance: int = 128
 
 
 class Encoder(nn.Module):
     """Token + aligned position embeddings -> LayerNorm -> Transformer stack."""
+
     cfg: EncoderConfig
 
     def setup(self):
         cfg, stack = self.cfg, self.cfg.stack
         self.word_embeddings = nn.Embed(
-                cfg.vocab_size, stack.d_model, dtype=stack.dtype,
-                embedding_init=layers.normal_init(("vocab", "embed")))
+            cfg.vocab_size,
+            stack.d_model,
+            dtype=stack.dtype,
+            embedding_init=layers.normal_init(("vocab", "embed")),
+        )
         self.position_embeddings = nn.Embed(
-                cfg.max_positions, stack.d_model, dtype=stack.dtype,
-                embedding_init=layers.normal_init(("positions", "embed")))
+            cfg.max_positions,
+            stack.d_model,
+            dtype=stack.dtype,
+            embedding_init=layers.normal_init(("positions", "embed")),
+        )
         self.ln_embed = layers.layer_norm("ln_embed", stack.dtype)
         self.dropout = nn.Dropout(stack.dropout)
         self.relative_bias = (
-                layers.RelativePositionBias(cfg.rel_pos_buckets, cfg.rel_pos_max_distance,
-                                                                        stack.num_heads)
-                if cfg.rel_pos_buckets else None)
+            layers.RelativePositionBias(
+                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads
+            )
+            if cfg.rel_pos_buckets
+            else None
+        )
         self.stack = layers.TransformerStack(stack)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array,
-                              key_mask: Optional[jax.Array] = None,
-                              deterministic: bool = True) -> jax.Array:
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        key_mask: Optional[jax.Array] = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
         """tokens, positions [B, n] int32; key_mask [B, n] bool (True = real token) or None.
 
         Returns hidden states [B, n, d_model].

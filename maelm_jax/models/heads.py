@@ -17,18 +17,22 @@ class LmHead(nn.Module):
     The first dense maps the input width (the decoder's, in 3ML) to the encoder width so
     that the output projection can share the word-embedding table.
     """
-    d_model: int       # encoder width = word-embedding width
+
+    d_model: int  # encoder width = word-embedding width
     vocab_size: int
     dtype: layers.Dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array, attend: Callable[[jax.Array], jax.Array]) -> jax.Array:
         """x [B, k, D_in] at the predicted positions -> logits [B, k, vocab] (float32)."""
-        x = nn.Dense(self.d_model, dtype=self.dtype, name="dense",
-                                  kernel_init=layers.normal_init(("dec_embed", "embed")),
-                                  bias_init=layers.zeros_init(("embed",)))(x)
+        x = nn.Dense(
+            self.d_model,
+            dtype=self.dtype,
+            name="dense",
+            kernel_init=layers.normal_init(("dec_embed", "embed")),
+            bias_init=layers.zeros_init(("embed",)),
+        )(x)
         x = nn.gelu(x, approximate=False)
         x = layers.layer_norm("ln", self.dtype)(x)
-        bias = self.param("bias", layers.zeros_init(("vocab",)), (self.vocab_size,),
-                                            jnp.float32)
+        bias = self.param("bias", layers.zeros_init(("vocab",)), (self.vocab_size,), jnp.float32)
         return attend(x) + bias

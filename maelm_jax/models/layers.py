@@ -36,14 +36,15 @@ def ones_init(axes: tuple[str, ...]):
 @dataclasses.dataclass(frozen=True)
 class StackConfig:
     """Architecture of one Transformer stack (encoder or decoder)."""
+
     num_layers: int
     d_model: int
     num_heads: int
     d_ff: int
     dropout: float = 0.0
     attention_dropout: float = 0.0
-    pre_ln: bool = False          # post-LN (BERT/RoBERTa, MAE-LM) unless set
-    dtype: Dtype = jnp.float32    # compute dtype
+    pre_ln: bool = False  # post-LN (BERT/RoBERTa, MAE-LM) unless set
+    dtype: Dtype = jnp.float32  # compute dtype
 
     @property
     def head_dim(self) -> int:
@@ -51,12 +52,16 @@ class StackConfig:
 
 
 def layer_norm(name: str, dtype: Dtype) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=1e-5, dtype=dtype, name=name,
-                                            scale_init=ones_init(("embed",)), bias_init=zeros_init(("embed",)))
+    return nn.LayerNorm(
+        epsilon=1e-5,
+        dtype=dtype,
+        name=name,
+        scale_init=ones_init(("embed",)),
+        bias_init=zeros_init(("embed",)),
+    )
 
 
-def t5_relative_bucket(relative: jax.Array, num_buckets: int,
-                                              max_distance: int) -> jax.Array:
+def t5_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: int) -> jax.Array:
     """T5's bidirectional bucketing of `relative` = key_pos - query_pos.
 
     Half the buckets per sign; within a sign, exact buckets for small distances and
@@ -68,8 +73,9 @@ def t5_relative_bucket(relative: jax.Array, num_buckets: int,
     max_exact = half // 2
     is_small = distance < max_exact
     # max(distance, 1) keeps log() finite where the small branch is chosen anyway.
-    log_ratio = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
-                              / jnp.log(max_distance / max_exact))
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / jnp.log(
+        max_distance / max_exact
+    )
     large = max_exact + (log_ratio * (half - max_exact)).astype(jnp.int32)
     large = jnp.minimum(large, half - 1)
     return bucket + jnp.where(is_small, distance, large)
@@ -77,6 +83,7 @@ def t5_relative_bucket(relative: jax.Array, num_buckets: int,
 
 class RelativePositionBias(nn.Module):
     """T5 relative position bias from original (aligned) positions, shared by all layers."""
+
     num_buckets: int
     max_distance: int
     num_heads: int
@@ -84,37 +91,55 @@ class RelativePositionBias(nn.Module):
     @nn.compact
     def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         """q_pos [B, n], k_pos [B, m] -> bias [B, heads, n, m] (float32)."""
-        table = self.param("rel_embedding", normal_init(("rel_buckets", "heads")),
-                                              (self.num_buckets, self.num_heads), jnp.float32)
-        buckets = t5_relative_bucket(k_pos[:, None, :] - q_pos[:, :, None],
-                                                                  self.num_buckets, self.max_distance)
+        table = self.param(
+            "rel_embedding",
+            normal_init(("rel_buckets", "heads")),
+            (self.num_buckets, self.num_heads),
+            jnp.float32,
+        )
+        buckets = t5_relative_bucket(
+            k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance
+        )
         return jnp.transpose(table[buckets], (0, 3, 1, 2))
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with an additive bias and a boolean key mask."""
+
     cfg: StackConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, context: jax.Array,
-                              bias: Optional[jax.Array], key_mask: Optional[jax.Array],
-                              deterministic: bool) -> jax.Array:
+    def __call__(
+        self,
+        x: jax.Array,
+        context: jax.Array,
+        bias: Optional[jax.Array],
+        key_mask: Optional[jax.Array],
+        deterministic: bool,
+    ) -> jax.Array:
         """x [B, n, D] attends to context [B, m, D].
 
         bias: [B, heads, n, m] or None. key_mask: [B, m] bool (True = attend) or None.
         Returns [B, n, D].
         """
         cfg = self.cfg
+
         def project(name):
-            return nn.DenseGeneral((cfg.num_heads, cfg.head_dim), dtype=cfg.dtype, name=name,
-                                                          kernel_init=normal_init(("embed", "heads", "kv")),
-                                                          bias_init=zeros_init(("heads", "kv")))
+            return nn.DenseGeneral(
+                (cfg.num_heads, cfg.head_dim),
+                dtype=cfg.dtype,
+                name=name,
+                kernel_init=normal_init(("embed", "heads", "kv")),
+                bias_init=zeros_init(("heads", "kv")),
+            )
+
         q = project("query")(x)
         k = project("key")(context)
         v = project("value")(context)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "kv"))
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
-                                                preferred_element_type=jnp.float32) / jnp.sqrt(cfg.head_dim)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(
+            cfg.head_dim
+        )
         if bias is not None:
             logits = logits + bias
         if key_mask is not None:
@@ -122,35 +147,56 @@ class MultiHeadAttention(nn.Module):
         probs = jax.nn.softmax(logits, axis=-1)
         probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(cfg.dtype), v)
-        return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, name="out",
-                                                      kernel_init=normal_init(("heads", "kv", "embed")),
-                                                      bias_init=zeros_init(("embed",)))(out)
+        return nn.DenseGeneral(
+            cfg.d_model,
+            axis=(-2, -1),
+            dtype=cfg.dtype,
+            name="out",
+            kernel_init=normal_init(("heads", "kv", "embed")),
+            bias_init=zeros_init(("embed",)),
+        )(out)
 
 
 class FeedForward(nn.Module):
     """Position-wise MLP: dense -> GELU -> dropout -> dense."""
+
     cfg: StackConfig
 
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.cfg
-        h = nn.Dense(cfg.d_ff, dtype=cfg.dtype, name="wi",
-                                  kernel_init=normal_init(("embed", "mlp")), bias_init=zeros_init(("mlp",)))(x)
+        h = nn.Dense(
+            cfg.d_ff,
+            dtype=cfg.dtype,
+            name="wi",
+            kernel_init=normal_init(("embed", "mlp")),
+            bias_init=zeros_init(("mlp",)),
+        )(x)
         h = nn.gelu(h, approximate=False)  # fairseq/BERT use the exact (erf) GELU
         h = nn.with_logical_constraint(h, ("batch", "length", "act_mlp"))
         h = nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
-        return nn.Dense(cfg.d_model, dtype=cfg.dtype, name="wo",
-                                        kernel_init=normal_init(("mlp", "embed")),
-                                        bias_init=zeros_init(("embed",)))(h)
+        return nn.Dense(
+            cfg.d_model,
+            dtype=cfg.dtype,
+            name="wo",
+            kernel_init=normal_init(("mlp", "embed")),
+            bias_init=zeros_init(("embed",)),
+        )(h)
 
 
 class TransformerLayer(nn.Module):
     """Bidirectional self-attention + MLP, post-LN (default) or pre-LN."""
+
     cfg: StackConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, bias: Optional[jax.Array],
-                              key_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
+    def __call__(
+        self,
+        x: jax.Array,
+        bias: Optional[jax.Array],
+        key_mask: Optional[jax.Array],
+        deterministic: bool,
+    ) -> jax.Array:
         """x [B, n, D] -> [B, n, D]."""
         cfg = self.cfg
         drop = nn.Dropout(cfg.dropout)
@@ -162,19 +208,26 @@ class TransformerLayer(nn.Module):
             x = x + drop(attn(h, h, bias, key_mask, deterministic), deterministic=deterministic)
             x = x + drop(mlp(ln_mlp(x), deterministic), deterministic=deterministic)
         else:
-            x = ln_attn(x + drop(attn(x, x, bias, key_mask, deterministic),
-                                                      deterministic=deterministic))
+            x = ln_attn(
+                x + drop(attn(x, x, bias, key_mask, deterministic), deterministic=deterministic)
+            )
             x = ln_mlp(x + drop(mlp(x, deterministic), deterministic=deterministic))
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
 
 class TransformerStack(nn.Module):
     """`num_layers` Transformer layers; pre-LN stacks end with a final LayerNorm."""
+
     cfg: StackConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array, bias: Optional[jax.Array],
-                              key_mask: Optional[jax.Array], deterministic: bool) -> jax.Array:
+    def __call__(
+        self,
+        x: jax.Array,
+        bias: Optional[jax.Array],
+        key_mask: Optional[jax.Array],
+        deterministic: bool,
+    ) -> jax.Array:
         for i in range(self.cfg.num_layers):
             x = TransformerLayer(self.cfg, name=f"layer_{i}")(x, bias, key_mask, deterministic)
         if self.cfg.pre_ln:

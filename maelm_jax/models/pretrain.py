@@ -41,10 +41,10 @@ class PretrainModel(nn.Module):
         if cfg.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {cfg.objective!r}")
         self.encoder = encoder_lib.Encoder(cfg.encoder)
-        self.decoder = (decoder_lib.Decoder(cfg.decoder)
-                                        if cfg.objective == "maelm" else None)
-        self.lm_head = heads.LmHead(cfg.encoder.stack.d_model, cfg.encoder.vocab_size,
-                                                                cfg.encoder.stack.dtype)
+        self.decoder = decoder_lib.Decoder(cfg.decoder) if cfg.objective == "maelm" else None
+        self.lm_head = heads.LmHead(
+            cfg.encoder.stack.d_model, cfg.encoder.vocab_size, cfg.encoder.stack.dtype
+        )
 
     def __call__(self, batch: masking.MaskedBatch, deterministic: bool = True) -> jax.Array:
         """Returns logits [B, k, vocab] (float32) at batch.pred_index."""
@@ -52,17 +52,18 @@ class PretrainModel(nn.Module):
             enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)  # [B, n_enc]
             hidden = self.encoder(enc_tokens, batch.enc_index, deterministic=deterministic)
             mask_embedding = self.encoder.embed(jnp.int32(tokenizer.MASK_ID))
-            hidden = self.decoder(hidden, batch.enc_index, mask_embedding)      # [B, L, D_dec]
+            hidden = self.decoder(hidden, batch.enc_index, mask_embedding)  # [B, L, D_dec]
         else:
             B, L = batch.inputs.shape
             positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
             hidden = self.encoder(batch.inputs, positions, deterministic=deterministic)
-        predicted = masking.gather_tokens(hidden, batch.pred_index)            # [B, k, D]
+        predicted = masking.gather_tokens(hidden, batch.pred_index)  # [B, k, D]
         return self.lm_head(predicted, self.encoder.attend)
 
 
-def masked_lm_sums(logits: jax.Array, targets: jax.Array,
-                                      weights: jax.Array) -> dict[str, jax.Array]:
+def masked_lm_sums(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array
+) -> dict[str, jax.Array]:
     """Sums over predicted tokens: cross-entropy, correct predictions, and the token count.
 
     Sums (not means) so that gradient accumulation and data parallelism divide once, by the
@@ -72,6 +73,8 @@ def masked_lm_sums(logits: jax.Array, targets: jax.Array,
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return {"loss_sum": jnp.sum(nll * weights),
-                    "correct_sum": jnp.sum(correct * weights),
-                    "count": jnp.sum(weights)}
+    return {
+        "loss_sum": jnp.sum(nll * weights),
+        "correct_sum": jnp.sum(correct * weights),
+        "count": jnp.sum(weights),
+    }

@@ -37,8 +37,11 @@ def evaluate(eval_step, params, batches: list[np.ndarray], seed: int) -> dict[st
             totals[name] += float(sums[name])
     count = max(totals["count"], 1.0)
     loss = totals["loss_sum"] / count
-    return {"loss": loss, "accuracy": totals["correct_sum"] / count,
-            "perplexity": metrics_lib.perplexity(loss)}
+    return {
+        "loss": loss,
+        "accuracy": totals["correct_sum"] / count,
+        "perplexity": metrics_lib.perplexity(loss),
+    }
 
 
 class _Throughput:
@@ -52,8 +55,11 @@ class _Throughput:
         now = time.perf_counter()
         rate = (step - self.step) / max(now - self.time, 1e-9)
         self.step, self.time = step, now
-        return {"steps_per_sec": rate, "tokens_per_sec": rate * self.tokens_per_step,
-                "eta_minutes": (self.num_steps - step) / max(rate, 1e-9) / 60}
+        return {
+            "steps_per_sec": rate,
+            "tokens_per_sec": rate * self.tokens_per_step,
+            "eta_minutes": (self.num_steps - step) / max(rate, 1e-9) / 60,
+        }
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -70,9 +76,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     tok = pipeline.setup_tokenizer(config, workdir)
     data = pipeline.prepare_data(config, workdir, tok)
     counts = config_lib.mask_counts(config)
-    logging.info("masking: k=%d predicted (%d [MASK], %d random, %d unchanged), "
-                 "encoder length %d of %d", counts.k, counts.k_mask, counts.k_random,
-                 counts.k_keep, counts.n_enc, counts.seq_len)
+    logging.info(
+        "masking: k=%d predicted (%d [MASK], %d random, %d unchanged), encoder length %d of %d",
+        counts.k,
+        counts.k_mask,
+        counts.k_random,
+        counts.k_keep,
+        counts.n_enc,
+        counts.seq_len,
+    )
 
     model = pretrain_lib.PretrainModel(config_lib.model_config(config, tok.vocab_size))
     tx, schedule = optimizer_lib.make_optimizer(config.train)
@@ -81,26 +93,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("%s model: %.2fM parameters", config.objective, n_params / 1e6)
 
     t = config.train
-    ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", t.checkpoint_every,
-                                       t.keep_checkpoints)
+    ckpt = checkpoint_lib.Checkpointer(
+        workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints
+    )
     start = ckpt.latest_step()
     if start is not None:
         state, meta = ckpt.restore(start, state)
-        logging.info("resumed from checkpoint at step %d (data position %d)", start,
-                     meta["data_position"])
+        logging.info(
+            "resumed from checkpoint at step %d (data position %d)", start, meta["data_position"]
+        )
         start = meta["data_position"]
     else:
         start = 0
     writer = metrics_lib.MetricWriter(workdir, resume_step=start)
 
-    train_step = jax.jit(steps.make_train_step(model, tx, schedule, counts, tok.vocab_size,
-                                               t.grad_accum_steps), donate_argnums=0)
+    train_step = jax.jit(
+        steps.make_train_step(model, tx, schedule, counts, tok.vocab_size, t.grad_accum_steps),
+        donate_argnums=0,
+    )
     eval_step = jax.jit(steps.make_eval_step(model, counts, tok.vocab_size))
     eval_data = loader.eval_batches(data, t.batch_size, t.eval_batches)
-    batches = loader.train_batches(data, t.batch_size, config.seed, start_step=start,
-                                   process_index=jax.process_index(),
-                                   process_count=jax.process_count(),
-                                   prefetch=config.data.prefetch)
+    batches = loader.train_batches(
+        data,
+        t.batch_size,
+        config.seed,
+        start_step=start,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        prefetch=config.data.prefetch,
+    )
 
     throughput = _Throughput(start, t.batch_size * config.data.seq_len, t.num_steps)
     window: list[dict] = []
@@ -108,6 +129,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     for step in range(start + 1, t.num_steps + 1):
         state, step_metrics = train_step(state, jnp.asarray(next(batches)))
         window.append(step_metrics)
+        if step == start + 1:
+            # Keep compilation out of the first window's steps/s and ETA.
+            jax.block_until_ready(state)
+            logging.info(
+                "compiled and ran the first step in %.1fs", time.perf_counter() - throughput.time
+            )
+            throughput = _Throughput(step, t.batch_size * config.data.seq_len, t.num_steps)
         if step % t.log_every == 0 or step == t.num_steps:
             fetched = jax.device_get(window)
             means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
@@ -117,8 +145,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         if step % t.eval_every == 0 or step == t.num_steps:
             eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)
             writer.write("eval", step, eval_metrics)
-        ckpt.save(step, state, {"step": step, "data_position": step},
-                  force=step == t.num_steps)
+        ckpt.save(step, state, {"step": step, "data_position": step}, force=step == t.num_steps)
     ckpt.wait()
     ckpt.close()
     writer.close()

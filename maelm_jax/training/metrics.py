@@ -46,6 +46,9 @@ def _truncate_after(path: pathlib.Path, step: int) -> None:
     the file holds one line per (split, step)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= step
+    ]
     path.write_text("".join(line + "\n" for line in kept))

@@ -14,22 +14,33 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
     """0 -> peak over warmup_steps, then linearly to 0 at num_steps."""
     warmup = min(train.warmup_steps, train.num_steps)
     return optax.join_schedules(
-            [optax.linear_schedule(0.0, train.learning_rate, max(warmup, 1)),
-              optax.linear_schedule(train.learning_rate, 0.0, max(train.num_steps - warmup, 1))],
-            [warmup])
+        [
+            optax.linear_schedule(0.0, train.learning_rate, max(warmup, 1)),
+            optax.linear_schedule(train.learning_rate, 0.0, max(train.num_steps - warmup, 1)),
+        ],
+        [warmup],
+    )
 
 
 def weight_decay_mask(params) -> dict:
     def decayed(path, _):
         return getattr(path[-1], "key", None) in _DECAYED_LEAVES
+
     return jax.tree_util.tree_map_with_path(decayed, params)
 
 
-def make_optimizer(train: ml_collections.ConfigDict
-                                      ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    train: ml_collections.ConfigDict,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     schedule = learning_rate_schedule(train)
-    adamw = optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps,
-                                            weight_decay=train.weight_decay, mask=weight_decay_mask)
+    adamw = optax.adamw(
+        schedule,
+        b1=train.adam_b1,
+        b2=train.adam_b2,
+        eps=train.adam_eps,
+        weight_decay=train.weight_decay,
+        mask=weight_decay_mask,
+    )
     if train.clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(train.clip_norm), adamw), schedule
     return adamw, schedule

@@ -22,22 +22,24 @@ from maelm_jax.models import pretrain as pretrain_lib
 
 @flax.struct.dataclass
 class TrainState:
-    step: jax.Array      # completed optimiser updates, int32 scalar
+    step: jax.Array  # completed optimiser updates, int32 scalar
     params: Any
     opt_state: Any
-    rng: jax.Array       # raw uint32 key data; every step folds its own keys from it
+    rng: jax.Array  # raw uint32 key data; every step folds its own keys from it
 
 
-def create_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
-                                  counts: masking.MaskCounts) -> tuple[TrainState, Any]:
+def create_state(
+    model: nn.Module, tx: optax.GradientTransformation, seed: int, counts: masking.MaskCounts
+) -> tuple[TrainState, Any]:
     """Initialises parameters (unboxed) and returns (state, logical partition specs)."""
     init_key, train_key = jax.random.split(jax.random.PRNGKey(seed))
     dummy = masking.MaskedBatch(
-            inputs=jnp.zeros((1, counts.seq_len), jnp.int32),
-            enc_index=jnp.zeros((1, counts.n_enc), jnp.int32),
-            pred_index=jnp.zeros((1, counts.k), jnp.int32),
-            targets=jnp.zeros((1, counts.k), jnp.int32),
-            weights=jnp.zeros((1, counts.k), jnp.float32))
+        inputs=jnp.zeros((1, counts.seq_len), jnp.int32),
+        enc_index=jnp.zeros((1, counts.n_enc), jnp.int32),
+        pred_index=jnp.zeros((1, counts.k), jnp.int32),
+        targets=jnp.zeros((1, counts.k), jnp.int32),
+        weights=jnp.zeros((1, counts.k), jnp.float32),
+    )
 
     def init():
         boxed = model.init(init_key, dummy)["params"]
@@ -45,20 +47,27 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation, seed: int,
         return TrainState(jnp.int32(0), params, tx.init(params), train_key)
 
     logical_specs = nn.get_partition_spec(
-            jax.eval_shape(lambda: model.init(init_key, dummy)["params"]))
+        jax.eval_shape(lambda: model.init(init_key, dummy)["params"])
+    )
     return jax.jit(init)(), logical_specs
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                                        schedule: optax.Schedule, counts: masking.MaskCounts,
-                                        vocab_size: int, grad_accum_steps: int) -> Callable:
+def make_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    counts: masking.MaskCounts,
+    vocab_size: int,
+    grad_accum_steps: int,
+) -> Callable:
     """Returns train_step(state, tokens [batch, L] int32) -> (state, metrics)."""
 
     def micro_loss(params, tokens, key):
         mask_key, dropout_key = jax.random.split(key)
         batch = masking.apply_mask(mask_key, tokens, counts, vocab_size)
-        logits = model.apply({"params": params}, batch, deterministic=False,
-                                                  rngs={"dropout": dropout_key})
+        logits = model.apply(
+            {"params": params}, batch, deterministic=False, rngs={"dropout": dropout_key}
+        )
         sums = pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights)
         return sums["loss_sum"], sums
 
@@ -78,30 +87,34 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
         zero_sums = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
         zero_sums = jax.tree.map(jnp.float32, zero_sums)
         zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-        (grads, sums), _ = jax.lax.scan(accumulate, (zero_grads, zero_sums),
-                                                                        (micro, jnp.arange(grad_accum_steps)))
+        (grads, sums), _ = jax.lax.scan(
+            accumulate, (zero_grads, zero_sums), (micro, jnp.arange(grad_accum_steps))
+        )
         count = jnp.maximum(sums["count"], 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": sums["loss_sum"] / count,
-                              "accuracy": sums["correct_sum"] / count,
-                              "grad_norm": optax.global_norm(grads),
-                              "learning_rate": schedule(state.step)}
+        metrics = {
+            "loss": sums["loss_sum"] / count,
+            "accuracy": sums["correct_sum"] / count,
+            "grad_norm": optax.global_norm(grads),
+            "learning_rate": schedule(state.step),
+        }
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics
 
     return train_step
 
 
-def make_eval_step(model: nn.Module, counts: masking.MaskCounts,
-                                      vocab_size: int) -> Callable:
+def make_eval_step(model: nn.Module, counts: masking.MaskCounts, vocab_size: int) -> Callable:
     """Returns eval_step(params, tokens [b, L], key) -> sums of loss/correct/count.
 
     The caller passes fixed keys so every evaluation scores the same masks.
     """
+
     def eval_step(params, tokens, key):
         batch = masking.apply_mask(key, tokens, counts, vocab_size)
         logits = model.apply({"params": params}, batch, deterministic=True)
         return pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights)
+
     return eval_step

@@ -1,0 +1,1 @@
+"""Data: corpus sources (built-in, text, JSONL, WikiExtractor, TFDS), packing and loading."""

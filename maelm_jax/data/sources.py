@@ -1,0 +1,391 @@
+"""Corpus sources: where the pretraining text comes from.
+
+A source is a config mapping (an ``ml_collections.ConfigDict`` or a dict) with a ``kind``,
+a mixing ``weight`` (a number > 0, default 1.0; the mixture itself is the loader's job)
+and the kind's own fields:
+
+=================  ==========================================================================
+kind               fields (default)
+=================  ==========================================================================
+``builtin``        none: English prose from the Python stdlib docstrings (no download).
+``text``           ``path``; ``doc_separator``: ``"blank_line"`` (documents are separated by
+                   blank lines) or ``"line"`` (one document per line).
+``jsonl``          ``path``; ``text_field`` (``"text"``): one JSON object per line.
+``wikiextractor``  ``path``: WikiExtractor output (``<doc id=.. title=..>`` ... ``</doc>``);
+                   a document is the article body without its title line; title-only stubs
+                   are dropped.
+``tfds``           ``name``; ``split`` (``"train"``); ``data_dir`` (None: the TFDS default);
+                   ``feature`` (``"text"``); ``download`` (False: the dataset must already be
+                   prepared in ArrayRecord format; True lets TFDS download and prepare it).
+=================  ==========================================================================
+
+``path`` is a file, a directory (all its files, recursively, hidden files skipped), a glob
+(``**`` allowed) or several of those separated by commas (or a list). Files are read as
+UTF-8, line by line, so a multi-GB file is never held in memory; invalid bytes are either
+replaced by U+FFFD and counted (``encoding_errors="replace"``) or fatal (``"strict"``).
+TFDS sources read through ``tfds.data_source`` (ArrayRecord random access), which needs no
+TensorFlow.
+"""
+
+import codecs
+import dataclasses
+import glob
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+from typing import Any, Iterable, Iterator, Mapping
+
+from maelm_jax.data import builtin_corpus
+
+ENCODING_ERRORS = ("replace", "strict")
+DOC_SEPARATORS = ("blank_line", "line")
+FILE_KINDS = ("text", "jsonl", "wikiextractor")
+
+# Bump when a reader changes what it yields, so fingerprints of prepared data change too.
+_READER_VERSION = 1
+# Records fetched per ArrayRecord read: amortises the per-call overhead.
+_TFDS_BATCH = 1024
+_GLOB_CHARS = re.compile(r"[*?[]")
+
+# kind -> (required fields, optional fields with their defaults).
+_KIND_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "builtin": ((), {}),
+    "text": (("path",), {"doc_separator": "blank_line"}),
+    "jsonl": (("path",), {"text_field": "text"}),
+    "wikiextractor": (("path",), {}),
+    "tfds": (("name",), {"split": "train", "data_dir": None, "feature": "text",
+                         "download": False}),
+}
+
+# Field types (weight is checked on its own: it must also be > 0).
+_FIELD_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "path": ((str, list, tuple), "a path, a glob, comma-separated paths or a list"),
+    "doc_separator": (str, "a string"),
+    "text_field": (str, "a string"),
+    "name": (str, "a TFDS dataset name"),
+    "split": (str, "a TFDS split such as 'train' or 'train[:90%]'"),
+    "data_dir": ((str, type(None)), "a directory or None"),
+    "feature": (str, "a feature name"),
+    "download": (bool, "True or False"),
+}
+
+
+class SourceError(ValueError):
+    """A data source whose config, files or records cannot be used (one-line message)."""
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """Counters filled in while a source is read; pass one to ``iter_documents``."""
+
+    files: int = 0
+    documents: int = 0
+    # Invalid UTF-8 byte sequences replaced by U+FFFD (encoding_errors="replace").
+    replaced: int = 0
+
+
+def source_settings(source: Mapping[str, Any], field_name: str = "source") -> dict[str, Any]:
+    """Returns the source as a plain dict with defaults filled in; checks kind and fields.
+
+    Files are not looked at here (see ``validate_source``).
+    """
+    settings = source.to_dict() if hasattr(source, "to_dict") else dict(source)
+    kind = settings.get("kind")
+    if kind not in _KIND_FIELDS:
+        raise SourceError(f"{field_name}.kind: unknown source kind {kind!r}; expected one of "
+                          f"{', '.join(_KIND_FIELDS)}")
+    required, optional = _KIND_FIELDS[kind]
+    allowed = {"kind", "weight", *required, *optional}
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise SourceError(f"{field_name}.{unknown[0]}: unknown field for a {kind!r} source; "
+                          f"expected fields: {', '.join(sorted(allowed))}")
+    for name in required:
+        if settings.get(name) in (None, ""):
+            raise SourceError(f"{field_name}.{name}: required for a {kind!r} source")
+    weight = settings.setdefault("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+        raise SourceError(f"{field_name}.weight: expected a number > 0, got {weight!r}")
+    for name, default in optional.items():
+        if settings.get(name) is None:
+            settings[name] = default
+    for name, value in settings.items():
+        expected = _FIELD_TYPES.get(name)
+        if expected and not isinstance(value, expected[0]):
+            raise SourceError(f"{field_name}.{name}: expected {expected[1]}, got {value!r}")
+    if kind == "text" and settings["doc_separator"] not in DOC_SEPARATORS:
+        raise SourceError(f"{field_name}.doc_separator: expected one of "
+                          f"{', '.join(DOC_SEPARATORS)}, got {settings['doc_separator']!r}")
+    return settings
+
+
+def validate_source(source: Mapping[str, Any], field_name: str) -> None:
+    """Raises SourceError unless the source can be read.
+
+    Checks the kind and fields; for file kinds that every path or glob matches readable,
+    non-empty files; for tfds that the dataset is prepared (unless ``download``) and has
+    the split. ``field_name`` (e.g. ``"data.sources.main"``) prefixes every message.
+    """
+    settings = source_settings(source, field_name)
+    if settings["kind"] in FILE_KINDS:
+        for path in resolve_paths(settings["path"], f"{field_name}.path"):
+            _check_readable(path, f"{field_name}.path")
+    elif settings["kind"] == "tfds":
+        _tfds_builder(settings, field_name)
+
+
+def iter_documents(source: Mapping[str, Any], encoding_errors: str = "replace",
+                   stats: ReadStats | None = None) -> Iterator[str]:
+    """Yields the source's documents: non-empty strings, stripped, in a fixed order.
+
+    Args:
+      source: the source config (see the module docstring).
+      encoding_errors: "replace" (invalid UTF-8 becomes U+FFFD, counted in
+        ``stats.replaced`` and logged per file) or "strict" (SourceError naming the file).
+      stats: optional counters, updated as documents are yielded.
+    """
+    if encoding_errors not in ENCODING_ERRORS:
+        raise SourceError(f"encoding_errors: expected one of {', '.join(ENCODING_ERRORS)}, "
+                          f"got {encoding_errors!r}")
+    settings = source_settings(source)
+    stats = stats if stats is not None else ReadStats()
+    for document in _raw_documents(settings, encoding_errors, stats):
+        document = document.strip()
+        if document:
+            stats.documents += 1
+            yield document
+
+
+def source_fingerprint(source: Mapping[str, Any]) -> str:
+    """Returns a stable hex digest of what the source yields, to reuse prepared data.
+
+    It covers the settings (with defaults filled in; ``weight`` excluded because it changes
+    the mixture, not this source's documents), the reader version and: for file kinds each
+    matched file's absolute path, size and mtime; for builtin the Python version; for tfds
+    the prepared dataset's version and per-split sizes. ``encoding_errors`` is an argument
+    of ``iter_documents``, not a setting: callers that vary it must hash it themselves.
+    """
+    settings = source_settings(source)
+    settings.pop("weight")
+    payload: dict[str, Any] = {"reader_version": _READER_VERSION, "settings": settings}
+    kind = settings["kind"]
+    if kind in FILE_KINDS:
+        payload["files"] = [_file_identity(p) for p in resolve_paths(settings["path"])]
+    elif kind == "builtin":
+        payload["python"] = platform.python_version()
+        payload["builtin"] = [builtin_corpus.MIN_DOCSTRING_WORDS, builtin_corpus.MIN_DOCUMENT_WORDS]
+    elif kind == "tfds":
+        info = _tfds_builder(settings, "source").info
+        payload["tfds"] = {"version": str(info.version), "splits": {
+            name: [split.num_examples, split.num_bytes] for name, split in info.splits.items()}}
+    blob = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:20]
+
+
+def resolve_paths(path: str | Iterable[str], field_name: str = "path") -> list[str]:
+    """Expands a path spec (files, directories, globs; comma-separated or a list) to files.
+
+    The order is deterministic: specs in the given order, each expanded sorted; duplicates
+    are dropped. Raises SourceError for a spec that matches nothing.
+    """
+    specs = path.split(",") if isinstance(path, str) else list(path)
+    specs = [os.path.expanduser(str(s).strip()) for s in specs if str(s).strip()]
+    if not specs:
+        raise SourceError(f"{field_name}: expected a file, directory or glob, got {path!r}")
+    files: dict[str, None] = {}  # an ordered set
+    for spec in specs:
+        if _GLOB_CHARS.search(spec):
+            matches = sorted(glob.glob(spec, recursive=True))
+            if not matches:
+                raise SourceError(f"{field_name}: no file matches the glob {spec!r}")
+        elif os.path.exists(spec):
+            matches = [spec]
+        else:
+            raise SourceError(f"{field_name}: no such file or directory {spec!r}")
+        spec_files = [file for match in matches
+                      for file in (_files_under(match) if os.path.isdir(match) else [match])]
+        if not spec_files:
+            raise SourceError(f"{field_name}: {spec!r} contains no files")
+        files.update(dict.fromkeys(spec_files))
+    return list(files)
+
+
+def _files_under(directory: str) -> Iterator[str]:
+    for dirpath, dirnames, filenames in os.walk(directory):
+        # Sorted for a deterministic order; hidden entries (.git, .DS_Store) are not data.
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith("."):
+                yield os.path.join(dirpath, name)
+
+
+def _check_readable(path: str, field_name: str) -> None:
+    if not os.path.isfile(path):
+        raise SourceError(f"{field_name}: {path!r} is not a regular file")
+    try:
+        with open(path, "rb") as f:
+            empty = not f.read(1)
+    except OSError as e:
+        raise SourceError(f"{field_name}: cannot read {path!r}: {e.strerror}") from None
+    if empty:
+        raise SourceError(f"{field_name}: file {path!r} is empty")
+
+
+def _file_identity(path: str) -> list[Any]:
+    stat = os.stat(path)
+    return [os.path.abspath(path), stat.st_size, stat.st_mtime_ns]
+
+
+def _raw_documents(settings: dict[str, Any], encoding_errors: str,
+                   stats: ReadStats) -> Iterator[str]:
+    kind = settings["kind"]
+    if kind == "builtin":
+        yield from builtin_corpus.iter_documents()
+        return
+    if kind == "tfds":
+        yield from _tfds_documents(settings, encoding_errors, stats)
+        return
+    for path in resolve_paths(settings["path"]):
+        _check_readable(path, "path")
+        stats.files += 1
+        lines = _read_lines(path, encoding_errors, stats)
+        if kind == "text" and settings["doc_separator"] == "line":
+            yield from (line for _, line in lines)
+        elif kind == "text":
+            yield from _blank_line_documents(lines)
+        elif kind == "jsonl":
+            yield from _jsonl_documents(lines, path, settings["text_field"])
+        else:
+            yield from _wikiextractor_documents(lines)
+
+
+def _read_lines(path: str, encoding_errors: str, stats: ReadStats) -> Iterator[tuple[int, str]]:
+    """Yields (1-based line number, line without its newline), streaming the file."""
+    replaced_before = stats.replaced
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]  # a BOM is an encoding mark, not text
+            yield lineno, _decode(raw, encoding_errors, stats, f"{path}:{lineno}").rstrip("\r\n")
+    if stats.replaced > replaced_before:
+        logging.warning("%s: replaced %d invalid UTF-8 byte sequence(s) with U+FFFD",
+                        path, stats.replaced - replaced_before)
+
+
+def _decode(raw: bytes, encoding_errors: str, stats: ReadStats, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if encoding_errors == "strict":
+            raise SourceError(f"{where}: invalid UTF-8 at byte {e.start} of the record "
+                              f"(encoding_errors='strict'; use 'replace' to keep going)") from None
+    text = raw.decode("utf-8", errors="replace")
+    # U+FFFD already present in the input (as valid UTF-8) is not a replacement.
+    stats.replaced += text.count("\ufffd") - raw.count("\ufffd".encode("utf-8"))
+    return text
+
+
+def _blank_line_documents(lines: Iterable[tuple[int, str]]) -> Iterator[str]:
+    paragraph: list[str] = []
+    for _, line in lines:
+        if line.strip():
+            paragraph.append(line)
+        elif paragraph:
+            yield "\n".join(paragraph)
+            paragraph = []
+    if paragraph:
+        yield "\n".join(paragraph)
+
+
+def _jsonl_documents(lines: Iterable[tuple[int, str]], path: str,
+                     text_field: str) -> Iterator[str]:
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SourceError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+        if not isinstance(record, dict) or text_field not in record:
+            raise SourceError(f"{path}:{lineno}: record has no field {text_field!r} "
+                              f"(set the source's text_field)")
+        text = record[text_field]
+        if not isinstance(text, str):
+            raise SourceError(f"{path}:{lineno}: field {text_field!r} is "
+                              f"{type(text).__name__}, expected a string")
+        yield text
+
+
+def _wikiextractor_documents(lines: Iterable[tuple[int, str]]) -> Iterator[str]:
+    body: list[str] | None = None  # None: outside a <doc> element
+    title_pending = False
+    for _, line in lines:
+        if body is None:
+            if line.startswith("<doc "):
+                body, title_pending = [], True
+        elif line.strip() == "</doc>":
+            yield "\n".join(body)  # an empty body (a title-only stub) is dropped later
+            body = None
+        elif title_pending:
+            title_pending = False  # WikiExtractor repeats the title as the first line
+        else:
+            body.append(line)
+
+
+def _tfds_builder(settings: dict[str, Any], field_name: str) -> Any:
+    """Returns the TFDS builder, checking that it exists, is prepared and has the split."""
+    import tensorflow_datasets as tfds  # heavy import: only tfds sources pay for it
+
+    name, data_dir = settings["name"], settings["data_dir"]
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # tfds raises many types; the first line says what was wrong
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SourceError(f"{field_name}.name: TFDS dataset {name!r}: {message}") from None
+    if settings["download"]:
+        return builder
+    if not builder.is_prepared():
+        raise SourceError(f"{field_name}.name: TFDS dataset {name!r} is not prepared in "
+                          f"{builder.data_dir}; prepare it with file_format='array_record' or "
+                          f"set {field_name}.download=True")
+    readable = tfds.core.file_adapters.FileFormat.with_random_access()
+    if not set(builder.info.available_file_formats()) & set(readable):
+        raise SourceError(f"{field_name}.name: TFDS dataset {name!r} in {builder.data_dir} is "
+                          f"stored as {builder.info.file_format.value}, which has no random "
+                          f"access; prepare it again with file_format='array_record'")
+    split = settings["split"]
+    base_split = re.split(r"[\[+]", split)[0]  # "train[:10%]" -> "train"
+    if base_split not in builder.info.splits:
+        raise SourceError(f"{field_name}.split: TFDS dataset {name!r} has no split {split!r}; "
+                          f"available: {', '.join(builder.info.splits)}")
+    features = list(builder.info.features.keys())
+    if settings["feature"] not in features:
+        raise SourceError(f"{field_name}.feature: TFDS dataset {name!r} has no feature "
+                          f"{settings['feature']!r}; available: {', '.join(features)}")
+    return builder
+
+
+def _tfds_documents(settings: dict[str, Any], encoding_errors: str,
+                    stats: ReadStats) -> Iterator[str]:
+    import tensorflow_datasets as tfds
+
+    _tfds_builder(settings, "source")
+    name, feature = settings["name"], settings["feature"]
+    records = tfds.data_source(name, split=settings["split"], data_dir=settings["data_dir"],
+                               download=settings["download"])
+    for start in range(0, len(records), _TFDS_BATCH):
+        indices = list(range(start, min(start + _TFDS_BATCH, len(records))))
+        for index, record in zip(indices, records.__getitems__(indices)):
+            if feature not in record:
+                raise SourceError(f"source.feature: TFDS dataset {name!r} has no feature "
+                                  f"{feature!r}; available: {', '.join(record)}")
+            value = record[feature]
+            if isinstance(value, bytes):  # Text features come back as UTF-8 bytes
+                value = _decode(value, encoding_errors, stats, f"tfds:{name}[{index}]")
+            if not isinstance(value, str):
+                raise SourceError(f"source.feature: TFDS feature {feature!r} of {name!r} is "
+                                  f"{type(value).__name__}, expected text")
+            yield value

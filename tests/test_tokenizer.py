@@ -1,0 +1,126 @@
+"""Tests for the SentencePiece tokenizer and the special token ids."""
+
+import os
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from maelm_jax import tokenizer as tk
+from maelm_jax.data import builtin_corpus
+
+
+@pytest.fixture(scope="module")
+def documents():
+    return list(builtin_corpus.iter_documents())
+
+
+@pytest.fixture(scope="module")
+def quickstart(documents, tmp_path_factory):
+    """The quickstart vocabulary: 8192 BPE pieces on the built-in corpus (< 1 s)."""
+    return tk.train_tokenizer(documents, tmp_path_factory.mktemp("tok") / "spm", 8192)
+
+
+def test_special_token_constants_agree():
+    assert tk.SPECIAL_TOKENS == ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
+    assert (tk.PAD_ID, tk.BOS_ID, tk.EOS_ID, tk.UNK_ID, tk.MASK_ID) == (0, 1, 2, 3, 4)
+    assert tk.NUM_SPECIAL == 5
+
+
+def test_trained_model_has_the_special_ids(quickstart):
+    assert quickstart.vocab_size == 8192
+    assert [quickstart.id_to_piece(i) for i in range(5)] == list(tk.SPECIAL_TOKENS)
+    assert quickstart.model_path.endswith("spm.model") and os.path.isfile(quickstart.model_path)
+
+
+def test_encode_is_batched_adds_no_bos_eos_and_keeps_mask(quickstart):
+    texts = ["Return the value of the attribute.", "Fill in the <mask> here."]
+    ids = quickstart.encode(texts)
+    assert len(ids) == 2 and all(ids)
+    flat = [i for seq in ids for i in seq]
+    assert tk.BOS_ID not in flat and tk.EOS_ID not in flat and tk.PAD_ID not in flat
+    assert tk.MASK_ID in ids[1] and tk.MASK_ID not in ids[0]
+    assert quickstart.decode(ids) == texts
+    assert quickstart.decode(np.asarray(ids[0])) == texts[0]
+    with pytest.raises(TypeError, match="sequence of texts"):
+        quickstart.encode("one string")
+
+
+def test_byte_fallback_avoids_unk(quickstart):
+    text = "Ünïcödé 漢字 and an emoji 🙂"
+    ids = quickstart.encode([text])[0]
+    assert tk.UNK_ID not in ids
+    assert quickstart.decode(ids) == text
+
+
+def test_lowercase_is_baked_into_the_model(documents, tmp_path):
+    lower = tk.train_tokenizer(documents, tmp_path / "lower", 1000, lowercase=True)
+    cased = tk.train_tokenizer(documents, tmp_path / "cased", 1000, lowercase=False)
+    assert lower.encode(["The RETURN Value"]) == lower.encode(["the return value"])
+    assert lower.decode(lower.encode(["The RETURN Value"])) == ["the return value"]
+    assert cased.encode(["The RETURN Value"]) != cased.encode(["the return value"])
+    assert cased.decode(cased.encode(["The RETURN Value"])) == ["The RETURN Value"]
+
+
+def test_train_load_roundtrip_and_atomic_write(documents, tmp_path):
+    trained = tk.train_tokenizer(documents[:50], str(tmp_path / "out" / "spm.model"), 600,
+                                 model_type="unigram")
+    assert os.listdir(tmp_path / "out") == ["spm.model"]  # no temporary leftovers
+    loaded = tk.load_tokenizer(str(tmp_path / "out" / "spm.model"))
+    texts = ["A docstring about files and sockets.", "Another <mask> one."]
+    assert loaded.encode(texts) == trained.encode(texts)
+    assert loaded.vocab_size == trained.vocab_size == 600
+
+
+def test_training_is_deterministic_and_seeded(documents, tmp_path):
+    def model_bytes(name, seed):
+        tokenizer = tk.train_tokenizer(documents, tmp_path / name, 1000, max_sentences=3000,
+                                       seed=seed)
+        with open(tokenizer.model_path, "rb") as f:
+            return f.read()
+
+    first = model_bytes("a", seed=0)
+    assert model_bytes("b", seed=0) == first
+    # 3000 of ~31K lines are sampled, so another seed sees other lines.
+    assert model_bytes("c", seed=1) != first
+
+
+def _train_raw_spm(path, **special):
+    """A SentencePiece model trained without train_tokenizer's special token layout."""
+    sentences = [f"sentence number {i} about tokens and models" for i in range(200)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_prefix=str(path),
+                                   vocab_size=40, minloglevel=2, **special)
+    return f"{path}.model"
+
+
+def test_load_rejects_a_model_without_mask(tmp_path):
+    path = _train_raw_spm(tmp_path / "nomask", pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+                          pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>")
+    with pytest.raises(tk.TokenizerError,
+                       match=r"nomask\.model': special token '<mask>' is missing; expected id 4"):
+        tk.load_tokenizer(path)
+
+
+def test_load_rejects_special_tokens_at_other_ids(tmp_path):
+    path = _train_raw_spm(tmp_path / "spm_default")  # SentencePiece's own 0=<unk>, 1=<s>
+    with pytest.raises(tk.TokenizerError, match=r"special token '<pad>' is missing"):
+        tk.load_tokenizer(path)
+    path = _train_raw_spm(tmp_path / "shifted", pad_id=0, bos_id=1, eos_id=2, unk_id=3,
+                          user_defined_symbols=["<sep>", "<mask>"])
+    with pytest.raises(tk.TokenizerError, match=r"special token '<mask>' has id 5; expected id 4"):
+        tk.load_tokenizer(path)
+
+
+def test_load_and_train_errors_are_clear(tmp_path):
+    with pytest.raises(tk.TokenizerError, match=r"'.*missing\.model' does not exist"):
+        tk.load_tokenizer(str(tmp_path / "missing.model"))
+    garbage = tmp_path / "garbage.model"
+    garbage.write_bytes(b"not a model")
+    with pytest.raises(tk.TokenizerError, match=r"is not a SentencePiece model"):
+        tk.load_tokenizer(str(garbage))
+    with pytest.raises(tk.TokenizerError, match=r"Vocabulary size too high"):
+        tk.train_tokenizer(["tiny corpus"] * 5, tmp_path / "big", 5000)
+    with pytest.raises(tk.TokenizerError, match=r"^vocab_size: expected at least 262"):
+        tk.train_tokenizer(["tiny corpus"], tmp_path / "small", 100)
+    with pytest.raises(tk.TokenizerError, match=r"^model_type: expected one of bpe, unigram"):
+        tk.train_tokenizer(["tiny corpus"], tmp_path / "wp", 1000, model_type="wordpiece")
