@@ -1,0 +1,175 @@
+"""Model properties the papers rely on."""
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax import masking, tokenizer
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layers
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import optimizer, steps
+
+from conftest import tiny_config
+
+VOCAB = 97  # a size no other dimension has, to spot vocabulary-sized arrays
+
+
+def _batch(counts, seed=0, batch=3):
+    tokens = jax.random.randint(
+        jax.random.PRNGKey(seed), (batch, counts.seq_len), tokenizer.NUM_SPECIAL, VOCAB
+    )
+    return masking.apply_mask(jax.random.PRNGKey(seed + 1), tokens, counts, VOCAB)
+
+
+def _model(objective="maelm", **overrides):
+    c = tiny_config(objective)
+    for key, value in overrides.items():
+        c.model[key] = value
+    counts = config_lib.mask_counts(c)
+    return pretrain_lib.PretrainModel(config_lib.model_config(c, VOCAB)), counts, c
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_compacted_encoder_equals_full_encoder_with_attention_mask(pre_ln):
+    """MAE-LM's encoder over the kept tokens equals a full-length encoder (same weights)
+    whose removed positions are hidden from attention: removing [MASK] is exact."""
+    stack = layers.StackConfig(2, 32, 4, 64, dropout=0.1, pre_ln=pre_ln)
+    enc = encoder_lib.Encoder(encoder_lib.EncoderConfig(stack, VOCAB, 40, 8, 16))
+    counts = masking.MaskCounts.create(40, 0.3)
+    b = _batch(counts)
+    params = enc.init(jax.random.PRNGKey(0), b.inputs[:, :4], b.enc_index[:, :4])
+    compact_tokens = masking.gather_tokens(b.inputs, b.enc_index)
+    compact = enc.apply(params, compact_tokens, b.enc_index)
+
+    B, L = b.inputs.shape
+    positions = jnp.broadcast_to(jnp.arange(L), (B, L))
+    key_mask = jnp.zeros((B, L), bool).at[jnp.arange(B)[:, None], b.enc_index].set(True)
+    full = enc.apply(params, b.inputs, positions, key_mask)
+    np.testing.assert_allclose(
+        compact, masking.gather_tokens(full, b.enc_index), atol=2e-5, rtol=2e-5
+    )
+    # And the mask matters: without it the full encoder sees the [MASK] tokens.
+    unmasked = enc.apply(params, b.inputs, positions)
+    assert not np.allclose(compact, masking.gather_tokens(unmasked, b.enc_index), atol=1e-3)
+
+
+def _all_avals(jaxpr):
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            yield var.aval
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _all_avals(sub)
+
+
+@pytest.mark.parametrize("objective", ["maelm", "mlm"])
+def test_lm_head_runs_only_at_predicted_positions(objective):
+    model, counts, _ = _model(objective)
+    b = _batch(counts)
+    params = model.init(jax.random.PRNGKey(0), b)
+    jaxpr = jax.make_jaxpr(lambda p: model.apply(p, b))(params).jaxpr
+    vocab_shapes = {a.shape for a in _all_avals(jaxpr) if a.shape and a.shape[-1] == VOCAB}
+    # Per-token vocabulary-sized arrays exist for the k predicted positions only, never
+    # for all L (or n_enc) positions.
+    B, k = b.pred_index.shape
+    assert (B, k, VOCAB) in vocab_shapes
+    per_token = [s for s in vocab_shapes if len(s) == 3 and s[0] == B]
+    assert all(s[1] == k for s in per_token), vocab_shapes
+
+
+def test_encoder_length_is_static_and_smaller_for_maelm():
+    for objective, expected in (("maelm", 32 - 5), ("mlm", 32)):  # k = round(0.15*32) = 5
+        model, counts, _ = _model(objective)
+        assert counts.n_enc == expected
+
+
+def test_decoder_has_no_dropout_and_encoder_does():
+    model, counts, _ = _model("maelm", dropout=0.0, attention_dropout=0.0)
+    b = _batch(counts)
+    params = model.init(jax.random.PRNGKey(0), b)
+    run = lambda seed: model.apply(
+        params, b, deterministic=False, rngs={"dropout": jax.random.PRNGKey(seed)}
+    )
+    np.testing.assert_array_equal(run(1), run(2))  # only the encoder could drop anything
+    model, counts, _ = _model("maelm", dropout=0.3)
+    params = model.init(jax.random.PRNGKey(0), b)
+    run = lambda seed: model.apply(
+        params, b, deterministic=False, rngs={"dropout": jax.random.PRNGKey(seed)}
+    )
+    assert not np.allclose(run(1), run(2))
+
+
+def test_decoder_sees_mask_embedding_at_removed_positions():
+    """Changing the original token under a removed [MASK] changes nothing (the encoder
+    never reads it); changing a kept token does."""
+    model, counts, _ = _model("maelm", dropout=0.0, attention_dropout=0.0)
+    b = _batch(counts)
+    params = model.init(jax.random.PRNGKey(0), b)
+    base = model.apply(params, b)
+    removed = int(np.setdiff1d(np.arange(counts.seq_len), np.asarray(b.enc_index[0]))[0])
+    kept = int(b.enc_index[0, 0])
+    poke = lambda pos: b._replace(inputs=b.inputs.at[0, pos].set(7))
+    np.testing.assert_array_equal(model.apply(params, poke(removed)), base)
+    assert not np.allclose(model.apply(params, poke(kept))[0], base[0])
+
+
+def test_narrow_decoder_gets_a_projection():
+    c = tiny_config("maelm")
+    c.model.decoder.d_model = 16
+    c.model.decoder.num_heads = 2
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, VOCAB))
+    b = _batch(counts)
+    params = model.init(jax.random.PRNGKey(0), b)["params"]
+    assert params["decoder"]["projection"]["kernel"].value.shape == (32, 16)
+    assert params["lm_head"]["dense"]["kernel"].value.shape == (16, 32)
+    assert model.apply({"params": params}, b).shape == (3, counts.k, VOCAB)
+
+
+def _reference_bucket(relative: int, num_buckets: int, max_distance: int) -> int:
+    """T5's _relative_position_bucket (bidirectional), written out for one integer."""
+    n = -relative
+    num_buckets //= 2
+    ret = num_buckets if n < 0 else 0
+    n = abs(n)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    val = max_exact + int(
+        np.log(n / max_exact) / np.log(max_distance / max_exact) * (num_buckets - max_exact)
+    )
+    return ret + min(val, num_buckets - 1)
+
+
+@pytest.mark.parametrize("buckets, distance", [(32, 128), (64, 128), (128, 256)])
+def test_t5_relative_buckets_match_reference(buckets, distance):
+    rel = np.arange(-600, 601)
+    got = np.asarray(layers.t5_relative_bucket(jnp.asarray(rel), buckets, distance))
+    want = np.array([_reference_bucket(int(r), buckets, distance) for r in rel])
+    np.testing.assert_array_equal(got, want)
+    assert got.min() == 0 and got.max() == buckets - 1
+
+
+def test_every_parameter_has_logical_axes():
+    model, counts, c = _model("maelm")
+    tx, _ = optimizer.make_optimizer(c.train)
+    state, specs = steps.create_state(model, tx, 0, counts)
+    leaves = jax.tree.leaves(state.params)
+    spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    assert len(leaves) == len(spec_leaves)
+    for array, spec in zip(leaves, spec_leaves):
+        assert len(spec) == array.ndim and all(name for name in spec), spec
+
+
+def test_weight_decay_skips_biases_and_layernorm():
+    model, counts, c = _model("maelm")
+    tx, _ = optimizer.make_optimizer(c.train)
+    state, _ = steps.create_state(model, tx, 0, counts)
+    mask = optimizer.weight_decay_mask(state.params)
+    flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(mask)}
+    assert all(v for k, v in flat.items() if k.endswith("['kernel']"))
+    assert all(v for k, v in flat.items() if k.endswith("['embedding']"))
+    assert not any(v for k, v in flat.items() if k.endswith("['bias']") or "ln_" in k)
