@@ -4,13 +4,13 @@ import pathlib
 
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import builtin_corpus
 
+from tiny_config import TINY_VOCAB
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
-TINY_VOCAB = 512
 
 
 def require_shared_data(*parts: str) -> pathlib.Path:
@@ -27,32 +27,3 @@ def tiny_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
     return tokenizer_lib.train_tokenizer(
         builtin_corpus.iter_documents(), str(path), TINY_VOCAB, lowercase=True
     )
-
-
-def tiny_config(objective: str = "maelm", tokenizer_path: str = ""):
-    """A model small enough that a step takes milliseconds on a CPU."""
-    c = config_lib.pretrain_defaults()
-    c.objective = objective
-    c.tokenizer.model_path = tokenizer_path
-    c.tokenizer.vocab_size = TINY_VOCAB
-    c.data.seq_len = 32
-    c.data.validation_fraction = 0.05
-    c.model.num_layers = 2
-    c.model.d_model = 32
-    c.model.num_heads = 2
-    c.model.d_ff = 64
-    c.model.rel_pos_buckets = 8
-    c.model.rel_pos_max_distance = 16
-    c.model.decoder.num_layers = 1
-    c.model.decoder.d_model = 32
-    c.model.decoder.num_heads = 2
-    c.model.decoder.d_ff = 64
-    c.train.batch_size = 8
-    c.train.num_steps = 20
-    c.train.learning_rate = 1e-3
-    c.train.warmup_steps = 2
-    c.train.log_every = 1
-    c.train.eval_every = 10
-    c.train.eval_batches = 2
-    c.train.checkpoint_every = 10
-    return c

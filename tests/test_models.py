@@ -13,7 +13,7 @@ from maelm_jax.models import layers
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
 
-from conftest import tiny_config
+from tiny_config import tiny_config
 
 VOCAB = 97  # a size no other dimension has, to spot vocabulary-sized arrays
 

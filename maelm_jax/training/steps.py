@@ -97,7 +97,7 @@ def make_train_step(
         metrics = {
             "loss": sums["loss_sum"] / count,
             "accuracy": sums["correct_sum"] / count,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": schedule(state.step),
         }
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -1,0 +1,133 @@
+"""The train step and the loop: one compilation, learning, and kill-and-resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax import tokenizer
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import loop, optimizer, steps
+
+from conftest import REPO_ROOT, require_shared_data
+from tiny_config import TINY_VOCAB, tiny_config
+
+
+def _step_fn(c):
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    tx, schedule = optimizer.make_optimizer(c.train)
+    state, _ = steps.create_state(model, tx, c.seed, counts)
+    step = jax.jit(
+        steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps)
+    )
+    return state, step
+
+
+@pytest.mark.parametrize("objective, accum", [("maelm", 1), ("mlm", 2)])
+def test_train_step_compiles_once(objective, accum):
+    c = tiny_config(objective)
+    c.train.grad_accum_steps = accum
+    state, train_step = _step_fn(c)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(24):
+        tokens = rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)).astype(np.int32)
+        state, metrics = train_step(state, jnp.asarray(tokens))
+        losses.append(float(metrics["loss"]))
+    assert train_step._cache_size() == 1
+    assert int(state.step) == 24
+    assert np.all(np.isfinite(losses))
+
+
+def test_same_step_same_masks_and_dropout():
+    """A step's randomness is a function of (seed, step) only: what resumption needs."""
+    c = tiny_config("maelm")
+    state, train_step = _step_fn(c)
+    tokens = jnp.asarray(
+        np.random.default_rng(0).integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32
+    )
+    _, a = train_step(state, tokens)
+    _, b = train_step(state, tokens)
+    assert float(a["loss"]) == float(b["loss"])
+    _, other = train_step(state.replace(step=state.step + 1), tokens)
+    assert float(other["loss"]) != float(a["loss"])
+
+
+def _read_metrics(workdir, split="train"):
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines) if r["split"] == split}
+
+
+def test_short_wikipedia_run_lowers_the_loss(tmp_path, tiny_tokenizer):
+    wiki = require_shared_data("wiki")
+    c = tiny_config("maelm", tiny_tokenizer.model_path)
+    c.data.sources.main.kind = "wikiextractor"
+    c.data.sources.main.path = str(wiki / "wiki_00")
+    c.data.seq_len = 64
+    c.train.batch_size = 16
+    c.train.num_steps = 60
+    c.train.learning_rate = 2e-3
+    c.train.warmup_steps = 5
+    c.train.eval_every = 30
+    c.train.checkpoint_every = 30
+    result = loop.train_and_evaluate(c, str(tmp_path))
+    train = _read_metrics(tmp_path)
+    evals = _read_metrics(tmp_path, "eval")
+    assert train[1]["loss"] > np.log(TINY_VOCAB) - 0.5  # starts near uniform
+    assert result["loss"] < train[1]["loss"] - 1.0, (train[1], result)
+    assert evals[60]["loss"] < evals[30]["loss"]
+    assert set(result) == {"loss", "accuracy", "perplexity"}
+    assert (tmp_path / "config.json").exists() and list((tmp_path / "tensorboard").iterdir())
+
+
+def _main_command(workdir, tokenizer_path, num_steps):
+    c = [
+        sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={workdir}",
+        f"--config.tokenizer.model_path={tokenizer_path}",
+        f"--config.train.num_steps={num_steps}", "--config.train.checkpoint_every=5",
+    ]
+    return c
+
+
+def test_kill_and_resume_continues_exactly(tmp_path, tiny_tokenizer):
+    """SIGKILL a run after a checkpoint, start it again: the remaining losses are the ones
+    an uninterrupted run produces (same data order, masks and dropout)."""
+    steps_total = 60
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    full = tmp_path / "full"
+    subprocess.run(_main_command(full, tiny_tokenizer.model_path, steps_total), cwd=REPO_ROOT,
+                   env=env, check=True, capture_output=True)
+    reference = _read_metrics(full)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_main_command(killed, tiny_tokenizer.model_path, steps_total),
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ckpt_dir = killed / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (ckpt_dir / "10").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    first = _read_metrics(killed)
+    assert max(first) < steps_total
+
+    resumed = subprocess.run(_main_command(killed, tiny_tokenizer.model_path, steps_total),
+                             cwd=REPO_ROOT, env=env, check=True, capture_output=True, text=True)
+    assert "resumed from checkpoint at step" in resumed.stderr
+    after = _read_metrics(killed)
+    assert sorted(after) == list(range(1, steps_total + 1))  # one record per step
+    for step in range(1, steps_total + 1):
+        assert after[step]["loss"] == reference[step]["loss"], step
+    assert _read_metrics(killed, "eval")[steps_total]["loss"] == \
+        _read_metrics(full, "eval")[steps_total]["loss"]

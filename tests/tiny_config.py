@@ -1,0 +1,42 @@
+"""A config small enough that a step takes milliseconds on a CPU.
+
+Used by tests in-process (`tiny_config()`) and as a config file for main.py
+(`--config=tests/tiny_config.py[:mlm]`).
+"""
+
+from maelm_jax import config as config_lib
+
+TINY_VOCAB = 512
+
+
+def get_config(arg: str | None = None):
+    return tiny_config(arg or "maelm")
+
+
+def tiny_config(objective: str = "maelm", tokenizer_path: str = ""):
+    """A model small enough that a step takes milliseconds on a CPU."""
+    c = config_lib.pretrain_defaults()
+    c.objective = objective
+    c.tokenizer.model_path = tokenizer_path
+    c.tokenizer.vocab_size = TINY_VOCAB
+    c.data.seq_len = 32
+    c.data.validation_fraction = 0.05
+    c.model.num_layers = 2
+    c.model.d_model = 32
+    c.model.num_heads = 2
+    c.model.d_ff = 64
+    c.model.rel_pos_buckets = 8
+    c.model.rel_pos_max_distance = 16
+    c.model.decoder.num_layers = 1
+    c.model.decoder.d_model = 32
+    c.model.decoder.num_heads = 2
+    c.model.decoder.d_ff = 64
+    c.train.batch_size = 8
+    c.train.num_steps = 20
+    c.train.learning_rate = 1e-3
+    c.train.warmup_steps = 2
+    c.train.log_every = 1
+    c.train.eval_every = 10
+    c.train.eval_batches = 2
+    c.train.checkpoint_every = 10
+    return c
