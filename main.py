@@ -5,11 +5,13 @@ Any config field can be overridden with --config.<field>=<value>.
 
 import logging
 import pathlib
+import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from maelm_jax import errors
 from maelm_jax.training import loop
 
 FLAGS = flags.FLAGS
@@ -17,6 +19,7 @@ config_flags.DEFINE_config_file(
     "config", None, "Config file (file.py or file.py:variant).", lock_config=True
 )
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data.")
+flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and data errors.")
 flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (e.g. orbax).")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -32,14 +35,41 @@ class _ProjectInfoOnly(logging.Filter):
         ).resolve().is_relative_to(_PROJECT_DIR)
 
 
+def _one_line(error: BaseException) -> str:
+    """The message alone: config_flags wraps a config file's own error in its traceback."""
+    text = str(error).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "Traceback (most recent call last):" in text:
+        return f"{lines[0].split(':')[0]}: {lines[-1]}"
+    return " ".join(lines)
+
+
+def _parse_flags(argv):
+    """Flag and config-override mistakes (a mistyped field, a bad value, a broken config
+    file) exit with one line instead of a traceback."""
+    try:
+        return FLAGS(argv)
+    except Exception as e:  # config_flags raises whatever the config file or override did
+        if "--debug" in argv:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        sys.exit(1)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     absl_logging.set_verbosity(absl_logging.INFO)
     if not FLAGS.library_logs:
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
-    loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    try:
+        loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except errors.UserError as e:
+        if FLAGS.debug:
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

@@ -12,14 +12,14 @@ import json
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import masking
+from maelm_jax import errors, masking
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.models import pretrain as pretrain_lib
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.UserError):
     """A user-facing config mistake; the message names the field and what is expected."""
 
 

@@ -18,6 +18,8 @@ from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
+from maelm_jax import errors
+
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
@@ -32,7 +34,7 @@ MODEL_TYPES = ("bpe", "unigram")
 _MAX_SENTENCE_BYTES = 16384
 
 
-class TokenizerError(ValueError):
+class TokenizerError(errors.UserError):
     """A tokenizer file or training setting that cannot be used (one-line message)."""
 
 

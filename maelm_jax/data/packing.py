@@ -28,6 +28,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
+from maelm_jax import errors
 from maelm_jax import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
@@ -238,13 +239,13 @@ def prepare(
         for name, (documents, weight) in sources.items():
             stats = pack_source(documents, tok, seq_len, validation_fraction, tmp, name)
             if stats["train_blocks"] == 0:
-                raise ValueError(
+                raise errors.UserError(
                     f"config.data.sources.{name}: {stats['tokens']} tokens do not fill one "
                     f"training block of data.seq_len={seq_len}; add text or lower seq_len"
                 )
             meta["sources"][name] = dict(stats, weight=weight)
         if sum(s["valid_blocks"] for s in meta["sources"].values()) == 0:
-            raise ValueError(
+            raise errors.UserError(
                 "config.data.validation_fraction: no validation block of "
                 f"data.seq_len={seq_len} was held out; raise it or add text"
             )

@@ -38,6 +38,7 @@ import platform
 import re
 from typing import Any, Iterable, Iterator, Mapping
 
+from maelm_jax import errors
 from maelm_jax.data import builtin_corpus
 
 ENCODING_ERRORS = ("replace", "strict")
@@ -73,7 +74,7 @@ _FIELD_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
 }
 
 
-class SourceError(ValueError):
+class SourceError(errors.UserError):
     """A data source whose config, files or records cannot be used (one-line message)."""
 
 

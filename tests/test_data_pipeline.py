@@ -1,0 +1,117 @@
+"""Packing into blocks of exactly L, reuse of prepared data, and the resumable loader."""
+
+import numpy as np
+import pytest
+
+from maelm_jax import tokenizer
+from maelm_jax.data import loader, packing, pipeline
+
+from tiny_config import tiny_config
+
+
+def test_packer_makes_full_sentences_blocks():
+    packer = packing.BlockPacker(seq_len=5)
+    blocks = packer.add([10, 11, 12]) + packer.add([20, 21, 22, 23, 24]) + packer.add([30])
+    B, E = tokenizer.BOS_ID, tokenizer.EOS_ID
+    # Stream: 10 11 12 </s> 20 21 22 23 24 </s> 30 </s>; each block is <s> + 4 tokens.
+    assert blocks == [[B, 10, 11, 12, E], [B, 20, 21, 22, 23], [B, 24, E, 30, E]]
+
+
+def _write_corpus(path, n_docs=300):
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "music", "paper"]
+    docs = [" ".join(rng.choice(words, size=rng.integers(20, 80))) for _ in range(n_docs)]
+    path.write_text("\n\n".join(docs))
+    return docs
+
+
+def _config(tmp_path, tok):
+    c = tiny_config("maelm", tok.model_path)
+    c.data.sources.main.kind = "text"
+    c.data.sources.main.path = str(tmp_path / "corpus.txt")
+    return c
+
+
+def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenizer):
+    docs = _write_corpus(tmp_path / "corpus.txt")
+    c = _config(tmp_path, tiny_tokenizer)
+    data = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    train, valid = data.train["main"], data.valid["main"]
+    L = c.data.seq_len
+    assert train.shape[1] == valid.shape[1] == L and len(valid) > 0
+    assert np.all(train[:, 0] == tokenizer.BOS_ID)
+    assert tokenizer.BOS_ID not in train[:, 1:] and tokenizer.PAD_ID not in train
+    # Every training document's tokens appear in order, each followed by </s>.
+    train_docs = [d for d in docs if not packing.is_validation(d, c.data.validation_fraction)]
+    stream = np.concatenate([train[:, 1:].ravel()])
+    expected = np.concatenate([ids + [tokenizer.EOS_ID] for ids in tiny_tokenizer.encode(train_docs)])
+    n = len(stream)
+    assert n == (len(expected) // (L - 1)) * (L - 1)
+    np.testing.assert_array_equal(stream, expected[:n])
+
+    # Same settings: the same directory is reused, untouched.
+    meta = data.directory / "meta.json"
+    mtime = meta.stat().st_mtime_ns
+    again = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    assert again.directory == data.directory and meta.stat().st_mtime_ns == mtime
+    # A changed corpus is prepared anew.
+    _write_corpus(tmp_path / "corpus.txt", n_docs=200)
+    assert pipeline.prepare_data(c, tmp_path, tiny_tokenizer).directory != data.directory
+    assert not list((tmp_path / "data").glob(".tmp-*"))
+
+
+def test_too_little_text_is_a_clear_error(tmp_path, tiny_tokenizer):
+    (tmp_path / "corpus.txt").write_text("just a few words")
+    c = _config(tmp_path, tiny_tokenizer)
+    with pytest.raises(ValueError, match="data.sources.main: .* do not fill one training block"):
+        pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    assert not list((tmp_path / "data").iterdir())  # nothing half-written stays behind
+
+
+def _fake_data(tmp_path, sizes, weights):
+    blocks = {}
+    for i, (name, n) in enumerate(sizes.items()):
+        blocks[name] = np.arange(n * 4, dtype=np.int32).reshape(n, 4) + 1000 * i
+    return packing.PreparedData(tmp_path, 4, blocks, blocks, weights)
+
+
+def test_loader_is_a_function_of_the_step(tmp_path):
+    data = _fake_data(tmp_path, {"a": 50}, {"a": 1.0})
+    run = loader.train_batches(data, 8, seed=3)
+    first = [next(run) for _ in range(20)]          # 160 rows: more than 3 epochs
+    resumed = loader.train_batches(data, 8, seed=3, start_step=13)
+    for step in range(13, 20):
+        np.testing.assert_array_equal(next(resumed), first[step])
+    # Each epoch is a fresh permutation of all blocks.
+    rows = np.concatenate(first)[:, 0]
+    assert sorted(rows[:50]) == sorted(data.train["a"][:, 0])
+    assert not np.array_equal(rows[:50], rows[50:100])
+    other_seed = loader.train_batches(data, 8, seed=4)
+    assert not np.array_equal(next(other_seed), first[0])
+
+
+def test_processes_split_the_same_global_batch(tmp_path):
+    data = _fake_data(tmp_path, {"a": 64}, {"a": 1.0})
+    whole = loader.train_batches(data, 8, seed=0, start_step=5)
+    parts = [loader.train_batches(data, 8, seed=0, start_step=5, process_index=p, process_count=4)
+             for p in range(4)]
+    for _ in range(3):
+        global_rows = sorted(map(tuple, next(whole)))
+        local = [next(p) for p in parts]
+        assert all(x.shape == (2, 4) for x in local)
+        assert sorted(map(tuple, np.concatenate(local))) == global_rows
+
+
+def test_sources_are_mixed_by_weight(tmp_path):
+    data = _fake_data(tmp_path, {"a": 40, "b": 40}, {"a": 3.0, "b": 1.0})
+    run = loader.train_batches(data, 100, seed=0)
+    rows = np.concatenate([next(run) for _ in range(10)])
+    share_b = np.mean(rows[:, 0] >= 1000)
+    assert 0.2 < share_b < 0.3
+
+
+def test_eval_batches_are_fixed_and_full(tmp_path):
+    data = _fake_data(tmp_path, {"a": 30}, {"a": 1.0})
+    batches = loader.eval_batches(data, 8, 10)
+    assert len(batches) == 3 and all(b.shape == (8, 4) for b in batches)
+    np.testing.assert_array_equal(batches[0], data.valid["a"][:8])
