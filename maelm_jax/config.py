@@ -12,7 +12,7 @@ import json
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import errors, masking
+from maelm_jax import errors, masking, sharding
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
@@ -70,6 +70,12 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.decoder.num_heads = 12
     c.model.decoder.d_ff = 3072
     c.model.decoder.pre_ln = False
+
+    c.mesh = ml_collections.ConfigDict()
+    # Sizes of the ('data', 'fsdp', 'tensor') mesh axes; -1 takes the devices left over.
+    c.mesh.shape = (-1, 1, 1)
+    # Logical axis -> mesh axes; see maelm_jax/sharding.py.
+    c.sharding_rules = sharding.DEFAULT_RULES
 
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 2048  # sequences per optimiser step (global)

@@ -156,7 +156,8 @@ def test_t5_relative_buckets_match_reference(buckets, distance):
 def test_every_parameter_has_logical_axes():
     model, counts, c = _model("maelm")
     tx, _ = optimizer.make_optimizer(c.train)
-    state, specs = steps.create_state(model, tx, 0, counts)
+    state, setup = steps.create_state(model, tx, 0, counts)
+    specs = setup.logical_specs.params
     leaves = jax.tree.leaves(state.params)
     spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     assert len(leaves) == len(spec_leaves)
@@ -170,6 +171,6 @@ def test_weight_decay_skips_biases_and_layernorm():
     state, _ = steps.create_state(model, tx, 0, counts)
     mask = optimizer.weight_decay_mask(state.params)
     flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(mask)}
-    assert all(v for k, v in flat.items() if k.endswith("['kernel']"))
+    assert all(v for k, v in flat.items() if k.endswith("kernel']"))
     assert all(v for k, v in flat.items() if k.endswith("['embedding']"))
-    assert not any(v for k, v in flat.items() if k.endswith("['bias']") or "ln_" in k)
+    assert not any(v for k, v in flat.items() if k.endswith("bias']") or "ln_" in k)

@@ -124,22 +124,22 @@ class MultiHeadAttention(nn.Module):
         """
         cfg = self.cfg
 
-        def project(name):
-            return nn.DenseGeneral(
-                (cfg.num_heads, cfg.head_dim),
-                dtype=cfg.dtype,
-                name=name,
-                kernel_init=normal_init(("embed", "heads", "kv")),
-                bias_init=zeros_init(("heads", "kv")),
-            )
+        H, Dh = cfg.num_heads, cfg.head_dim
 
-        q = project("query")(x)
-        k = project("key")(context)
-        v = project("value")(context)
+        def project(name: str, inputs: jax.Array) -> jax.Array:
+            """[B, n, D] -> [B, n, heads, head_dim]."""
+            w = self.param(f"{name}_kernel", normal_init(("embed", "heads", "kv")),
+                           (inputs.shape[-1], H, Dh), jnp.float32)
+            b = self.param(f"{name}_bias", zeros_init(("heads", "kv")), (H, Dh), jnp.float32)
+            return jnp.einsum("bnd,dhk->bnhk", inputs.astype(cfg.dtype), w.astype(cfg.dtype)) \
+                + b.astype(cfg.dtype)
+
+        q = project("query", x)
+        k = project("key", context)
+        v = project("value", context)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "kv"))
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / jnp.sqrt(
-            cfg.head_dim
-        )
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        logits = logits / jnp.sqrt(Dh)
         if bias is not None:
             logits = logits + bias
         if key_mask is not None:
@@ -147,14 +147,10 @@ class MultiHeadAttention(nn.Module):
         probs = jax.nn.softmax(logits, axis=-1)
         probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(cfg.dtype), v)
-        return nn.DenseGeneral(
-            cfg.d_model,
-            axis=(-2, -1),
-            dtype=cfg.dtype,
-            name="out",
-            kernel_init=normal_init(("heads", "kv", "embed")),
-            bias_init=zeros_init(("embed",)),
-        )(out)
+        w_out = self.param("out_kernel", normal_init(("heads", "kv", "embed")),
+                           (H, Dh, cfg.d_model), jnp.float32)
+        b_out = self.param("out_bias", zeros_init(("embed",)), (cfg.d_model,), jnp.float32)
+        return jnp.einsum("bqhd,hde->bqe", out, w_out.astype(cfg.dtype)) + b_out.astype(cfg.dtype)
 
 
 class FeedForward(nn.Module):

@@ -10,12 +10,12 @@ import pathlib
 import time
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
+from maelm_jax import distributed, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -26,7 +26,7 @@ from maelm_jax.training import steps
 CONFIG_FILE = "config.json"
 
 
-def evaluate(eval_step, params, batches: list[np.ndarray], seed: int) -> dict[str, float]:
+def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str, float]:
     """Masked-token loss, accuracy and perplexity on fixed validation batches and masks."""
     totals = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
     for i, tokens in enumerate(batches):
@@ -62,19 +62,34 @@ class _Throughput:
         }
 
 
+def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+    """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
+    others wait, then everyone loads the same files."""
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / CONFIG_FILE).write_text(config_lib.to_json(config))
+        tok = pipeline.setup_tokenizer(config, workdir)
+        data = pipeline.prepare_data(config, workdir, tok)
+    distributed.barrier("prepared data")
+    if jax.process_index() != 0:
+        tok = pipeline.setup_tokenizer(config, workdir)
+        data = pipeline.prepare_data(config, workdir, tok)
+    return tok, data
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Pretrains per `config` in `workdir`, resuming from its latest checkpoint.
 
     Returns the last evaluation's metrics.
     """
     config_lib.validate(config)
+    t = config.train
+    mesh = sharding.make_mesh(config.mesh.shape)
+    sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
+    rules = sharding.rules_from_config(config.sharding_rules)
     pipeline.validate_sources(config)
     workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / CONFIG_FILE).write_text(config_lib.to_json(config))
-
-    tok = pipeline.setup_tokenizer(config, workdir)
-    data = pipeline.prepare_data(config, workdir, tok)
+    tok, data = _prepare(config, workdir)
     counts = config_lib.mask_counts(config)
     logging.info(
         "masking: k=%d predicted (%d [MASK], %d random, %d unchanged), encoder length %d of %d",
@@ -85,34 +100,48 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         counts.n_enc,
         counts.seq_len,
     )
+    logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
+                 jax.process_count())
 
     model = pretrain_lib.PretrainModel(config_lib.model_config(config, tok.vocab_size))
-    tx, schedule = optimizer_lib.make_optimizer(config.train)
-    state, _ = steps.create_state(model, tx, config.seed, counts)
-    n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    tx, schedule = optimizer_lib.make_optimizer(t)
+    setup = steps.state_setup(model, tx, config.seed, counts, mesh, rules)
+    n_params = sum(x.size for x in jax.tree.leaves(setup.abstract.params))
     logging.info("%s model: %.2fM parameters", config.objective, n_params / 1e6)
 
-    t = config.train
     ckpt = checkpoint_lib.Checkpointer(
         workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints
     )
     start = ckpt.latest_step()
     if start is not None:
-        state, meta = ckpt.restore(start, state)
+        # Restored straight into this run's shardings, whatever mesh saved it.
+        state, meta = ckpt.restore(start, setup.abstract)
         logging.info(
             "resumed from checkpoint at step %d (data position %d)", start, meta["data_position"]
         )
         start = meta["data_position"]
     else:
-        start = 0
+        state, start = setup.init(), 0
     writer = metrics_lib.MetricWriter(workdir, resume_step=start)
 
     train_step = jax.jit(
         steps.make_train_step(model, tx, schedule, counts, tok.vocab_size, t.grad_accum_steps),
+        in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
+        out_shardings=(setup.shardings, sharding.replicated(mesh)),
         donate_argnums=0,
     )
-    eval_step = jax.jit(steps.make_eval_step(model, counts, tok.vocab_size))
-    eval_data = loader.eval_batches(data, t.batch_size, t.eval_batches)
+    eval_step = jax.jit(
+        steps.make_eval_step(model, counts, tok.vocab_size),
+        in_shardings=(setup.shardings.params, sharding.batch_sharding(mesh),
+                      sharding.replicated(mesh)),
+        out_shardings=sharding.replicated(mesh),
+    )
+    dp = sharding.data_parallel_size(mesh)
+    eval_data = [
+        sharding.global_batch_from_full(b[: len(b) - len(b) % dp], mesh)
+        for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
+        if len(b) >= dp
+    ]
     batches = loader.train_batches(
         data,
         t.batch_size,
@@ -126,26 +155,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     throughput = _Throughput(start, t.batch_size * config.data.seq_len, t.num_steps)
     window: list[dict] = []
     eval_metrics: dict[str, float] = {}
-    for step in range(start + 1, t.num_steps + 1):
-        state, step_metrics = train_step(state, jnp.asarray(next(batches)))
-        window.append(step_metrics)
-        if step == start + 1:
-            # Keep compilation out of the first window's steps/s and ETA.
-            jax.block_until_ready(state)
-            logging.info(
-                "compiled and ran the first step in %.1fs", time.perf_counter() - throughput.time
-            )
-            throughput = _Throughput(step, t.batch_size * config.data.seq_len, t.num_steps)
-        if step % t.log_every == 0 or step == t.num_steps:
-            fetched = jax.device_get(window)
-            means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-            means["perplexity"] = metrics_lib.perplexity(means["loss"])
-            writer.write("train", step, {**means, **throughput.measure(step)})
-            window = []
-        if step % t.eval_every == 0 or step == t.num_steps:
-            eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)
-            writer.write("eval", step, eval_metrics)
-        ckpt.save(step, state, {"step": step, "data_position": step}, force=step == t.num_steps)
+    with sharding.activate(mesh, rules):
+        for step in range(start + 1, t.num_steps + 1):
+            state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
+            window.append(step_metrics)
+            if step == start + 1:
+                # Keep compilation out of the first window's steps/s and ETA.
+                jax.block_until_ready(state)
+                logging.info(
+                    "compiled and ran the first step in %.1fs",
+                    time.perf_counter() - throughput.time,
+                )
+                throughput = _Throughput(step, t.batch_size * config.data.seq_len, t.num_steps)
+            if step % t.log_every == 0 or step == t.num_steps:
+                fetched = jax.device_get(window)
+                means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+                means["perplexity"] = metrics_lib.perplexity(means["loss"])
+                writer.write("train", step, {**means, **throughput.measure(step)})
+                window = []
+            if step % t.eval_every == 0 or step == t.num_steps:
+                eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)
+                writer.write("eval", step, eval_metrics)
+            ckpt.save(step, state, {"step": step, "data_position": step},
+                      force=step == t.num_steps)
     ckpt.wait()
     ckpt.close()
     writer.close()

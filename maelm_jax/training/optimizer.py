@@ -7,7 +7,8 @@ import ml_collections
 import optax
 
 # Parameter leaves that get weight decay; biases and LayerNorm scales/offsets do not.
-_DECAYED_LEAVES = ("kernel", "embedding", "rel_embedding")
+_DECAYED_LEAVES = ("kernel", "query_kernel", "key_kernel", "value_kernel", "out_kernel",
+                   "embedding", "rel_embedding")
 
 
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
@@ -24,7 +25,10 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
 
 def weight_decay_mask(params) -> dict:
     def decayed(path, _):
-        return getattr(path[-1], "key", None) in _DECAYED_LEAVES
+        # The last dict key names the leaf; boxed (logically annotated) parameters add an
+        # attribute step after it, which must not change the answer.
+        names = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
+        return bool(names) and names[-1] in _DECAYED_LEAVES
 
     return jax.tree_util.tree_map_with_path(decayed, params)
 

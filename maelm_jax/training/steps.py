@@ -8,15 +8,16 @@ predicted tokens in the global batch, which is the paper's loss exactly.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, PartitionSpec
 
-from maelm_jax import masking
+from maelm_jax import masking, sharding
 from maelm_jax.models import pretrain as pretrain_lib
 
 
@@ -28,12 +29,17 @@ class TrainState:
     rng: jax.Array  # raw uint32 key data; every step folds its own keys from it
 
 
-def create_state(
-    model: nn.Module, tx: optax.GradientTransformation, seed: int, counts: masking.MaskCounts
-) -> tuple[TrainState, Any]:
-    """Initialises parameters (unboxed) and returns (state, logical partition specs)."""
-    init_key, train_key = jax.random.split(jax.random.PRNGKey(seed))
-    dummy = masking.MaskedBatch(
+class StateSetup(NamedTuple):
+    """How to build the train state on a mesh."""
+
+    init: Callable[[], TrainState]  # jitted; returns the sharded initial state
+    abstract: TrainState  # jax.ShapeDtypeStruct leaves carrying their shardings
+    shardings: TrainState  # NamedSharding leaves
+    logical_specs: TrainState  # PartitionSpec leaves of logical axis names
+
+
+def _dummy_batch(counts: masking.MaskCounts) -> masking.MaskedBatch:
+    return masking.MaskedBatch(
         inputs=jnp.zeros((1, counts.seq_len), jnp.int32),
         enc_index=jnp.zeros((1, counts.n_enc), jnp.int32),
         pred_index=jnp.zeros((1, counts.k), jnp.int32),
@@ -41,15 +47,65 @@ def create_state(
         weights=jnp.zeros((1, counts.k), jnp.float32),
     )
 
-    def init():
-        boxed = model.init(init_key, dummy)["params"]
-        params = nn.meta.unbox(boxed)
+
+def state_setup(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    seed: int,
+    counts: masking.MaskCounts,
+    mesh: Mesh,
+    rules: tuple = sharding.DEFAULT_RULES,
+) -> StateSetup:
+    """Shardings of every state leaf from the parameters' logical axes and the rules.
+
+    Parameters take the logical axes the modules annotate them with.
+    """
+    init_key, train_key = jax.random.split(jax.random.PRNGKey(seed))
+
+    def init() -> TrainState:
+        params = nn.meta.unbox(model.init(init_key, _dummy_batch(counts))["params"])
         return TrainState(jnp.int32(0), params, tx.init(params), train_key)
 
-    logical_specs = nn.get_partition_spec(
-        jax.eval_shape(lambda: model.init(init_key, dummy)["params"])
+    with sharding.activate(mesh, rules):
+        shapes = jax.eval_shape(init)
+        boxed_params = jax.eval_shape(lambda: model.init(init_key, _dummy_batch(counts)))
+    param_specs = nn.get_partition_spec(boxed_params)["params"]
+    is_spec = lambda x: isinstance(x, PartitionSpec)
+    # Optimiser moments take their parameter's axes; counts and other scalars replicate.
+    opt_specs = optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        shapes.opt_state,
+        param_specs,
+        transform_non_params=lambda _: PartitionSpec(),
+        is_leaf=is_spec,
     )
-    return jax.jit(init)(), logical_specs
+    logical_specs = TrainState(PartitionSpec(), param_specs, opt_specs, PartitionSpec())
+    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
+    )
+    jitted = jax.jit(init, out_shardings=shardings)
+
+    def sharded_init() -> TrainState:
+        with sharding.activate(mesh, rules):
+            return jitted()
+
+    return StateSetup(sharded_init, abstract, shardings, logical_specs)
+
+
+def create_state(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    seed: int,
+    counts: masking.MaskCounts,
+    mesh: Mesh | None = None,
+    rules: tuple = sharding.DEFAULT_RULES,
+) -> tuple[TrainState, StateSetup]:
+    """The initial state on `mesh` (default: the first device alone) and its setup."""
+    mesh = mesh if mesh is not None else sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    setup = state_setup(model, tx, seed, counts, mesh, rules)
+    return setup.init(), setup
 
 
 def make_train_step(
@@ -75,7 +131,9 @@ def make_train_step(
 
     def train_step(state: TrainState, tokens: jax.Array):
         B, L = tokens.shape
-        micro = tokens.reshape(grad_accum_steps, B // grad_accum_steps, L)
+        # Row r goes to micro-batch r % A: each device's contiguous rows split evenly over
+        # the micro-batches, so accumulation needs no communication.
+        micro = tokens.reshape(B // grad_accum_steps, grad_accum_steps, L).swapaxes(0, 1)
         step_key = jax.random.fold_in(state.rng, state.step)
 
         def accumulate(carry, xs):

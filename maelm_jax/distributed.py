@@ -1,0 +1,55 @@
+"""Multi-host runs through JAX's own multi-controller runtime.
+
+Every host runs the same command. `initialize` calls ``jax.distributed.initialize``:
+with explicit coordinator/process flags when given, and with no arguments when a cluster
+environment JAX recognises is detected (Cloud TPU pod slices, SLURM, Open MPI), so a
+pod or cluster job needs no extra flags. A single process needs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+from absl import logging
+from jax.experimental import multihost_utils
+
+from maelm_jax import errors
+
+
+def _cluster_detected() -> bool:
+    """True when the scheduler says this job spans several processes."""
+    env = os.environ
+    if int(env.get("SLURM_NTASKS", "1")) > 1:
+        return True
+    if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        return True
+    # Cloud TPU VMs of a multi-host slice list all workers' hostnames.
+    return len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+
+
+def initialize(coordinator_address: str = "", num_processes: int = 0,
+               process_id: int = -1) -> None:
+    """Joins the multi-process job, if there is one."""
+    if coordinator_address:
+        if num_processes < 1 or process_id < 0:
+            raise errors.UserError("--coordinator_address needs --num_processes >= 1 and "
+                                   "--process_id >= 0")
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    elif _cluster_detected():
+        jax.distributed.initialize()
+    else:
+        return
+    logging.info("process %d of %d; %d local / %d global devices", jax.process_index(),
+                 jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def barrier(name: str) -> None:
+    """Waits for every process (no-op for one)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+def is_leader() -> bool:
+    """Process 0 alone writes logs, metrics and TensorBoard events."""
+    return jax.process_index() == 0
