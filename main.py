@@ -11,7 +11,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from maelm_jax import errors
+from maelm_jax import distributed, errors
 from maelm_jax.training import loop
 
 FLAGS = flags.FLAGS
@@ -21,6 +21,10 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data.")
 flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and data errors.")
 flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (e.g. orbax).")
+flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process "
+                    "runs outside TPU pods and SLURM (which are detected automatically).")
+flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
+flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator_address).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 _PROJECT_DIR = pathlib.Path(__file__).resolve().parent
@@ -63,6 +67,7 @@ def main(argv):
     if not FLAGS.library_logs:
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     try:
+        distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
         loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except errors.UserError as e:
         if FLAGS.debug:

@@ -115,6 +115,19 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def process_rows(mesh: Mesh, batch_size: int) -> tuple[int, int]:
+    """(first row, number of rows) of the global batch held by this process's devices."""
+    index_map = batch_sharding(mesh).addressable_devices_indices_map((batch_size,))
+    starts = [idx[0].start or 0 for idx in index_map.values()]
+    stops = [batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
+    start, stop = min(starts), max(stops)
+    rows = {r for a, b in zip(starts, stops) for r in range(a, b)}
+    if len(rows) != stop - start:
+        raise MeshError("this process's devices hold non-contiguous rows of the batch; order "
+                        "the mesh's devices by process (jax.make_mesh does)")
+    return start, stop - start
+
+
 def global_batch(local_rows: np.ndarray, mesh: Mesh) -> jax.Array:
     """A global [batch, L] array from this process's rows (its share of the batch)."""
     return jax.make_array_from_process_local_data(batch_sharding(mesh), local_rows)

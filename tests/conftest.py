@@ -1,6 +1,12 @@
 """Shared fixtures: tiny configs and a small tokenizer trained once per session."""
 
+import os
 import pathlib
+
+# Eight CPU devices for the sharding tests; must be set before JAX is first imported.
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 
 import pytest
 

@@ -1,10 +1,10 @@
 """Deterministic, resumable, per-process batches over the prepared blocks (grain).
 
 The batch for a step is a pure function of (seed, step): each source is shuffled anew
-every epoch and repeated forever, the sources are mixed by weight, and process p of P
-reads the rows p, p + P, p + 2P, ... of that global stream. The union over processes of
-step s is the same global batch whatever P is, and resuming means starting at step s:
-the data position saved in a checkpoint is the step itself.
+every epoch and repeated forever, the sources are mixed by weight, and the global batch of
+step s is blocks [s * B, (s + 1) * B) of that stream. Each process reads only its own rows
+of it, so the global batch is the same whatever the number of processes, and resuming
+means starting at step s: the data position saved in a checkpoint is the step itself.
 """
 
 from __future__ import annotations
@@ -36,20 +36,25 @@ def train_batches(
     batch_size: int,
     seed: int,
     start_step: int = 0,
-    process_index: int = 0,
-    process_count: int = 1,
+    row_start: int = 0,
+    row_count: int | None = None,
     prefetch: int = 2,
 ) -> Iterator[np.ndarray]:
-    """Yields this process's [batch_size / process_count, L] int32 rows for steps
-    start_step, start_step + 1, ... forever."""
-    if batch_size % process_count:
+    """Yields rows [row_start, row_start + row_count) of the global [batch_size, L] batch of
+    steps start_step, start_step + 1, ... forever, as int32.
+
+    A process reads only the rows its devices hold (see sharding.process_rows); the rows
+    of step s are blocks s * batch_size + row_start + j of the mixed stream, so every
+    process count and mesh sees the same global batch in the same order.
+    """
+    row_count = batch_size if row_count is None else row_count
+    if batch_size % row_count or row_start % row_count:
         raise ValueError(
-            f"config.train.batch_size={batch_size} is not divisible by the "
-            f"{process_count} processes"
+            f"rows [{row_start}, {row_start + row_count}) do not tile a batch of {batch_size}"
         )
-    local = batch_size // process_count
     stream = _mixed_stream(data.train, data.weights, seed)
-    batches = stream[process_index::process_count].batch(local)[start_step:]
+    per_step = batch_size // row_count
+    batches = stream.batch(row_count)[row_start // row_count :: per_step][start_step:]
     batches = batches.map(lambda b: np.asarray(b, dtype=np.int32))
     options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=max(prefetch, 1))
     return iter(batches.to_iter_dataset(options))

@@ -142,13 +142,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
         if len(b) >= dp
     ]
+    row_start, row_count = sharding.process_rows(mesh, t.batch_size)
     batches = loader.train_batches(
         data,
         t.batch_size,
         config.seed,
         start_step=start,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
+        row_start=row_start,
+        row_count=row_count,
         prefetch=config.data.prefetch,
     )
 

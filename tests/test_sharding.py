@@ -1,0 +1,176 @@
+"""Sharding over a mesh of 8 CPU devices: same losses, the rules' placements, restoring
+across mesh shapes, mixed precision, and a two-process run through jax.distributed."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from maelm_jax import config as config_lib
+from maelm_jax import sharding, tokenizer
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import checkpoint, optimizer, steps
+
+from conftest import REPO_ROOT
+from tiny_config import TINY_VOCAB, tiny_config
+
+pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+
+
+def shardable_config(**model):
+    """Every sharded dimension divisible by 8, so any 8-device mesh shape works."""
+    c = tiny_config("maelm")
+    c.model.d_model, c.model.num_heads, c.model.d_ff = 64, 8, 128
+    c.model.decoder.d_model, c.model.decoder.num_heads, c.model.decoder.d_ff = 64, 8, 128
+    for key, value in model.items():
+        c.model[key] = value
+    return c
+
+
+def run_steps(c, mesh, n=3, state=None):
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    tx, schedule = optimizer.make_optimizer(c.train)
+    setup = steps.state_setup(model, tx, c.seed, counts, mesh)
+    state = setup.init() if state is None else state
+    step = jax.jit(
+        steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps),
+        in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
+        out_shardings=(setup.shardings, sharding.replicated(mesh)),
+    )
+    rng = np.random.default_rng(0)
+    losses = []
+    with sharding.activate(mesh, sharding.DEFAULT_RULES):
+        for _ in range(n):
+            rows = rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (c.train.batch_size, 32))
+            state, metrics = step(state, sharding.global_batch(rows.astype(np.int32), mesh))
+            losses.append(float(metrics["loss"]))
+    return losses, state, setup
+
+
+def single_device_mesh():
+    return sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+
+
+def test_mesh_shape_is_validated():
+    assert sharding.resolve_shape((-1, 2, 1), 8) == (4, 2, 1)
+    with pytest.raises(sharding.MeshError, match=r"config.mesh.shape=\(3, 1, 1\) needs 3 devices"):
+        sharding.resolve_shape((3, 1, 1), 8)
+    with pytest.raises(sharding.MeshError, match="not divisible by 3"):
+        sharding.resolve_shape((-1, 3, 1), 8)
+    with pytest.raises(sharding.MeshError, match="at most one -1"):
+        sharding.resolve_shape((-1, -1, 1), 8)
+    mesh = sharding.make_mesh((2, 2, 2))
+    with pytest.raises(sharding.MeshError, match="batch_size=6 .* data-parallel size 4"):
+        sharding.check_batch(mesh, 6, 1)
+    with pytest.raises(sharding.MeshError, match="grad_accum_steps=4"):
+        sharding.check_batch(mesh, 8, 4)
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (8, 1, 1), (1, 1, 8), (1, 8, 1)])
+def test_losses_match_single_device(shape):
+    c = shardable_config(dropout=0.1)
+    reference, _, _ = run_steps(c, single_device_mesh())
+    losses, _, _ = run_steps(c, sharding.make_mesh(shape))
+    np.testing.assert_allclose(losses, reference, rtol=2e-5)
+    assert reference[2] != reference[0]
+
+
+def test_parameter_and_optimizer_shardings_follow_the_rules():
+    c = shardable_config()
+    _, state, setup = run_steps(c, sharding.make_mesh((2, 2, 2)), n=1)
+    attn = state.params["encoder"]["stack"]["layer_0"]["attention"]
+    assert attn["query_kernel"].sharding.spec == P("fsdp", "tensor", None)
+    assert attn["query_kernel"].addressable_shards[0].data.shape == (32, 4, 8)
+    assert attn["out_kernel"].sharding.spec == P("tensor", None, "fsdp")
+    mlp = state.params["encoder"]["stack"]["layer_0"]["mlp"]
+    assert mlp["wi"]["kernel"].sharding.spec == P("fsdp", "tensor")
+    words = state.params["encoder"]["word_embeddings"]["embedding"]
+    assert words.sharding.spec == P("tensor", "fsdp")
+    assert words.addressable_shards[0].data.shape == (TINY_VOCAB // 2, 32)
+    # Adam's moments are sharded like their parameters; the step is replicated.
+    mu = state.opt_state[1][0].mu["encoder"]["word_embeddings"]["embedding"]
+    assert mu.sharding.spec == P("tensor", "fsdp")
+    assert state.step.sharding.spec == P()
+
+
+def test_checkpoint_restores_across_meshes(tmp_path):
+    c = shardable_config()
+    saved_losses, state, _ = run_steps(c, sharding.make_mesh((8, 1, 1)), n=2)
+    ckpt = checkpoint.Checkpointer(tmp_path, every=1, keep=2)
+    ckpt.save(2, state, {"step": 2, "data_position": 2}, force=True)
+    ckpt.wait()
+    expected = jax.device_get(state.params)
+    for shape, devices in (((2, 2, 2), None), ((1, 1, 1), jax.devices()[:1])):
+        mesh = sharding.make_mesh(shape, devices)
+        _, _, setup = run_steps(c, mesh, n=0)
+        restored, meta = ckpt.restore(2, setup.abstract)
+        assert meta["data_position"] == 2 and int(restored.step) == 2
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), expected)
+        word = restored.params["encoder"]["word_embeddings"]["embedding"]
+        assert word.sharding == setup.shardings.params["encoder"]["word_embeddings"]["embedding"]
+        # Training goes on from the restored state on the new mesh.
+        more, _, _ = run_steps(c, mesh, n=1, state=restored)
+        assert np.isfinite(more[0])
+    ckpt.close()
+
+
+def test_bfloat16_compute_keeps_float32_parameters():
+    c = shardable_config(dtype="bfloat16")
+    losses, state, _ = run_steps(c, sharding.make_mesh((2, 2, 2)))
+    assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.params))
+    reference, _, _ = run_steps(shardable_config(), sharding.make_mesh((2, 2, 2)))
+    np.testing.assert_allclose(losses, reference, rtol=2e-2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train_losses(workdir):
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
+
+
+def test_two_processes_match_one(tmp_path, tiny_tokenizer):
+    """Two processes on localhost (4 CPU devices each) form one 8-device mesh through
+    jax.distributed; the losses equal a single 8-device process's."""
+    common = [
+        sys.executable, "main.py", "--config=tests/tiny_config.py",
+        f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
+        "--config.train.num_steps=3", "--config.mesh.shape=(4,2,1)",
+    ]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    single = tmp_path / "single"
+    subprocess.run(common + [f"--workdir={single}"], cwd=REPO_ROOT, check=True,
+                   capture_output=True, env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+
+    multi = tmp_path / "multi"
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            common + [f"--workdir={multi}", f"--coordinator_address=127.0.0.1:{port}",
+                      "--num_processes=2", f"--process_id={i}"],
+            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    assert "process 1 of 2" in outputs[1]
+    expected = _train_losses(single)
+    got = _train_losses(multi)
+    assert sorted(got) == [1, 2, 3]
+    np.testing.assert_allclose([got[s] for s in (1, 2, 3)], [expected[s] for s in (1, 2, 3)],
+                               rtol=2e-5)
+    assert (multi / "checkpoints" / "3").exists()
