@@ -69,7 +69,8 @@ class Encoder(nn.Module):
 
         Returns hidden states [B, n, d_model].
         """
-        x = self.word_embeddings(tokens) + self.position_embeddings(positions)
+        x = self.embed(tokens) + layers.lookup(self.position_embeddings, positions,
+                                               ("positions", None))
         x = self.dropout(self.ln_embed(x), deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         bias = self.relative_bias(positions, positions) if self.relative_bias else None
@@ -77,7 +78,7 @@ class Encoder(nn.Module):
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         """Word embeddings only (the decoder's [MASK] row comes from this shared table)."""
-        return self.word_embeddings(tokens)
+        return layers.lookup(self.word_embeddings, tokens, ("vocab", None))
 
     def attend(self, x: jax.Array) -> jax.Array:
         """[..., d_model] -> [..., vocab] logits against the tied word embeddings (float32)."""

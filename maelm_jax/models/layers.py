@@ -51,6 +51,17 @@ class StackConfig:
         return self.d_model // self.num_heads
 
 
+def lookup(embed: nn.Embed, ids: jax.Array, table_axes: tuple) -> jax.Array:
+    """Embedding lookup from a table gathered along its FSDP-sharded width first.
+
+    A gather from a table sharded along the embedding width makes XLA replicate the
+    batch-sharded gradient in the backward pass; gathering the table just in time (what
+    FSDP does for every weight) keeps the lookup and its gradient local.
+    """
+    table = nn.with_logical_constraint(embed.embedding, table_axes)
+    return jnp.take(table, ids, axis=0).astype(embed.dtype)
+
+
 def layer_norm(name: str, dtype: Dtype) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=1e-5,
