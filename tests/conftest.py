@@ -19,6 +19,13 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+def subprocess_env(devices: int = 1) -> dict:
+    """Environment for running main.py in a subprocess: the repo importable and `devices`
+    CPU devices (fewer devices compile and run faster on a small machine)."""
+    return dict(os.environ, PYTHONPATH=str(REPO_ROOT),
+                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+
+
 def require_shared_data(*parts: str) -> pathlib.Path:
     """The path under ../shared/data, or skip: users' machines do not have it."""
     path = SHARED_DATA.joinpath(*parts)

@@ -2,7 +2,6 @@
 across mesh shapes, mixed precision, and a two-process run through jax.distributed."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from maelm_jax import sharding, tokenizer
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint, optimizer, steps
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
@@ -39,11 +38,8 @@ def run_steps(c, mesh, n=3, state=None):
     tx, schedule = optimizer.make_optimizer(c.train)
     setup = steps.state_setup(model, tx, c.seed, counts, mesh)
     state = setup.init() if state is None else state
-    step = jax.jit(
-        steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps),
-        in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
-        out_shardings=(setup.shardings, sharding.replicated(mesh)),
-    )
+    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps)
+    step = steps.jit_train_step(fn, setup, mesh)
     rng = np.random.default_rng(0)
     losses = []
     with sharding.activate(mesh, sharding.DEFAULT_RULES):
@@ -73,13 +69,17 @@ def test_mesh_shape_is_validated():
         sharding.check_batch(mesh, 8, 4)
 
 
-@pytest.mark.parametrize("shape", [(2, 2, 2), (8, 1, 1), (1, 1, 8), (1, 8, 1)])
-def test_losses_match_single_device(shape):
-    c = shardable_config(dropout=0.1)
-    reference, _, _ = run_steps(c, single_device_mesh())
-    losses, _, _ = run_steps(c, sharding.make_mesh(shape))
-    np.testing.assert_allclose(losses, reference, rtol=2e-5)
-    assert reference[2] != reference[0]
+@pytest.fixture(scope="module")
+def single_device_losses():
+    losses, _, _ = run_steps(shardable_config(), single_device_mesh())
+    assert losses[2] != losses[0]
+    return losses
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (8, 1, 1), (1, 1, 8)])
+def test_losses_match_single_device(shape, single_device_losses):
+    losses, _, _ = run_steps(shardable_config(), sharding.make_mesh(shape))
+    np.testing.assert_allclose(losses, single_device_losses, rtol=2e-5)
 
 
 def test_parameter_and_optimizer_shardings_follow_the_rules():
@@ -115,18 +115,20 @@ def test_checkpoint_restores_across_meshes(tmp_path):
         jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored.params), expected)
         word = restored.params["encoder"]["word_embeddings"]["embedding"]
         assert word.sharding == setup.shardings.params["encoder"]["word_embeddings"]["embedding"]
-        # Training goes on from the restored state on the new mesh.
-        more, _, _ = run_steps(c, mesh, n=1, state=restored)
-        assert np.isfinite(more[0])
+        if shape == (2, 2, 2):  # training goes on from the restored state on the new mesh
+            more, _, _ = run_steps(c, mesh, n=1, state=restored)
+            assert np.isfinite(more[0])
     ckpt.close()
 
 
-def test_bfloat16_compute_keeps_float32_parameters():
+def test_bfloat16_compute_keeps_float32_parameters(single_device_losses):
     c = shardable_config(dtype="bfloat16")
     losses, state, _ = run_steps(c, sharding.make_mesh((2, 2, 2)))
     assert all(x.dtype == np.float32 for x in jax.tree.leaves(state.params))
-    reference, _, _ = run_steps(shardable_config(), sharding.make_mesh((2, 2, 2)))
-    np.testing.assert_allclose(losses, reference, rtol=2e-2)
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+    assert moments and all(x.dtype == np.float32 for x in moments)
+    np.testing.assert_allclose(losses, single_device_losses, rtol=2e-2)
+    assert not np.allclose(losses, single_device_losses, rtol=1e-6)  # bf16 really ran
 
 
 def _free_port() -> int:
@@ -148,10 +150,9 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
         f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
         "--config.train.num_steps=2", "--config.mesh.shape=(4,2,1)",
     ]
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     single = tmp_path / "single"
     subprocess.run(common + [f"--workdir={single}"], cwd=REPO_ROOT, check=True,
-                   capture_output=True, env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+                   capture_output=True, env=subprocess_env(8))
 
     multi = tmp_path / "multi"
     port = _free_port()
@@ -160,7 +161,7 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
             common + [f"--workdir={multi}", f"--coordinator_address=127.0.0.1:{port}",
                       "--num_processes=2", f"--process_id={i}"],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
+            env=subprocess_env(4),
         )
         for i in range(2)
     ]

@@ -1,7 +1,6 @@
 """The train step and the loop: one compilation, learning, and kill-and-resume."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,23 +12,23 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import tokenizer
+from maelm_jax import sharding, tokenizer
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import loop, optimizer, steps
 
-from conftest import REPO_ROOT, require_shared_data
+from conftest import REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
 
 
 def _step_fn(c):
+    """The train step exactly as the loop compiles it, on one device."""
     counts = config_lib.mask_counts(c)
     model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
     tx, schedule = optimizer.make_optimizer(c.train)
-    state, _ = steps.create_state(model, tx, c.seed, counts)
-    step = jax.jit(
-        steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps)
-    )
-    return state, step
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    state, setup = steps.create_state(model, tx, c.seed, counts, mesh)
+    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps)
+    return state, steps.jit_train_step(fn, setup, mesh)
 
 
 @pytest.mark.parametrize("objective, accum", [("maelm", 1), ("mlm", 2)])
@@ -55,10 +54,12 @@ def test_same_step_same_masks_and_dropout():
     tokens = jnp.asarray(
         np.random.default_rng(0).integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32
     )
-    _, a = train_step(state, tokens)
-    _, b = train_step(state, tokens)
+    host_state = jax.device_get(state)  # the step donates its input: pass fresh copies
+    fresh = lambda: jax.tree.map(np.array, host_state)
+    _, a = train_step(fresh(), tokens)
+    _, b = train_step(fresh(), tokens)
     assert float(a["loss"]) == float(b["loss"])
-    _, other = train_step(state.replace(step=state.step + 1), tokens)
+    _, other = train_step(fresh().replace(step=np.int32(1)), tokens)
     assert float(other["loss"]) != float(a["loss"])
 
 
@@ -102,7 +103,7 @@ def test_kill_and_resume_continues_exactly(tmp_path, tiny_tokenizer):
     """SIGKILL a run after a checkpoint, start it again: the remaining losses are the ones
     an uninterrupted run produces (same data order, masks and dropout)."""
     steps_total = 60
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env = subprocess_env()
     full = tmp_path / "full"
     subprocess.run(_main_command(full, tiny_tokenizer.model_path, steps_total), cwd=REPO_ROOT,
                    env=env, check=True, capture_output=True)

@@ -124,11 +124,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         state, start = setup.init(), 0
     writer = metrics_lib.MetricWriter(workdir, resume_step=start)
 
-    train_step = jax.jit(
+    train_step = steps.jit_train_step(
         steps.make_train_step(model, tx, schedule, counts, tok.vocab_size, t.grad_accum_steps),
-        in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
-        out_shardings=(setup.shardings, sharding.replicated(mesh)),
-        donate_argnums=0,
+        setup,
+        mesh,
     )
     eval_step = jax.jit(
         steps.make_eval_step(model, counts, tok.vocab_size),

@@ -164,6 +164,18 @@ def make_train_step(
     return train_step
 
 
+def jit_train_step(train_step: Callable, setup: StateSetup, mesh: Mesh) -> Callable:
+    """The train step compiled for the mesh: state in its shardings (donated), the batch
+    split over data x fsdp, metrics replicated. Fixed shardings in and out, so it compiles
+    exactly once."""
+    return jax.jit(
+        train_step,
+        in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
+        out_shardings=(setup.shardings, sharding.replicated(mesh)),
+        donate_argnums=0,
+    )
+
+
 def make_eval_step(model: nn.Module, counts: masking.MaskCounts, vocab_size: int) -> Callable:
     """Returns eval_step(params, tokens [b, L], key) -> sums of loss/correct/count.
 
