@@ -19,6 +19,8 @@ config_flags.DEFINE_config_file(
     "config", None, "Config file (file.py or file.py:variant).", lock_config=True
 )
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data.")
+flags.DEFINE_bool("allow_config_change", False, "Continue a workdir's run even though the "
+                  "config changes fields that its checkpoints depend on.")
 flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and data errors.")
 flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (e.g. orbax).")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process "
@@ -68,7 +70,7 @@ def main(argv):
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-        loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
     except errors.UserError as e:
         if FLAGS.debug:
             raise

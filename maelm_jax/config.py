@@ -60,6 +60,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.d_ff = 3072
     c.model.dropout = 0.1
     c.model.attention_dropout = 0.1
+    c.model.activation_dropout = 0.0  # inside the MLP; the official MAE-LM code uses none
     c.model.pre_ln = False
     c.model.rel_pos_buckets = 32  # 0 disables the T5 relative position bias
     c.model.rel_pos_max_distance = 128
@@ -88,6 +89,8 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.adam_b2 = 0.98
     c.train.adam_eps = 1e-6
     c.train.clip_norm = 2.0  # global-norm clipping; 0 disables
+    c.train.nonfinite = "stop"  # a non-finite loss/gradient: "stop" (keep the last good
+    #                              checkpoint) or "skip" the update and count it
     c.train.log_every = 100
     c.train.eval_every = 2000
     c.train.eval_batches = 20
@@ -186,6 +189,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _require(t.num_steps >= 1, "train.num_steps", "an int >= 1", t.num_steps)
     _require(0 <= t.warmup_steps, "train.warmup_steps", "an int >= 0", t.warmup_steps)
     _require(t.learning_rate > 0, "train.learning_rate", "a float > 0", t.learning_rate)
+    _require(t.nonfinite in ("stop", "skip"), "train.nonfinite", "'stop' or 'skip'", t.nonfinite)
     for field in (
         "log_every",
         "eval_every",
@@ -209,6 +213,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
         m.attention_dropout,
         m.pre_ln,
         dtype,
+        activation_dropout=m.activation_dropout,
     )
     encoder = encoder_lib.EncoderConfig(
         enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance

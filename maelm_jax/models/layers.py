@@ -45,6 +45,7 @@ class StackConfig:
     attention_dropout: float = 0.0
     pre_ln: bool = False  # post-LN (BERT/RoBERTa, MAE-LM) unless set
     dtype: Dtype = jnp.float32  # compute dtype
+    activation_dropout: float = 0.0  # on the MLP's hidden units; 0 in fairseq RoBERTa/MAE-LM
 
     @property
     def head_dim(self) -> int:
@@ -181,7 +182,7 @@ class FeedForward(nn.Module):
         )(x)
         h = nn.gelu(h, approximate=False)  # fairseq/BERT use the exact (erf) GELU
         h = nn.with_logical_constraint(h, ("batch", "length", "act_mlp"))
-        h = nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+        h = nn.Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         return nn.Dense(
             cfg.d_model,
             dtype=cfg.dtype,

@@ -7,6 +7,8 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 from __future__ import annotations
 
 import pathlib
+import signal
+import threading
 import time
 
 import jax
@@ -15,16 +17,14 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, sharding
+from maelm_jax import distributed, errors, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import steps
-
-CONFIG_FILE = "config.json"
-
+from maelm_jax.training import workdir as workdir_lib
 
 def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str, float]:
     """Masked-token loss, accuracy and perplexity on fixed validation batches and masks."""
@@ -62,14 +62,18 @@ class _Throughput:
         }
 
 
-def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+             allow_config_change: bool):
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
-    others wait, then everyone loads the same files."""
+    others wait, then everyone loads the same files. A failure leaves the workdir as it
+    was."""
     if jax.process_index() == 0:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / CONFIG_FILE).write_text(config_lib.to_json(config))
-        tok = pipeline.setup_tokenizer(config, workdir)
-        data = pipeline.prepare_data(config, workdir, tok)
+        workdir_lib.check_compatible(config, workdir, allow_config_change)
+        with workdir_lib.all_or_nothing(workdir):
+            workdir.mkdir(parents=True, exist_ok=True)
+            tok = pipeline.setup_tokenizer(config, workdir)
+            data = pipeline.prepare_data(config, workdir, tok)
+            workdir_lib.write_config(config, workdir)
     distributed.barrier("prepared data")
     if jax.process_index() != 0:
         tok = pipeline.setup_tokenizer(config, workdir)
@@ -77,10 +81,37 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path):
     return tok, data
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+class NonFiniteError(errors.UserError):
+    pass
+
+
+class _StopRequest:
+    """SIGTERM (a preemption notice from most schedulers) asks the loop to checkpoint and
+    exit at the end of the current step."""
+
+    def __init__(self):
+        self.received = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        logging.warning("SIGTERM received: saving a checkpoint after this step")
+        self.received = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       allow_config_change: bool = False) -> dict[str, float]:
     """Pretrains per `config` in `workdir`, resuming from its latest checkpoint.
 
-    Returns the last evaluation's metrics.
+    Returns the last evaluation's metrics (empty if the run was preempted before one).
     """
     config_lib.validate(config)
     t = config.train
@@ -89,7 +120,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     rules = sharding.rules_from_config(config.sharding_rules)
     pipeline.validate_sources(config)
     workdir = pathlib.Path(workdir)
-    tok, data = _prepare(config, workdir)
+    tok, data = _prepare(config, workdir, allow_config_change)
     counts = config_lib.mask_counts(config)
     logging.info(
         "masking: k=%d predicted (%d [MASK], %d random, %d unchanged), encoder length %d of %d",
@@ -122,7 +153,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         start = meta["data_position"]
     else:
         state, start = setup.init(), 0
-    writer = metrics_lib.MetricWriter(workdir, resume_step=start)
+    writer = metrics_lib.MetricWriter(workdir, resume_step=start, enabled=distributed.is_leader())
 
     train_step = steps.jit_train_step(
         steps.make_train_step(model, tx, schedule, counts, tok.vocab_size, t.grad_accum_steps),
@@ -152,10 +183,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         prefetch=config.data.prefetch,
     )
 
+    try:
+        return _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt,
+                           writer, mesh, rules, start)
+    finally:
+        # Pending asynchronous saves finish (or fail loudly) before the process ends.
+        ckpt.close()
+        writer.close()
+
+
+def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, writer,
+                mesh, rules, start) -> dict[str, float]:
+    """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
+    non-finite and preemption policies."""
+    t = config.train
     throughput = _Throughput(start, t.batch_size * config.data.seq_len, t.num_steps)
     window: list[dict] = []
     eval_metrics: dict[str, float] = {}
-    with sharding.activate(mesh, rules):
+    skipped = 0
+    with sharding.activate(mesh, rules), _StopRequest() as stop:
         for step in range(start + 1, t.num_steps + 1):
             state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
             window.append(step_metrics)
@@ -167,18 +213,33 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                     time.perf_counter() - throughput.time,
                 )
                 throughput = _Throughput(step, t.batch_size * config.data.seq_len, t.num_steps)
+            if float(step_metrics["nonfinite"]):
+                if t.nonfinite == "stop":
+                    ckpt.wait()
+                    raise NonFiniteError(
+                        f"step {step}: non-finite loss or gradients; stopped, the last good "
+                        f"checkpoint is step {ckpt.latest_step()} (config.train.nonfinite="
+                        "'skip' skips such updates instead)")
+                skipped += 1
+                logging.warning("step %d: non-finite loss or gradients, update skipped "
+                                "(%d so far)", step, skipped)
             if step % t.log_every == 0 or step == t.num_steps:
                 fetched = jax.device_get(window)
                 means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
                 means["perplexity"] = metrics_lib.perplexity(means["loss"])
+                means["skipped_updates"] = skipped
                 writer.write("train", step, {**means, **throughput.measure(step)})
                 window = []
             if step % t.eval_every == 0 or step == t.num_steps:
                 eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)
                 writer.write("eval", step, eval_metrics)
+            preempted = stop.received or ckpt.reached_preemption(step)
             ckpt.save(step, state, {"step": step, "data_position": step},
-                      force=step == t.num_steps)
+                      force=step == t.num_steps or preempted)
+            if preempted:
+                ckpt.wait()
+                logging.warning("preempted: saved a checkpoint at step %d; run the same "
+                                "command to resume", step)
+                break
     ckpt.wait()
-    ckpt.close()
-    writer.close()
     return eval_metrics

@@ -17,13 +17,18 @@ def perplexity(loss: float) -> float:
 class MetricWriter:
     """Writes scalars per (split, step). Only one process should hold a writer."""
 
-    def __init__(self, workdir: pathlib.Path, resume_step: int = 0):
+    def __init__(self, workdir: pathlib.Path, resume_step: int = 0, enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:  # processes other than 0 in a multi-process run
+            return
         self.jsonl_path = workdir / "metrics.jsonl"
         _truncate_after(self.jsonl_path, resume_step)
         self._jsonl = open(self.jsonl_path, "a")
         self._tb = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
 
     def write(self, split: str, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         scalars = {k: float(v) for k, v in scalars.items()}
         for name, value in scalars.items():
             self._tb.add_scalar(f"{split}/{name}", value, step)
@@ -33,6 +38,8 @@ class MetricWriter:
         logging.info("[%s] step %d  %s", split, step, shown)
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self._jsonl.close()
         self._tb.close()
 

@@ -152,11 +152,19 @@ def make_train_step(
         grads = jax.tree.map(lambda g: g / count, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        loss, grad_norm = sums["loss_sum"] / count, optax.tree.norm(grads)
+        # A non-finite loss or gradient never reaches the parameters or Adam's moments: the
+        # update is dropped here, and the loop stops or counts it (config.train.nonfinite).
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        keep_if_finite = lambda new, old: jnp.where(finite, new, old)
+        params = jax.tree.map(keep_if_finite, params, state.params)
+        opt_state = jax.tree.map(keep_if_finite, opt_state, state.opt_state)
         metrics = {
-            "loss": sums["loss_sum"] / count,
+            "loss": loss,
             "accuracy": sums["correct_sum"] / count,
-            "grad_norm": optax.tree.norm(grads),
+            "grad_norm": grad_norm,
             "learning_rate": schedule(state.step),
+            "nonfinite": 1.0 - finite.astype(jnp.float32),
         }
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics

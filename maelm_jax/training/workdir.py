@@ -1,0 +1,100 @@
+"""The run's working directory: its config record, and changes that are all-or-nothing.
+
+A workdir belongs to one run. Starting again with a config that would change what the
+checkpoints mean (another model, tokenizer, corpus, masking, seed or batch) is refused
+unless explicitly allowed; settings that only change how the run proceeds (steps, logging,
+checkpoint cadence, mesh) may change, since checkpoints restore onto any mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+import shutil
+
+import ml_collections
+
+from maelm_jax import config as config_lib
+from maelm_jax import errors
+
+CONFIG_FILE = "config.json"
+
+# Fields that may differ between a run and its resumption (dotted prefixes).
+_RESUMABLE_CHANGES = (
+    "train.num_steps",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.nonfinite",
+    "data.prefetch",
+    "data.cache_dir",
+    "data.encoding_errors",
+    "mesh",
+    "sharding_rules",
+    "model.dtype",
+)
+
+
+class IncompatibleWorkdirError(errors.UserError):
+    pass
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _flatten(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], tree
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """Dotted fields whose values differ and that a resumed run may not change."""
+    old_flat, new_flat = dict(_flatten(old)), dict(_flatten(new))
+    changed = sorted(k for k in old_flat.keys() | new_flat.keys()
+                     if old_flat.get(k) != new_flat.get(k))
+    return [k for k in changed
+            if not any(k == p or k.startswith(p + ".") for p in _RESUMABLE_CHANGES)]
+
+
+def check_compatible(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+                     allow_config_change: bool) -> None:
+    """Refuses a workdir whose recorded run used a config this one cannot continue."""
+    path = workdir / CONFIG_FILE
+    if allow_config_change or not path.exists():
+        return
+    # A round trip through JSON makes tuples lists on both sides.
+    new = json.loads(config_lib.to_json(config))
+    changed = config_changes(json.loads(path.read_text()), new)
+    if changed:
+        shown = ", ".join(f"config.{k}" for k in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        raise IncompatibleWorkdirError(
+            f"{workdir} holds a run with a different {shown}{more}; use another --workdir, "
+            "or pass --allow_config_change to continue it with the new config anyway")
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
+    (workdir / CONFIG_FILE).write_text(config_lib.to_json(config))
+
+
+@contextlib.contextmanager
+def all_or_nothing(workdir: pathlib.Path):
+    """Removes whatever the block created in `workdir` (and the workdir itself, if it did
+    not exist) when the block fails, so a rejected run leaves the workdir as it was."""
+    existed = workdir.exists()
+    before = set(workdir.iterdir()) if existed else set()
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif workdir.exists():
+            for path in set(workdir.iterdir()) - before:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise

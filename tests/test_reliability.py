@@ -1,0 +1,271 @@
+"""Reliability: preemption, non-finite policies, half-written and failed checkpoints, and a
+clear one-line error (with the workdir left untouched) for each kind of bad input."""
+
+import builtins
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from maelm_jax import errors
+from maelm_jax.training import checkpoint, loop, steps
+
+from conftest import REPO_ROOT, subprocess_env
+from tiny_config import tiny_config
+
+
+def snapshot(path):
+    """Every file under path with its content hash (None if path does not exist)."""
+    if not path.exists():
+        return None
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def train_metrics(workdir, split="train"):
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines) if r["split"] == split}
+
+
+# ---------------------------------------------------------------- bad input, one line each
+
+def _documents(n=200, word="stones"):
+    return "\n\n".join(f"document {i} is a sentence of plain words about rivers and {word}. "
+                       * 4 for i in range(n))
+
+
+def _corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    if not path.exists():  # rewriting would change its fingerprint and re-prepare the data
+        path.write_text(_documents())
+    return path
+
+
+def _config(tmp_path, tok, **train):
+    c = tiny_config("maelm", tok.model_path)
+    c.data.sources.main.kind = "text"
+    c.data.sources.main.path = str(_corpus(tmp_path))
+    c.train.num_steps = 4
+    for key, value in train.items():
+        c.train[key] = value
+    return c
+
+
+def _expect_user_error(config, workdir, match):
+    before = snapshot(workdir)
+    with pytest.raises(errors.UserError, match=match) as info:
+        loop.train_and_evaluate(config, str(workdir))
+    assert "\n" not in str(info.value)
+    assert snapshot(workdir) == before, "the workdir changed"
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: setattr(c.masking, "mask_ratio", 1.5), r"config.masking.mask_ratio must be in \(0, 1\)"),
+    (lambda c: setattr(c.masking, "mask_ratio", 0.01), "predicts k < 1"),
+    (lambda c: setattr(c.masking, "mask_ratio", 0.99), "encoder length of 0"),
+    (lambda c: setattr(c.model, "num_heads", 3), "config.model.d_model: expected a multiple of"),
+    (lambda c: setattr(c.model.decoder, "d_model", 31), "config.model.decoder.d_model"),
+    (lambda c: setattr(c.mesh, "shape", (3, 1, 1)), r"config.mesh.shape=\(3, 1, 1\) needs 3 devices"),
+    (lambda c: (setattr(c.mesh, "shape", (8, 1, 1)), setattr(c.train, "batch_size", 12)),
+     "batch_size=12 .* not divisible by the data-parallel size 8"),
+    (lambda c: setattr(c.data.sources.main, "path", "/nonexistent/*.txt"),
+     "config.data.sources.main.path|data.sources.main.path"),
+    (lambda c: setattr(c.train, "nonfinite", "ignore"), "config.train.nonfinite"),
+])
+def test_bad_config_is_named_and_touches_nothing(tmp_path, tiny_tokenizer, edit, match):
+    c = _config(tmp_path, tiny_tokenizer)
+    edit(c)
+    _expect_user_error(c, tmp_path / "run", match)
+
+
+def test_empty_and_unreadable_corpus_files(tmp_path, tiny_tokenizer, monkeypatch):
+    c = _config(tmp_path, tiny_tokenizer)
+    (tmp_path / "empty.txt").write_text("")
+    c.data.sources.main.path = str(tmp_path / "empty.txt")
+    _expect_user_error(c, tmp_path / "run", "data.sources.main.path: .*empty")
+
+    locked = tmp_path / "locked.txt"
+    locked.write_text("text")
+    real_open = builtins.open
+
+    def deny(path, *args, **kwargs):  # as root, file permissions cannot make this case
+        if str(path) == str(locked):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", deny)
+    c.data.sources.main.path = str(locked)
+    _expect_user_error(c, tmp_path / "run", "cannot read .*locked.txt.*Permission denied")
+
+
+def test_non_utf8_bytes_fail_or_are_replaced(tmp_path, tiny_tokenizer):
+    c = _config(tmp_path, tiny_tokenizer)
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(_documents(word="caf\xe9").encode("latin-1"))
+    c.data.sources.main.path = str(bad)
+    c.data.encoding_errors = "strict"
+    _expect_user_error(c, tmp_path / "run", "latin1.txt")
+    c.data.encoding_errors = "replace"
+    c.train.num_steps = 1
+    loop.train_and_evaluate(c, str(tmp_path / "run"))
+    assert (tmp_path / "run" / "checkpoints" / "1").exists()
+
+
+def test_tokenizer_without_special_tokens_is_refused(tmp_path, tiny_tokenizer):
+    corpus = _corpus(tmp_path)
+    prefix = tmp_path / "plain"
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(prefix), vocab_size=40)
+    c = _config(tmp_path, tiny_tokenizer)
+    c.tokenizer.model_path = str(prefix) + ".model"
+    _expect_user_error(c, tmp_path / "run", "plain.model.*special token")
+
+
+def test_workdir_of_another_run_is_refused_unless_allowed(tmp_path, tiny_tokenizer):
+    run = tmp_path / "run"
+    c = _config(tmp_path, tiny_tokenizer, num_steps=2)
+    loop.train_and_evaluate(c, str(run))
+    changed = _config(tmp_path, tiny_tokenizer, num_steps=3)
+    changed.model.d_ff = 128
+    _expect_user_error(changed, run, r"different config.model.d_ff; .*--allow_config_change")
+    # Continuing with more steps is not a different run.
+    loop.train_and_evaluate(_config(tmp_path, tiny_tokenizer, num_steps=3), str(run))
+    assert 3 in train_metrics(run)
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path):
+    base = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={tmp_path / 'w'}"]
+    for extra, message in (
+        (["--config.masking.mask_ration=0.2"], "mask_ration"),
+        (["--config.masking.mask_ratio=2"], "config.masking.mask_ratio"),
+    ):
+        result = subprocess.run(base + extra, cwd=REPO_ROOT, env=subprocess_env(),
+                                capture_output=True, text=True)
+        assert result.returncode == 1
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    debug = subprocess.run(base + ["--config.masking.mask_ratio=2", "--debug"], cwd=REPO_ROOT,
+                           env=subprocess_env(), capture_output=True, text=True)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    assert not (tmp_path / "w").exists()
+
+
+# ---------------------------------------------------------------- non-finite losses
+
+def _poison_from(step_index, monkeypatch):
+    """Make the real train step see NaN parameters at the given 0-based steps, then hand
+    back the clean parameters: the step's own detection must catch it."""
+    real = steps.make_train_step
+
+    def make(*args, **kwargs):
+        train_step = real(*args, **kwargs)
+
+        def poisoned(state, tokens):
+            bad = jnp.isin(state.step, jnp.asarray(step_index))
+            dirty = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), state.params)
+            new, metrics = train_step(state.replace(params=dirty), tokens)
+            params = jax.tree.map(lambda n, p: jnp.where(bad, p, n), new.params, state.params)
+            return new.replace(params=params), metrics
+
+        return poisoned
+
+    monkeypatch.setattr(steps, "make_train_step", make)
+
+
+def test_nonfinite_stop_names_the_step_and_keeps_the_good_checkpoint(
+        tmp_path, tiny_tokenizer, monkeypatch):
+    _poison_from([4], monkeypatch)
+    c = _config(tmp_path, tiny_tokenizer, num_steps=8, checkpoint_every=2)
+    with pytest.raises(loop.NonFiniteError, match="step 5: non-finite .* checkpoint is step 4"):
+        loop.train_and_evaluate(c, str(tmp_path / "run"))
+    assert checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 2, 3).latest_step() == 4
+
+
+def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer, monkeypatch):
+    _poison_from([2, 3], monkeypatch)
+    c = _config(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip")
+    loop.train_and_evaluate(c, str(tmp_path / "run"))
+    m = train_metrics(tmp_path / "run")
+    assert m[6]["skipped_updates"] == 2
+    assert [m[s]["nonfinite"] for s in range(1, 7)] == [0, 0, 1, 1, 0, 0]
+    assert np.isfinite(m[6]["loss"])
+
+
+def test_step_never_applies_a_nonfinite_update():
+    from test_train import _step_fn  # the loop's own compiled step
+
+    state, train_step = _step_fn(tiny_config("maelm"))
+    host = jax.device_get(state)
+    host = host.replace(params=jax.tree.map(np.array, host.params))
+    host.params["lm_head"]["bias"][0] = np.inf
+    tokens = jnp.full((8, 32), 7, jnp.int32)
+    new, metrics = train_step(host, tokens)
+    assert float(metrics["nonfinite"]) == 1.0 and int(new.step) == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(new.params), host.params)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def test_half_written_checkpoint_is_never_the_latest(tmp_path, tiny_tokenizer):
+    run = tmp_path / "run"
+    c = _config(tmp_path, tiny_tokenizer, num_steps=4, checkpoint_every=2)
+    loop.train_and_evaluate(c, str(run))
+    # What a crash in the middle of saving step 6 leaves behind.
+    partial = run / "checkpoints" / "6.orbax-checkpoint-tmp-1234567890"
+    (partial / "state").mkdir(parents=True)
+    (partial / "state" / "garbage").write_bytes(b"\0" * 10)
+    assert checkpoint.Checkpointer(run / "checkpoints", 2, 3).latest_step() == 4
+    c.train.num_steps = 6
+    loop.train_and_evaluate(c, str(run))
+    assert checkpoint.Checkpointer(run / "checkpoints", 2, 3).latest_step() == 6
+
+
+def test_failed_save_is_reported_and_the_previous_checkpoint_survives(
+        tmp_path, tiny_tokenizer, monkeypatch):
+    real_save = checkpoint.ocp.CheckpointManager.save
+
+    def full_disk(self, step, *args, **kwargs):
+        if step == 4:
+            raise OSError(28, "No space left on device")
+        return real_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.ocp.CheckpointManager, "save", full_disk)
+    run = tmp_path / "run"
+    c = _config(tmp_path, tiny_tokenizer, num_steps=6, checkpoint_every=2)
+    with pytest.raises(checkpoint.CheckpointError,
+                       match="step 4 .*No space left on device.*checkpoint of step 2 is intact"):
+        loop.train_and_evaluate(c, str(run))
+    monkeypatch.setattr(checkpoint.ocp.CheckpointManager, "save", real_save)
+    loop.train_and_evaluate(c, str(run))  # resumes from step 2 and finishes
+    assert min(s for s in train_metrics(run)) == 1 and 6 in train_metrics(run)
+
+
+# ---------------------------------------------------------------- preemption
+
+def test_sigterm_saves_the_current_step_and_the_run_resumes(tmp_path, tiny_tokenizer):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
+           f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
+           "--config.train.checkpoint_every=1000", "--config.train.eval_every=1000"]
+    proc = subprocess.Popen(cmd + ["--config.train.num_steps=100000"], cwd=REPO_ROOT,
+                            env=subprocess_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not ((run / "metrics.jsonl").exists() and len(train_metrics(run)) >= 5):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "preempted: saved a checkpoint at step" in stderr
+    saved = checkpoint.Checkpointer(run / "checkpoints", 1000, 3).latest_step()
+    assert saved >= 5 and saved % 1000
+    resumed = subprocess.run(cmd + [f"--config.train.num_steps={saved + 2}"], cwd=REPO_ROOT,
+                             env=subprocess_env(), capture_output=True, text=True, check=True)
+    assert f"resumed from checkpoint at step {saved}" in resumed.stderr
