@@ -1,0 +1,205 @@
+"""Measured train-step time of MAE-LM vs MLM against the 3ML Appendix D FLOPs ratio.
+
+Builds both objectives at the same encoder size with the real `make_train_step`
+(masking, dropout, AdamW and all), compiles each once (not timed), then times `--steps`
+steps per objective, `--repeats` times, alternating the objectives so that drift in the
+machine's speed hits both alike, and reports the medians:
+
+    python benchmarks/step_time.py [--encoder_layers 4 --seq_len 128 ...]
+
+The claim checked: MAE-LM's step time relative to MLM's follows its FLOPs ratio (target:
+within 10 %). FLOPs use the paper's convention (forward + backward = 2 x forward), so the
+absolute GFLOP/s are 2/3 of a "6 N T" count; the ratio does not depend on that factor.
+
+Work the formulas leave out falls mostly on MLM's side and pulls the measured ratio below
+the FLOPs ratio: dropout (random bits for every encoder activation; the decoder has none)
+and the relative position bias live only in the encoder, which MLM runs at full length,
+while MAE-LM's extra cost, the decoder, is almost pure matmul. `--dropout 0` shows how much
+of a gap is dropout. On a machine shared with other jobs wall times swing; the "cpu ms"
+column and the CPU-time ratio (process CPU time, all threads) are steadier there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+# Run as a plain script from anywhere: make the repository root importable.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax
+import ml_collections
+import numpy as np
+
+from maelm_jax import config as config_lib
+from maelm_jax import flops as flops_lib
+from maelm_jax import sharding, tokenizer
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import optimizer as optimizer_lib
+from maelm_jax.training import steps as steps_lib
+
+OBJECTIVES = ("mlm", "maelm")
+TARGET = 0.10  # allowed relative gap between the measured time ratio and the FLOPs ratio
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # Defaults: big enough that the dense matmuls dominate (768 wide), small enough to run
+    # in a few minutes on a 2-core CPU.
+    p.add_argument("--encoder_layers", type=int, default=4)
+    p.add_argument("--d_model", type=int, default=768)
+    p.add_argument("--num_heads", type=int, default=12)
+    p.add_argument("--seq_len", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--decoder_layers", type=int, default=4,
+                   help="MAE-LM decoder layers (the paper's 4; 3ML uses 2)")
+    p.add_argument("--decoder_d_model", type=int, default=0,
+                   help="decoder width; 0 = encoder width (MAE-LM); 3ML uses half")
+    p.add_argument("--vocab_size", type=int, default=32768)
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="encoder dropout and attention dropout (the papers' 0.1); the "
+                        "decoder never drops out")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per measurement")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps after compiling")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="measurements per objective, alternated; the median is reported")
+    return p.parse_args(argv)
+
+
+def make_config(args: argparse.Namespace, objective: str) -> ml_collections.ConfigDict:
+    config = config_lib.pretrain_defaults()
+    config.objective = objective
+    config.data.seq_len = args.seq_len
+    config.train.batch_size = args.batch_size
+    config.tokenizer.vocab_size = args.vocab_size
+    m = config.model
+    m.num_layers, m.d_model, m.num_heads = args.encoder_layers, args.d_model, args.num_heads
+    m.d_ff = 4 * args.d_model
+    m.dropout = m.attention_dropout = args.dropout
+    d_de = args.decoder_d_model or args.d_model
+    # Keep the encoder's head size in the decoder (3ML's half width halves the heads).
+    head_dim = args.d_model // args.num_heads
+    m.decoder.num_layers = args.decoder_layers
+    m.decoder.d_model = d_de
+    m.decoder.num_heads = d_de // head_dim if d_de % head_dim == 0 else 1
+    m.decoder.d_ff = 4 * d_de
+    config_lib.validate(config)
+    return config
+
+
+class Bench:
+    """One objective's compiled train step, its state and its FLOPs per step.
+
+    Built as the training loop builds it (maelm_jax/training/loop.py): state and step
+    sharded over a mesh (here one device), the state donated, traced under the rules.
+    """
+
+    def __init__(self, args: argparse.Namespace, objective: str, tokens: np.ndarray):
+        config = make_config(args, objective)
+        self.objective = objective
+        self.counts = config_lib.mask_counts(config)
+        self.flops = flops_lib.step_flops(config, args.vocab_size)
+        model = pretrain_lib.PretrainModel(config_lib.model_config(config, args.vocab_size))
+        tx, schedule = optimizer_lib.make_optimizer(config.train)
+        mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+        rules = sharding.rules_from_config(config.sharding_rules)
+        setup = steps_lib.state_setup(model, tx, config.seed, self.counts, mesh, rules)
+        self.state = setup.init()
+        self.tokens = jax.device_put(tokens, sharding.batch_sharding(mesh))
+        train_step = jax.jit(
+            steps_lib.make_train_step(model, tx, schedule, self.counts, args.vocab_size,
+                                      config.train.grad_accum_steps),
+            in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
+            out_shardings=(setup.shardings, sharding.replicated(mesh)),
+            donate_argnums=0)
+        start = time.perf_counter()
+        with sharding.activate(mesh, rules):
+            self.step = train_step.lower(self.state, self.tokens).compile()
+        self.compile_seconds = time.perf_counter() - start
+        self.num_params = sum(x.size for x in jax.tree.leaves(self.state.params))
+        self.wall: list[float] = []   # seconds per timed step
+        self.cpu: list[float] = []    # process CPU seconds (all threads) per step
+
+    def run(self, num_steps: int) -> None:
+        """Runs num_steps steps, recording each one's wall and process-CPU seconds.
+
+        Blocking after every step costs a dispatch round trip (microseconds against steps of
+        milliseconds or more) and gives per-step samples whose median shrugs off bursts of
+        other load on a shared machine.
+        """
+        for _ in range(num_steps):
+            wall, cpu = time.perf_counter(), time.process_time()
+            self.state, metrics = self.step(self.state, self.tokens)
+            jax.block_until_ready((self.state, metrics))
+            self.wall.append(time.perf_counter() - wall)
+            self.cpu.append(time.process_time() - cpu)
+
+
+def random_tokens(args: argparse.Namespace) -> np.ndarray:
+    """[batch, L] int32 ids from the ordinary vocabulary (ids below NUM_SPECIAL are special)."""
+    rng = np.random.default_rng(0)
+    return rng.integers(tokenizer.NUM_SPECIAL, args.vocab_size,
+                        (args.batch_size, args.seq_len)).astype(np.int32)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    tokens = random_tokens(args)
+    print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s), "
+          f"{os.cpu_count()} CPUs)")
+    print(f"encoder {args.encoder_layers} x {args.d_model} ({args.num_heads} heads), "
+          f"decoder {args.decoder_layers} x {args.decoder_d_model or args.d_model}, "
+          f"L={args.seq_len}, batch={args.batch_size}, |V|={args.vocab_size}, "
+          f"dropout {args.dropout}; "
+          f"{args.repeats} x {args.steps} timed steps per objective")
+
+    benches = {}
+    for objective in OBJECTIVES:
+        b = Bench(args, objective, tokens)
+        benches[objective] = b
+        print(f"  {objective:6s} compiled in {b.compile_seconds:.1f} s; "
+              f"{b.num_params / 1e6:.1f} M params; n_enc={b.counts.n_enc}, k={b.counts.k}")
+        if args.warmup:
+            b.run(args.warmup)
+            b.wall.clear()
+            b.cpu.clear()
+
+    for r in range(args.repeats):
+        # Alternate which objective goes first so a slow phase of the machine is shared.
+        for objective in (OBJECTIVES if r % 2 == 0 else OBJECTIVES[::-1]):
+            benches[objective].run(args.steps)
+
+    tokens_per_step = args.batch_size * args.seq_len
+    print()
+    print(f"{'objective':9s} {'n_enc':>5s} {'ms/step':>9s} {'min ms':>9s} {'cpu ms':>9s} "
+          f"{'steps/s':>8s} {'tokens/s':>9s} {'GFLOP/step':>10s} {'GFLOP/s':>8s}")
+    wall, cpu = {}, {}
+    for objective, b in benches.items():
+        # Medians over all timed steps; "min ms" and "cpu ms" (process CPU time over all
+        # threads) show how much other load on the machine inflated the wall time.
+        wall[objective] = s = statistics.median(b.wall)
+        cpu[objective] = statistics.median(b.cpu)
+        print(f"{objective:9s} {b.counts.n_enc:5d} {1e3 * s:9.1f} {1e3 * min(b.wall):9.1f} "
+              f"{1e3 * cpu[objective]:9.1f} {1 / s:8.3f} {tokens_per_step / s:9.0f} "
+              f"{b.flops / 1e9:10.2f} {b.flops / 1e9 / s:8.1f}")
+
+    flops_ratio = benches["maelm"].flops / benches["mlm"].flops
+    time_ratio = wall["maelm"] / wall["mlm"]
+    gap = time_ratio / flops_ratio - 1.0
+    cpu_ratio = cpu["maelm"] / cpu["mlm"]
+    verdict = "holds" if abs(gap) <= TARGET else "MISSED"
+    print()
+    print(f"MAE-LM / MLM ratio: time {time_ratio:.3f}, FLOPs {flops_ratio:.3f}, "
+          f"relative difference {gap:+.1%} (target within {TARGET:.0%}: {verdict})")
+    print(f"  (process-CPU-time ratio {cpu_ratio:.3f}, {cpu_ratio / flops_ratio - 1.0:+.1%} "
+          f"from the FLOPs ratio)")
+    print("FLOPs as in 3ML App. D: fwd+bwd = 2 x fwd; biases, norms, softmax, dropout, "
+          "gathers/scatters and the optimiser update not counted.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Training FLOPs per optimiser step, as counted in 3ML Appendix D ("Calculation of FLOPs").
+
+The 3ML paper restates Pan et al. (2021) with these simplifications, which we keep so our
+numbers can be compared with its tables:
+
+* One multiply-add counts as 2 FLOPs (its footnote 6).
+* Biases, activations, LayerNorm, softmax and dropout are neglected (< 1 % of the total),
+  and so are the sparse embedding lookups and, in our code, the gathers / scatters that
+  move tokens in and out of the encoder.
+* Forward + backward = 2 x forward: the leading factor 2 in its eqs. (2)-(4). The
+  backward pass of a matmul in fact costs about twice its forward (gradients for both
+  the input and the weight), so the usual "6 x parameters x tokens" count is 1.5 x
+  ours. The factor is the same for every term, so ratios between objectives do not
+  depend on it; absolute GFLOP/s computed from these numbers do.
+
+Names follow the paper: n sequence length, d width, |V| vocabulary, l layers, b batch,
+r masking rate (here `num_predicted` = n r = k, an int, as our masking uses exact counts).
+Every function takes and returns Python ints; nothing here touches JAX.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from maelm_jax import config as config_lib
+
+
+def msa(n: int, d: int) -> int:
+    """phi_MSA(n, d) = 8 n d^2 + 4 n^2 d: one multi-head self-attention layer.
+
+    Q, K, V projections 2 * 3 n d^2, output projection 2 n d^2, attention map Q K^T
+    2 n^2 d and the attention-weighted sum 2 n^2 d. (The paper's text lists the output
+    projection as 2 n^2 d, a typo: its total, used here, has 2 n d^2.) The head count
+    does not enter: heads split d, not the work.
+    """
+    return 8 * n * d * d + 4 * n * n * d
+
+
+def mlp(n: int, d: int, d_ff: int) -> int:
+    """phi_MLP = 4 n d d_ff: the two dense layers d -> d_ff -> d of the feed-forward block.
+
+    The paper writes 16 n d^2 because it assumes d_ff = 4 d; we keep d_ff free so that
+    non-standard decoder shapes are counted right. mlp(n, d, 4 * d) == 16 n d^2.
+    """
+    return 4 * n * d * d_ff
+
+
+def block(n: int, d: int, d_ff: int) -> int:
+    """phi_BLK = phi_MSA + phi_MLP; with d_ff = 4 d this is the paper's 24 n d^2 + 4 n^2 d."""
+    return msa(n, d) + mlp(n, d, d_ff)
+
+
+def prediction(num_predicted: int, d_in: int, d: int, vocab: int) -> int:
+    """The LM head at the predicted positions: dense d_in -> d, then tied projection d -> |V|.
+
+    2 k (d_in d + d |V|) with k = num_predicted = n r. With d_in = d this is the paper's
+    phi_Pred(n, r, d, |V|) = 2 n r (d^2 + d |V|); with d_in = d_de, d = d_en it is the
+    3ML_self head phi'_Pred = 2 n r (d_de d_en + d_en |V|).
+    """
+    return 2 * num_predicted * (d_in * d + d * vocab)
+
+
+def mlm_step_flops(batch_size: int, num_layers: int, seq_len: int, d_model: int,
+                   d_ff: int, num_predicted: int, vocab_size: int) -> int:
+    """RoBERTa-style MLM, one update, eq. (2) with u = 1:
+
+        2 b (l phi_BLK(n, d) + phi_Pred(n, r, d, |V|))
+
+    The encoder reads all n = seq_len positions; the LM head runs at the k predicted ones.
+    """
+    per_sequence = (num_layers * block(seq_len, d_model, d_ff)
+                    + prediction(num_predicted, d_model, d_model, vocab_size))
+    return 2 * batch_size * per_sequence
+
+
+def maelm_step_flops(batch_size: int, encoder_layers: int, decoder_layers: int,
+                     seq_len: int, n_enc: int, d_en: int, d_ff_en: int, d_de: int,
+                     d_ff_de: int, num_predicted: int, vocab_size: int) -> int:
+    """MAE-LM / 3ML_self, one update, eq. (3) with u = 1:
+
+        2 b (2 n_en d_en d_de + l_en phi_BLK(n_en, d_en) + l_de phi_BLK(n, d_de)
+             + phi'_Pred(n, r, d_en, d_de, |V|))
+
+    The encoder reads n_enc = L - (removed [MASK]s) tokens, the decoder all n = seq_len
+    positions, the head the k predicted ones (d_de -> d_en -> |V|). The projection term
+    is counted only when d_en != d_de: our decoder has no projection otherwise (MAE-LM's
+    equal-width decoder), whereas eq. (3) always writes it for 3ML's half-width one.
+    """
+    projection = 2 * n_enc * d_en * d_de if d_en != d_de else 0
+    per_sequence = (projection
+                    + encoder_layers * block(n_enc, d_en, d_ff_en)
+                    + decoder_layers * block(seq_len, d_de, d_ff_de)
+                    + prediction(num_predicted, d_de, d_en, vocab_size))
+    return 2 * batch_size * per_sequence
+
+
+def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
+    """Training FLOPs of one optimiser step of a pretraining config (see module docstring).
+
+    Reads config.objective, config.model (and model.decoder for "maelm"),
+    config.data.seq_len, config.masking (through config_lib.mask_counts, so n_enc and k are
+    the exact ints the train step uses) and config.train.batch_size. Gradient
+    accumulation does not change the count: it splits the same batch.
+    """
+    counts = config_lib.mask_counts(config)
+    m = config.model
+    if config.objective == "mlm":
+        return mlm_step_flops(config.train.batch_size, m.num_layers, counts.seq_len,
+                              m.d_model, m.d_ff, counts.k, vocab_size)
+    if config.objective == "maelm":
+        dec = m.decoder
+        return maelm_step_flops(config.train.batch_size, m.num_layers, dec.num_layers,
+                                counts.seq_len, counts.n_enc, m.d_model, m.d_ff,
+                                dec.d_model, dec.d_ff, counts.k, vocab_size)
+    raise config_lib.ConfigError(
+        f"config.objective: expected 'maelm' or 'mlm', got {config.objective!r}")

@@ -1,0 +1,133 @@
+"""Tests for the 3ML Appendix D FLOPs formulas: hand-computed cases and the paper's eqs."""
+
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax import flops
+
+# --- building blocks, by hand --------------------------------------------------------------
+
+def test_msa_by_hand():
+    # n=2, d=3: 8*2*9 + 4*4*3 = 144 + 48.
+    assert flops.msa(2, 3) == 192
+
+
+def test_mlp_by_hand_and_paper_form():
+    # n=2, d=3, d_ff=12: two dense layers of 2*3*12 multiply-adds, 2 FLOPs each.
+    assert flops.mlp(2, 3, 12) == 288
+    # The paper's 16 n d^2 is the d_ff = 4 d case.
+    for n, d in ((2, 3), (128, 768), (512, 1024)):
+        assert flops.mlp(n, d, 4 * d) == 16 * n * d * d
+
+
+def test_block_by_hand_and_paper_form():
+    assert flops.block(2, 3, 12) == 192 + 288
+    for n, d in ((2, 3), (512, 768)):
+        assert flops.block(n, d, 4 * d) == 24 * n * d * d + 4 * n * n * d
+
+
+def test_prediction_by_hand():
+    # k=1, d_in=d=3, |V|=5: 2*1*(9 + 15).
+    assert flops.prediction(1, 3, 3, 5) == 48
+    # 3ML head: d_de=2 -> d_en=4 -> |V|=6 at k=1: 2*(8 + 24).
+    assert flops.prediction(1, 2, 4, 6) == 64
+
+
+def test_mlm_step_by_hand():
+    # One layer at n=2, d=3, d_ff=12 (480), head at k=1 (48); x2 forward+backward, x batch.
+    assert flops.mlm_step_flops(1, 1, 2, 3, 12, 1, 5) == 2 * (480 + 48)
+    assert flops.mlm_step_flops(2, 1, 2, 3, 12, 1, 5) == 4 * (480 + 48)
+
+
+def test_maelm_step_by_hand():
+    # L=4, k=1 removed -> n_enc=3; d_en=4 (d_ff 16), d_de=2 (d_ff 8), |V|=6, 1+1 layers.
+    projection = 2 * 3 * 4 * 2                      # 48
+    encoder = 24 * 3 * 16 + 4 * 9 * 4               # block(3, 4, 16) = 1296
+    decoder = 24 * 4 * 4 + 4 * 16 * 2               # block(4, 2, 8) = 512
+    head = 2 * 1 * (2 * 4 + 4 * 6)                  # 64
+    assert projection + encoder + decoder + head == 1920
+    assert flops.maelm_step_flops(1, 1, 1, 4, 3, 4, 16, 2, 8, 1, 6) == 2 * 1920
+    # Equal widths: no projection term.
+    assert (flops.maelm_step_flops(1, 1, 1, 4, 3, 4, 16, 4, 16, 1, 6)
+            == 2 * (1296 + flops.block(4, 4, 16) + flops.prediction(1, 4, 4, 6)))
+
+
+# --- the paper's equations --------------------------------------------------------------------
+
+def _paper_blk(n, d):
+    return 24 * n * d * d + 4 * n * n * d
+
+
+def test_roberta_equation_2():
+    # RoBERTa-base shapes: b=2048, l=12, n=512, d=768, |V|=50265; k = n r = 77 predicted.
+    b, l, n, d, vocab, nr = 2048, 12, 512, 768, 50265, 77
+    eq2 = 2 * b * (l * _paper_blk(n, d) + 2 * nr * (d * d + d * vocab))
+    assert flops.mlm_step_flops(b, l, n, d, 4 * d, nr, vocab) == eq2
+
+    config = config_lib.pretrain_defaults()
+    config.objective = "mlm"
+    config.train.batch_size = b
+    assert config_lib.mask_counts(config).k == nr
+    assert flops.step_flops(config, vocab) == eq2
+
+
+def test_3ml_self_equation_3():
+    # 3ML_self: 40 % masking, 80-10-10, a 2-layer half-width decoder behind a projection.
+    config = config_lib.pretrain_defaults()
+    config.masking.mask_ratio = 0.4
+    config.masking.mask_frac = 0.8
+    config.masking.random_frac = 0.1
+    config.model.decoder.num_layers = 2
+    config.model.decoder.d_model = 384
+    config.model.decoder.num_heads = 6
+    config.model.decoder.d_ff = 4 * 384
+    config.train.batch_size = 256
+    vocab = 32768
+    counts = config_lib.mask_counts(config)
+    # n_en = (1 - 0.8 r) n = 348.16 in the paper; our counts are exact ints.
+    assert (counts.k, counts.k_mask, counts.n_enc) == (205, 164, 348)
+    b, n, n_en, d_en, d_de, nr = 256, 512, 348, 768, 384, 205
+    eq3 = 2 * b * (2 * n_en * d_en * d_de + 12 * _paper_blk(n_en, d_en)
+                   + 2 * _paper_blk(n, d_de) + 2 * nr * (d_de * d_en + d_en * vocab))
+    assert flops.step_flops(config, vocab) == eq3
+
+
+def test_maelm_default_is_cheaper_encoder_plus_decoder():
+    # MAE-LM base: the encoder at n_enc = 512 - 77 = 435 plus 4 full-width decoder layers.
+    config = config_lib.pretrain_defaults()
+    config.train.batch_size = 1
+    vocab = 32768
+    expected = 2 * (12 * _paper_blk(435, 768) + 4 * _paper_blk(512, 768)
+                    + 2 * 77 * (768 * 768 + 768 * vocab))
+    assert flops.step_flops(config, vocab) == expected
+
+
+# --- reductions ---------------------------------------------------------------------------------
+
+def test_maelm_without_decoder_or_removal_is_mlm():
+    # 0 decoder layers, equal widths and nothing removed (n_enc = L): exactly MLM.
+    args = {"batch_size": 3, "seq_len": 64, "num_predicted": 10, "vocab_size": 1000}
+    mlm = flops.mlm_step_flops(num_layers=2, d_model=32, d_ff=128, **args)
+    maelm = flops.maelm_step_flops(encoder_layers=2, decoder_layers=0, n_enc=64, d_en=32,
+                                   d_ff_en=128, d_de=32, d_ff_de=128, **args)
+    assert maelm == mlm
+
+
+def test_step_flops_maelm_delta_one_reduces_to_mlm():
+    # The MAE-LM paper's delta ablation with delta = 1 keeps every [MASK] in the encoder.
+    config = config_lib.pretrain_defaults()
+    config.data.seq_len = 128
+    config.train.batch_size = 8
+    config.masking.delta = 1.0
+    config.model.decoder.num_layers = 0
+    assert config_lib.mask_counts(config).n_enc == 128
+    mlm = config.copy_and_resolve_references()
+    mlm.objective = "mlm"
+    assert flops.step_flops(config, 5000) == flops.step_flops(mlm, 5000)
+
+
+def test_step_flops_rejects_unknown_objective():
+    config = config_lib.pretrain_defaults()
+    config.objective = "electra"
+    with pytest.raises(config_lib.ConfigError, match="objective"):
+        flops.step_flops(config, 1000)
