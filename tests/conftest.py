@@ -2,11 +2,18 @@
 
 import os
 import pathlib
+import tempfile
 
 # Eight CPU devices for the sharding tests; must be set before JAX is first imported.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
+# Many tests (and their main.py subprocesses, which inherit the environment) compile the
+# same tiny programs: a persistent compilation cache shared by the session saves minutes.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      tempfile.mkdtemp(prefix="maelm-jax-test-compile-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest
 
