@@ -1,5 +1,8 @@
 """Entry point: python main.py --config=configs/<file>.py[:variant] --workdir=<dir>.
 
+Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning configs
+(configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train.
+
 Any config field can be overridden with --config.<field>=<value>.
 """
 
@@ -12,6 +15,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from maelm_jax import distributed, errors
+from maelm_jax.finetune import train as finetune_train
 from maelm_jax.training import loop
 
 FLAGS = flags.FLAGS
@@ -70,7 +74,10 @@ def main(argv):
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-        loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+        if FLAGS.config.get("mode", "pretrain") == "finetune":
+            finetune_train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        else:
+            loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
     except errors.UserError as e:
         if FLAGS.debug:
             raise

@@ -1,0 +1,220 @@
+"""The fine-tuning config: defaults, the MAE-LM paper's search spaces, and validation.
+
+`configs/finetune/glue.py` and `squad.py` start from `finetune_defaults()`. The search
+spaces are Tables 5 (GLUE) and 6 (SQuAD 2.0) of the MAE-LM paper, Appendix D; a single
+run uses one point of its grid, a sweep (`config.sweep = True`) runs all of it.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from maelm_jax import errors, sharding
+from maelm_jax.finetune import glue
+
+SQUAD_TASKS = ("squad",)
+SQUAD_VERSIONS = ("2.0", "1.1")
+DATA_SOURCES = ("files", "tfds")
+SELECT = ("best", "final")
+# Encoder widths the paper's learning-rate sets are given for (Table 5 / Table 6).
+MODEL_SIZES = ("base", "large")
+
+# Table 5, GLUE. "base" covers base and base++; "large" is large++.
+GLUE_SMALL_GRID = {
+    "num_epochs": (2, 3, 5, 10),
+    "learning_rate": {"base": (2e-5, 3e-5, 4e-5, 5e-5), "large": (7e-6, 1e-5, 2e-5, 3e-5)},
+    "batch_size": (16, 32),
+    "warmup_ratio": (0.06, 0.10),
+}
+GLUE_LARGE_GRID = {
+    "num_epochs": (2, 3, 5),
+    "learning_rate": {"base": (1e-5, 2e-5, 3e-5, 4e-5), "large": (5e-6, 7e-6, 1e-5, 2e-5)},
+    "batch_size": (32,),
+    "warmup_ratio": (0.06,),
+}
+# Table 6, SQuAD 2.0.
+SQUAD_GRID = {
+    "num_epochs": (2, 3),
+    "learning_rate": {"base": (2e-5, 3e-5, 4e-5, 5e-5), "large": (7e-6, 1e-5, 2e-5, 3e-5)},
+    "batch_size": (16, 32),
+    "warmup_ratio": (0.06, 0.10),
+}
+# The paper reports the median of five seeds for every setting.
+PAPER_SEEDS = (1, 2, 3, 4, 5)
+
+
+class FinetuneConfigError(errors.UserError):
+    """A fine-tuning config mistake; the message names the field and what is expected."""
+
+
+def finetune_defaults() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.mode = "finetune"  # main.py dispatches on it
+    c.task = "sst2"  # a GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli) or squad
+    c.seed = 1  # head initialisation, data order and dropout derive from it
+    # A pretraining workdir, one of its checkpoints/<step> directories, or a fine-tuning
+    # workdir (e.g. MNLI's, to start RTE/MRPC/STS-B from it): the encoder and the tokenizer
+    # come from there, the head is new. "" trains from scratch (a control).
+    c.init_from = ""
+    c.tokenizer_path = ""  # a sentencepiece model; required from scratch, else a check
+
+    # The encoder architecture for from-scratch runs (names as in the pretraining config);
+    # with init_from the checkpoint decides it. dropout, attention_dropout and dtype apply
+    # to both: they change no parameter shape.
+    c.model = ml_collections.ConfigDict()
+    c.model.num_layers = 12
+    c.model.d_model = 768
+    c.model.num_heads = 12
+    c.model.d_ff = 3072
+    c.model.pre_ln = False
+    c.model.rel_pos_buckets = 32
+    c.model.rel_pos_max_distance = 128
+    c.model.max_positions = 512
+    c.model.dropout = 0.1  # Table 5 / 6
+    c.model.attention_dropout = 0.1
+    c.model.dtype = "float32"  # compute dtype; "bfloat16" on accelerators
+
+    c.data = ml_collections.ConfigDict()
+    c.data.source = "files"  # "files" (GLUE TSVs / SQuAD JSON) or "tfds" (ArrayRecord)
+    # GLUE: the directory of the standard download (<data_dir>/SST-2/train.tsv, ...) or the
+    # task's own directory. Unused for SQuAD files (see config.squad) and for tfds.
+    c.data.data_dir = ""
+    c.data.tfds_name = ""  # "" = the standard name (glue/sst2, squad/v2.0, ...)
+    c.data.tfds_data_dir = ""  # "" = the TFDS default
+    c.data.max_seq_len = 0  # 0 = the encoder's max positions, at most 512 (Table 5)
+    # Padded lengths: a batch is padded to the smallest bucket that holds its longest
+    # sequence, so XLA compiles at most one train and one eval step per bucket.
+    c.data.buckets = (64, 128, 256, 512)
+    c.data.max_train_examples = 0  # 0 = all; else the first N (quick experiments)
+    c.data.max_eval_examples = 0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 32
+    c.train.num_epochs = 3
+    c.train.learning_rate = 2e-5  # peak, after the warmup; then linear decay to 0
+    c.train.warmup_ratio = 0.06  # Table 5: "warm-up proportion" of all steps
+    c.train.weight_decay = 0.01
+    c.train.adam_b1 = 0.9
+    c.train.adam_b2 = 0.98
+    c.train.adam_eps = 1e-6
+    c.train.clip_norm = 0.0  # Table 5 / 6: no clipping
+    c.train.eval_batch_size = 64
+    c.train.log_every = 50
+    c.train.evals_per_epoch = 1
+    # Which dev score a run reports: "best" over its evaluations (fairseq keeps the best
+    # checkpoint by the dev metric, which is how RoBERTa and MAE-LM fine-tune) or "final".
+    c.train.select = "best"
+
+    c.mesh = ml_collections.ConfigDict()
+    # Sizes of the ('data', 'fsdp', 'tensor') mesh axes, as in pretraining; -1 takes the
+    # devices left over. Fixed sizes use the first devices (e.g. (1, 1, 1): one device).
+    c.mesh.shape = (-1, 1, 1)
+    c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
+    # XLA's backend optimisation level 0: compiles take about a third of the time, steps
+    # run slower. For tiny models and tests on a CPU, never for real runs.
+    c.fast_compile = False
+
+    c.save_checkpoint = True  # the fine-tuned encoder + head (the selected evaluation's)
+    c.predict_test = True  # GLUE submission files when the test split is available
+
+    c.squad = ml_collections.ConfigDict()
+    c.squad.version = "2.0"  # "2.0" (with unanswerable questions) or "1.1"
+    c.squad.train_file = ""  # the official JSON files (train-v2.0.json, dev-v2.0.json)
+    c.squad.dev_file = ""
+    c.squad.doc_stride = 128  # tokens between the starts of consecutive context windows
+    c.squad.max_query_len = 64  # question tokens kept
+    c.squad.max_answer_len = 30  # tokens, for the predicted span
+    c.squad.n_best = 20  # start / end candidates per window, and answers kept per question
+    c.squad.null_score_diff_threshold = 0.0  # answer "" when null - best span > this
+
+    # Sweep: grid x seeds, each run in <workdir>/runs/<setting>/seed_<s>; medians per
+    # setting in <workdir>/sweep.json and sweep.md.
+    c.sweep = False
+    c.grid = ml_collections.ConfigDict()
+    c.grid.num_epochs = (3,)
+    c.grid.learning_rate = (2e-5,)
+    c.grid.batch_size = (32,)
+    c.grid.warmup_ratio = (0.06,)
+    c.grid.seeds = PAPER_SEEDS
+    return c
+
+
+def paper_grid(task: str, size: str = "base") -> dict:
+    """The MAE-LM search space for a task: {"num_epochs": ..., "learning_rate": ..., ...}."""
+    if size not in MODEL_SIZES:
+        raise FinetuneConfigError(f"model size: expected one of {MODEL_SIZES}, got {size!r}")
+    if task in SQUAD_TASKS:
+        table = SQUAD_GRID
+    else:
+        table = GLUE_SMALL_GRID if glue.get_task(task).small else GLUE_LARGE_GRID
+    return {k: tuple(v[size] if isinstance(v, dict) else v) for k, v in table.items()}
+
+
+def set_grid(c: ml_collections.ConfigDict, grid: dict) -> None:
+    for name, values in grid.items():
+        c.grid[name] = tuple(values)
+
+
+def _require(cond: bool, field: str, expected: str, got) -> None:
+    if not cond:
+        shown = "nothing" if got in ("", (), None) else repr(got)
+        raise FinetuneConfigError(f"config.{field}: expected {expected}, got {shown}")
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Raises FinetuneConfigError for the first problem found."""
+    if c.task not in SQUAD_TASKS:
+        try:
+            glue.get_task(c.task)
+        except glue.GlueDataError:
+            raise FinetuneConfigError(
+                f"config.task: expected a GLUE task ({', '.join(glue.TASK_NAMES)}) or "
+                f"squad, got {c.task!r}"
+            ) from None
+    _require(c.mode == "finetune", "mode", "'finetune'", c.mode)
+    _require(
+        bool(c.init_from) or bool(c.tokenizer_path),
+        "tokenizer_path",
+        "a sentencepiece model when config.init_from is empty (training from scratch)",
+        c.tokenizer_path,
+    )
+    _require(c.data.source in DATA_SOURCES, "data.source", f"one of {DATA_SOURCES}", c.data.source)
+    if c.data.source == "files" and c.task not in SQUAD_TASKS:
+        _require(bool(c.data.data_dir), "data.data_dir",
+                 "the GLUE data directory (<data_dir>/SST-2/train.tsv, ...)", "")
+    if c.data.source == "files" and c.task in SQUAD_TASKS:
+        _require(bool(c.squad.train_file), "squad.train_file", "the SQuAD train JSON", "")
+        _require(bool(c.squad.dev_file), "squad.dev_file", "the SQuAD dev JSON", "")
+    _require(c.data.max_seq_len >= 0, "data.max_seq_len", "0 (auto) or a length", c.data.max_seq_len)
+    buckets = tuple(c.data.buckets)
+    _require(
+        len(buckets) > 0 and all(b >= 8 for b in buckets) and list(buckets) == sorted(buckets),
+        "data.buckets",
+        "increasing lengths >= 8",
+        buckets,
+    )
+    for field in ("max_train_examples", "max_eval_examples"):
+        _require(c.data[field] >= 0, f"data.{field}", "0 (all) or a count", c.data[field])
+    t = c.train
+    for field in ("batch_size", "num_epochs", "eval_batch_size", "log_every", "evals_per_epoch"):
+        _require(t[field] >= 1, f"train.{field}", "an int >= 1", t[field])
+    _require(t.learning_rate > 0, "train.learning_rate", "a float > 0", t.learning_rate)
+    _require(0 <= t.warmup_ratio < 1, "train.warmup_ratio", "a fraction in [0, 1)", t.warmup_ratio)
+    _require(t.select in SELECT, "train.select", f"one of {SELECT}", t.select)
+    for field in ("dropout", "attention_dropout"):
+        _require(0 <= c.model[field] < 1, f"model.{field}", "a rate in [0, 1)", c.model[field])
+    _require(
+        c.model.dtype in ("float32", "bfloat16", "float16"),
+        "model.dtype",
+        "'float32', 'bfloat16' or 'float16'",
+        c.model.dtype,
+    )
+    s = c.squad
+    _require(s.version in SQUAD_VERSIONS, "squad.version", f"one of {SQUAD_VERSIONS}", s.version)
+    for field in ("doc_stride", "max_query_len", "max_answer_len", "n_best"):
+        _require(s[field] >= 1, f"squad.{field}", "an int >= 1", s[field])
+    if c.sweep:
+        for field in ("num_epochs", "learning_rate", "batch_size", "warmup_ratio", "seeds"):
+            _require(len(tuple(c.grid[field])) >= 1, f"grid.{field}", "at least one value", ())
+        seeds = tuple(c.grid.seeds)
+        _require(len(set(seeds)) == len(seeds), "grid.seeds", "distinct seeds", seeds)

@@ -1,0 +1,141 @@
+"""Fine-tuning models: the pretrained encoder (submodule ``encoder``, so a pretraining
+checkpoint's ``params["encoder"]`` loads as is) plus a task head (submodule ``head``).
+
+* `SequenceClassifier`: RoBERTa's classification head on the first token (``<s>``):
+  dropout -> dense -> tanh -> dropout -> output projection; one output for regression.
+* `SpanExtractor`: SQuAD start / end logits at every position; position 0 (``<s>``)
+  means "no answer" (SQuAD 2.0), padding can never be chosen.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layers
+
+# Padded positions' span logits; finite so start + end logits cannot overflow.
+_MASKED_LOGIT = -1e9
+
+
+def positions_like(tokens: jax.Array) -> jax.Array:
+    """Fine-tuning feeds whole sequences: positions 0..n-1 ([B, n] int32)."""
+    B, n = tokens.shape
+    return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (B, n))
+
+
+class ClassificationHead(nn.Module):
+    """[B, D] first-token states -> [B, num_outputs] float32 (as RoBERTa's)."""
+
+    num_outputs: int
+    dropout: float
+    dtype: layers.Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        d_model = x.shape[-1]
+        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        x = nn.Dense(
+            d_model,
+            dtype=self.dtype,
+            name="dense",
+            kernel_init=layers.normal_init(("embed", "mlp")),
+            bias_init=layers.zeros_init(("mlp",)),
+        )(x)
+        x = jnp.tanh(x)
+        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        x = nn.Dense(
+            self.num_outputs,
+            dtype=self.dtype,
+            name="out",
+            kernel_init=layers.normal_init(("mlp", "labels")),
+            bias_init=layers.zeros_init(("labels",)),
+        )(x)
+        return x.astype(jnp.float32)
+
+
+class SequenceClassifier(nn.Module):
+    """Encoder + classification (or regression, num_outputs=1) head."""
+
+    encoder_cfg: encoder_lib.EncoderConfig
+    num_outputs: int
+
+    def setup(self):
+        self.encoder = encoder_lib.Encoder(self.encoder_cfg)
+        stack = self.encoder_cfg.stack
+        self.head = ClassificationHead(self.num_outputs, stack.dropout, stack.dtype)
+
+    def __call__(self, tokens: jax.Array, key_mask: jax.Array,
+                 deterministic: bool = True) -> jax.Array:
+        """tokens [B, n] int32, key_mask [B, n] bool -> logits [B, num_outputs] float32."""
+        hidden = self.encoder(tokens, positions_like(tokens), key_mask, deterministic)
+        return self.head(hidden[:, 0], deterministic)
+
+
+class SpanHead(nn.Module):
+    """[B, n, D] -> start and end logits, each [B, n] float32 (BERT's ``qa_outputs``)."""
+
+    dtype: layers.Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = nn.Dense(
+            2,
+            dtype=self.dtype,
+            name="out",
+            kernel_init=layers.normal_init(("embed", "span")),
+            bias_init=layers.zeros_init(("span",)),
+        )(hidden).astype(jnp.float32)
+        return logits[..., 0], logits[..., 1]
+
+
+class SpanExtractor(nn.Module):
+    """Encoder + span head for extractive question answering."""
+
+    encoder_cfg: encoder_lib.EncoderConfig
+
+    def setup(self):
+        self.encoder = encoder_lib.Encoder(self.encoder_cfg)
+        self.head = SpanHead(self.encoder_cfg.stack.dtype)
+
+    def __call__(self, tokens: jax.Array, key_mask: jax.Array,
+                 deterministic: bool = True) -> tuple[jax.Array, jax.Array]:
+        """tokens [B, n], key_mask [B, n] -> (start, end) logits [B, n]; padding masked."""
+        hidden = self.encoder(tokens, positions_like(tokens), key_mask, deterministic)
+        start, end = self.head(hidden)
+        return (jnp.where(key_mask, start, _MASKED_LOGIT), jnp.where(key_mask, end, _MASKED_LOGIT))
+
+
+# Losses as sums over the batch's real rows (weight 1) and the count of those rows, so the
+# step divides once; filler rows (weight 0) contribute nothing, whatever their labels.
+
+
+def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """logits [B, C] float32, labels [B] int -> [B]."""
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.take_along_axis(log_probs, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
+
+
+def classification_loss_sums(logits: jax.Array, labels: jax.Array,
+                             weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Cross-entropy. logits [B, C], labels [B] int (-1 in filler rows), weights [B]."""
+    per_example = _cross_entropy(logits, jnp.maximum(labels, 0))
+    return jnp.sum(per_example * weights), jnp.sum(weights)
+
+
+def regression_loss_sums(outputs: jax.Array, labels: jax.Array,
+                         weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Squared error, as RoBERTa fine-tunes STS-B. outputs [B, 1], labels [B] float."""
+    labels = jnp.where(weights > 0, labels, 0.0)  # unlabeled rows hold nan
+    per_example = jnp.square(outputs[:, 0] - labels)
+    return jnp.sum(per_example * weights), jnp.sum(weights)
+
+
+def span_loss_sums(start_logits: jax.Array, end_logits: jax.Array, start_positions: jax.Array,
+                   end_positions: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean of the start and end cross-entropies over positions. logits [B, n], positions [B]."""
+    per_example = 0.5 * (_cross_entropy(start_logits, start_positions)
+                         + _cross_entropy(end_logits, end_positions))
+    return jnp.sum(per_example * weights), jnp.sum(weights)

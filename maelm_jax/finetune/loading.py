@@ -1,0 +1,292 @@
+"""The encoder (and tokenizer) a fine-tuning run starts from, and its own checkpoints.
+
+``config.init_from`` may name
+
+* a pretraining workdir (``config.json``, ``checkpoints/<step>/``): its latest checkpoint;
+* one checkpoint of it, ``<workdir>/checkpoints/<step>``;
+* a fine-tuning workdir (``config.json`` with ``mode: finetune``, ``encoder.json``), e.g.
+  MNLI's, to start RTE, MRPC or STS-B from it as RoBERTa does.
+
+Only ``params["encoder"]`` is read (a partial restore: the decoder, the LM head and the
+optimiser state stay on disk). The encoder architecture comes from the workdir's config,
+the tokenizer from its ``tokenizer.model``; both are checked against the arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from maelm_jax import config as pretrain_config
+from maelm_jax import errors
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layers
+
+CONFIG_FILE = "config.json"
+ENCODER_FILE = "encoder.json"  # a fine-tuning workdir's encoder architecture
+TOKENIZER_FILE = "tokenizer.model"
+CHECKPOINTS = "checkpoints"
+STATE_ITEM = "state"
+
+
+class CheckpointError(errors.UserError):
+    """A checkpoint that cannot initialise the encoder; the message says why."""
+
+
+@dataclasses.dataclass
+class Pretrained:
+    """What a fine-tuning run takes from init_from."""
+
+    encoder_cfg: encoder_lib.EncoderConfig
+    params: Any  # the encoder's parameter tree, numpy arrays
+    tokenizer: tokenizer_lib.Tokenizer
+    description: str  # e.g. "pretraining checkpoint <dir>/checkpoints/300"
+
+
+def encoder_config_dict(cfg: encoder_lib.EncoderConfig) -> dict:
+    """The architecture (what parameter shapes depend on), JSON-ready."""
+    s = cfg.stack
+    return {
+        "num_layers": s.num_layers,
+        "d_model": s.d_model,
+        "num_heads": s.num_heads,
+        "d_ff": s.d_ff,
+        "pre_ln": s.pre_ln,
+        "vocab_size": cfg.vocab_size,
+        "max_positions": cfg.max_positions,
+        "rel_pos_buckets": cfg.rel_pos_buckets,
+        "rel_pos_max_distance": cfg.rel_pos_max_distance,
+    }
+
+
+# encoder.json's fields and their types.
+_ARCH_TYPES = {"num_layers": int, "d_model": int, "num_heads": int, "d_ff": int, "pre_ln": bool,
+               "vocab_size": int, "max_positions": int, "rel_pos_buckets": int,
+               "rel_pos_max_distance": int}
+
+
+def make_encoder_config(arch: dict, dropout: float, attention_dropout: float,
+                        dtype: str) -> encoder_lib.EncoderConfig:
+    """EncoderConfig from an architecture dict plus the fine-tuning run's dropout and dtype."""
+    stack = layers.StackConfig(
+        arch["num_layers"], arch["d_model"], arch["num_heads"], arch["d_ff"], dropout,
+        attention_dropout, arch["pre_ln"], jnp.dtype(dtype))
+    return encoder_lib.EncoderConfig(stack, arch["vocab_size"], arch["max_positions"],
+                                     arch["rel_pos_buckets"], arch["rel_pos_max_distance"])
+
+
+def resolve_checkpoint(init_from: str) -> tuple[pathlib.Path, pathlib.Path]:
+    """(workdir, checkpoint step directory) for a workdir or a checkpoints/<step> path."""
+    path = pathlib.Path(init_from).expanduser()
+    if path.name == STATE_ITEM:
+        path = path.parent
+    if not path.exists():
+        raise CheckpointError(f"config.init_from: {init_from} does not exist")
+    if path.name.isdigit() and path.parent.name == CHECKPOINTS:
+        return path.parent.parent, path
+    if (path / CONFIG_FILE).is_file() and (path / CHECKPOINTS).is_dir():
+        steps = [int(p.name) for p in (path / CHECKPOINTS).iterdir()
+                 if p.name.isdigit() and (p / STATE_ITEM).is_dir()]
+        if not steps:
+            raise CheckpointError(f"config.init_from: {path}/{CHECKPOINTS} holds no finished "
+                                  f"checkpoint")
+        return path, path / CHECKPOINTS / str(max(steps))
+    raise CheckpointError(f"config.init_from: {init_from} is neither a workdir (config.json and "
+                          f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
+
+
+def _read_json(path: pathlib.Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"config.init_from: {path} is missing; it describes the encoder")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"config.init_from: {path} is not valid JSON ({e})") from None
+
+
+def _architecture(workdir: pathlib.Path, vocab_size: int) -> tuple[dict, str]:
+    """(architecture dict, "pretraining" or "fine-tuning") from the workdir's files."""
+    run_config = _read_json(workdir / CONFIG_FILE)
+    if run_config.get("mode") == "finetune":
+        path = workdir / ENCODER_FILE
+        arch = _read_json(path)
+        wrong = [k for k, kind in _ARCH_TYPES.items() if type(arch.get(k)) is not kind]
+        if wrong:
+            raise CheckpointError(f"config.init_from: {path}: field {wrong[0]!r} is missing or "
+                                  f"not a {_ARCH_TYPES[wrong[0]].__name__}")
+        return arch, "fine-tuning"
+    try:
+        # Defaults first: a run recorded before a field existed still describes its model.
+        merged = _merge(pretrain_config.pretrain_defaults().to_dict(), run_config)
+        cfg = pretrain_config.model_config(ml_collections.ConfigDict(merged), vocab_size).encoder
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.init_from: {workdir / CONFIG_FILE} is not a pretraining "
+                              f"config ({type(e).__name__}: {e})") from None
+    return encoder_config_dict(cfg), "pretraining"
+
+
+def _merge(defaults: dict, recorded: dict) -> dict:
+    """defaults updated by recorded, recursively (plain dicts)."""
+    out = dict(defaults)
+    for key, value in recorded.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            value = _merge(out[key], value)
+        out[key] = value
+    return out
+
+
+def _find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Tokenizer:
+    """config.tokenizer_path, else the workdir's tokenizer.model, else the pretraining
+    config's tokenizer.model_path (a run given an existing model does not copy it)."""
+    if configured:
+        return tokenizer_lib.load_tokenizer(configured)
+    if (workdir / TOKENIZER_FILE).is_file():
+        return tokenizer_lib.load_tokenizer(str(workdir / TOKENIZER_FILE))
+    run_config = _read_json(workdir / CONFIG_FILE)
+    model_path = (run_config.get("tokenizer") or {}).get("model_path") or ""
+    if model_path and os.path.isfile(model_path):
+        return tokenizer_lib.load_tokenizer(model_path)
+    raise CheckpointError(f"config.init_from: {workdir} has no {TOKENIZER_FILE} (and its "
+                          f"config's tokenizer.model_path {model_path!r} is not a file); set "
+                          f"config.tokenizer_path")
+
+
+def _tree_metadata(state_dir: pathlib.Path) -> Any:
+    import orbax.checkpoint as ocp
+
+    try:
+        meta = ocp.PyTreeCheckpointer().metadata(state_dir)
+    except Exception as e:  # orbax raises many types for a directory it cannot read
+        raise CheckpointError(f"config.init_from: {state_dir} is not an orbax checkpoint "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                              ) from None
+    meta = getattr(meta, "item_metadata", meta)
+    return getattr(meta, "tree", meta)
+
+
+def restore_encoder_params(step_dir: pathlib.Path) -> Any:
+    """params["encoder"] of the checkpoint's ``state`` item, as numpy arrays, nothing else."""
+    import orbax.checkpoint as ocp
+
+    state_dir = step_dir / STATE_ITEM
+    if not state_dir.is_dir():
+        raise CheckpointError(f"config.init_from: {step_dir} has no '{STATE_ITEM}' item; it is "
+                              f"not a maelm_jax checkpoint")
+    tree = _tree_metadata(state_dir)
+    encoder = tree.get("params", {}).get("encoder") if isinstance(tree, dict) else None
+    if not isinstance(encoder, dict):
+        raise CheckpointError(f"config.init_from: {step_dir} holds no params['encoder']; it is "
+                              f"not a pretraining or fine-tuning checkpoint")
+    abstract = {"params": {"encoder": jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), encoder)}}
+    # Numpy, not jax arrays: independent of the devices and sharding it was saved with.
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
+    restored = ocp.PyTreeCheckpointer().restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
+                                    partial_restore=True),
+    )
+    return restored["params"]["encoder"]
+
+
+def check_encoder_params(params: Any, expected: Any, where: str, tokenizer_path: str) -> None:
+    """Raises CheckpointError naming the first difference of structure or shape.
+
+    expected: the freshly initialised encoder's parameters (arrays or shape structs).
+    """
+    got = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    want = {jax.tree_util.keystr(k): v.shape
+            for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+    word = "['word_embeddings']['embedding']"
+    if word in got and got[word][0] != want[word][0]:
+        raise CheckpointError(f"config.init_from: {where} has a vocabulary of {got[word][0]} "
+                              f"pieces but the tokenizer {tokenizer_path} has {want[word][0]}; "
+                              f"use the pretraining run's tokenizer")
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    if missing or extra:
+        raise CheckpointError(f"config.init_from: {where} does not match its config's encoder "
+                              f"(layers, relative bias or LayerNorms differ): "
+                              f"{'missing ' + missing[0] if missing else 'unexpected ' + extra[0]}")
+    for name, shape in want.items():
+        if got[name] != shape:
+            raise CheckpointError(f"config.init_from: {where}: parameter {name} has shape "
+                                  f"{got[name]}, the encoder in its config needs {shape} "
+                                  f"(another width, position count or head count)")
+
+
+def abstract_encoder_params(cfg: encoder_lib.EncoderConfig) -> Any:
+    """The encoder's parameter shapes, without allocating them."""
+    import flax.linen as nn
+
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    boxed = jax.eval_shape(lambda: encoder_lib.Encoder(cfg).init(
+        jax.random.PRNGKey(0), tokens, tokens)["params"])
+    return nn.meta.unbox(boxed)
+
+
+def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dtype: str,
+                    tokenizer_path: str = "") -> Pretrained:
+    """Resolves, reads and checks the encoder a fine-tuning run starts from."""
+    workdir, step_dir = resolve_checkpoint(init_from)
+    tok = _find_tokenizer(workdir, tokenizer_path)
+    arch, kind = _architecture(workdir, tok.vocab_size)
+    if arch["vocab_size"] != tok.vocab_size:
+        raise CheckpointError(f"config.init_from: {workdir} was trained with a vocabulary of "
+                              f"{arch['vocab_size']} pieces but the tokenizer {tok.model_path} "
+                              f"has {tok.vocab_size}; use the run's own tokenizer")
+    cfg = make_encoder_config(arch, dropout, attention_dropout, dtype)
+    where = f"{kind} checkpoint {step_dir}"
+    params = restore_encoder_params(step_dir)
+    check_encoder_params(params, abstract_encoder_params(cfg), where, tok.model_path)
+    return Pretrained(cfg, params, tok, where)
+
+
+def save_finetuned(workdir: pathlib.Path, step: int, params: Any,
+                   encoder_cfg: encoder_lib.EncoderConfig,
+                   tokenizer: tokenizer_lib.Tokenizer) -> pathlib.Path:
+    """Writes checkpoints/<step>/state ({"params": {"encoder", "head"}}), encoder.json and
+    tokenizer.model, so the workdir can be another run's init_from."""
+    import orbax.checkpoint as ocp
+
+    (workdir / ENCODER_FILE).write_text(json.dumps(encoder_config_dict(encoder_cfg), indent=2))
+    if pathlib.Path(tokenizer.model_path).resolve() != (workdir / TOKENIZER_FILE).resolve():
+        shutil.copyfile(tokenizer.model_path, workdir / TOKENIZER_FILE)
+    manager = ocp.CheckpointManager(
+        (workdir / CHECKPOINTS).absolute(),
+        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                             enable_async_checkpointing=False),
+        item_names=(STATE_ITEM,),
+    )
+    manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": params, "step": np.int32(step)})), force=True)
+    manager.wait_until_finished()
+    manager.close()
+    return workdir / CHECKPOINTS / str(step)
+
+
+def clear_finetuned(workdir: pathlib.Path) -> None:
+    """Removes an earlier fine-tuning run's checkpoints from workdir (never a pretraining
+    run's: train.py refuses such a workdir first)."""
+    shutil.rmtree(workdir / CHECKPOINTS, ignore_errors=True)
+
+
+def workdir_mode(workdir: pathlib.Path) -> str | None:
+    """The mode recorded in workdir/config.json ("pretrain" when absent), or None."""
+    path = workdir / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("mode", "pretrain")
+    except json.JSONDecodeError:
+        return "unknown"

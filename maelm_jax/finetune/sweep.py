@@ -1,0 +1,154 @@
+"""Hyperparameter sweeps as the papers report them: every setting of the grid is run with
+every seed, and each setting's score is the median over its seeds (MAE-LM, Appendix D:
+"the medians of downstream task fine-tuning results under the same set of five different
+random seeds"); the best setting is the one with the best median.
+
+Runs go to ``<workdir>/runs/<setting>/seed_<s>/`` (each a complete fine-tuning workdir);
+a run whose results.json and config.json match is reused, so an interrupted sweep
+resumes. The summary is ``<workdir>/sweep.json`` and the table ``<workdir>/sweep.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+from typing import Any
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from maelm_jax import config as pretrain_config
+from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import loading, train
+
+GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
+SUMMARY_FILE = "sweep.json"
+TABLE_FILE = "sweep.md"
+_SHORT = {"learning_rate": "lr", "batch_size": "bs", "num_epochs": "ep", "warmup_ratio": "wu"}
+
+
+def settings(config: ml_collections.ConfigDict) -> list[dict]:
+    """Every combination of the grid's values, in a fixed order."""
+    values = [tuple(config.grid[f]) for f in GRID_FIELDS]
+    return [dict(zip(GRID_FIELDS, combo)) for combo in itertools.product(*values)]
+
+
+def setting_name(setting: dict) -> str:
+    return "_".join(f"{_SHORT[k]}{setting[k]:g}" for k in GRID_FIELDS)
+
+
+def run_config(config: ml_collections.ConfigDict, setting: dict,
+               seed: int) -> ml_collections.ConfigDict:
+    """The single run of one setting and seed (no checkpoint, no test predictions)."""
+    c = config.copy_and_resolve_references()
+    c.sweep = False
+    c.seed = seed
+    for name, value in setting.items():
+        c.train[name] = type(c.train[name])(value)
+    c.save_checkpoint = False
+    c.predict_test = False
+    return c
+
+
+def _finished(run_dir: pathlib.Path, c: ml_collections.ConfigDict) -> dict | None:
+    """The earlier results of exactly this run, if any."""
+    results, saved = run_dir / train.RESULTS_FILE, run_dir / loading.CONFIG_FILE
+    if results.is_file() and saved.is_file() and saved.read_text() == pretrain_config.to_json(c):
+        return json.loads(results.read_text())
+    return None
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md)."""
+    config_lib.validate(config)
+    workdir = pathlib.Path(workdir)
+    mode = loading.workdir_mode(workdir)
+    if mode not in (None, "finetune"):
+        raise config_lib.FinetuneConfigError(
+            f"--workdir {workdir} holds a {mode} run; sweep into another directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / loading.CONFIG_FILE).write_text(pretrain_config.to_json(config))
+    grid, seeds = settings(config), tuple(config.grid.seeds)
+    logging.info("sweep: %d settings x %d seeds = %d runs", len(grid), len(seeds),
+                 len(grid) * len(seeds))
+    rows = []
+    for setting in grid:
+        name = setting_name(setting)
+        per_seed = []
+        for seed in seeds:
+            c = run_config(config, setting, seed)
+            run_dir = workdir / "runs" / name / f"seed_{seed}"
+            results = _finished(run_dir, c)
+            if results is None:
+                results = train.run(c, str(run_dir))
+            else:
+                logging.info("sweep: reusing %s", run_dir)
+            per_seed.append(results)
+        primary = per_seed[0]["primary_metric"]
+        metric_names = [k for k in per_seed[0]["dev"] if k not in ("step", "epoch")]
+        rows.append({
+            "setting": name,
+            "hyperparameters": setting,
+            "median": {k: _median([r["dev"][k] for r in per_seed]) for k in metric_names},
+            "per_seed": {str(s): r["dev"][primary] for s, r in zip(seeds, per_seed)},
+            "wall_seconds": sum(r["wall_seconds"] for r in per_seed),
+        })
+    primary = per_seed[0]["primary_metric"]
+    best = max(rows, key=lambda r: r["median"][primary])
+    summary = {
+        "task": per_seed[0]["task"],
+        "primary_metric": primary,
+        "select": config.train.select,
+        "seeds": list(seeds),
+        "best_setting": best["setting"],
+        "best_median": best["median"],
+        "settings": rows,
+    }
+    (workdir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    (workdir / TABLE_FILE).write_text(markdown_table(summary))
+    logging.info("sweep: best %s, median %s = %.2f", best["setting"], primary,
+                 best["median"][primary])
+    return summary
+
+
+def _shown_metrics(summary: dict) -> list[str]:
+    names = list(summary["settings"][0]["median"])
+    # SQuAD's per-subset and threshold entries stay in sweep.json.
+    shown = [k for k in names if not k.startswith(("HasAns", "NoAns")) and "thresh" not in k]
+    primary = summary["primary_metric"]
+    return [primary] + [k for k in shown if k != primary]
+
+
+def markdown_table(summary: dict) -> str:
+    """One row per setting: hyperparameters, medians over seeds, each seed's score."""
+    metrics = _shown_metrics(summary)
+    seeds = [str(s) for s in summary["seeds"]]
+    primary = summary["primary_metric"]
+    header = (["setting", "lr", "batch", "epochs", "warmup"]
+              + [f"median {m}" for m in metrics] + [f"seed {s}" for s in seeds])
+    lines = [
+        f"# {summary['task']} sweep: median over {len(seeds)} seeds per setting",
+        "",
+        (f"Primary metric: {primary} (dev, {summary['select']} evaluation of each run). "
+         f"Best setting: **{summary['best_setting']}**."),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    for row in summary["settings"]:
+        h = row["hyperparameters"]
+        name = row["setting"]
+        if name == summary["best_setting"]:
+            name = f"**{name}**"
+        cells: list[Any] = [name, f"{h['learning_rate']:g}", h["batch_size"], h["num_epochs"],
+                            f"{h['warmup_ratio']:g}"]
+        cells += [f"{row['median'][m]:.2f}" for m in metrics]
+        cells += [f"{row['per_seed'][s]:.2f}" for s in seeds]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"

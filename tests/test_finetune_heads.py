@@ -1,0 +1,79 @@
+"""Fine-tuning models and losses: padding changes nothing, losses by hand."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax.finetune import heads, loading
+from maelm_jax.models import encoder as encoder_lib
+
+ARCH = {"num_layers": 1, "d_model": 16, "num_heads": 2, "d_ff": 32, "pre_ln": False,
+        "vocab_size": 64, "max_positions": 32, "rel_pos_buckets": 8, "rel_pos_max_distance": 16}
+
+
+def _jit(f):
+    """Jitted (op-by-op execution is slow) with quick, unoptimised compiles."""
+    return jax.jit(f, compiler_options={"xla_backend_optimization_level": 0})
+
+
+def _padded(tokens, length):
+    """[B, n] -> [B, length] with PAD (0) after, and the key mask."""
+    out = np.zeros((tokens.shape[0], length), np.int32)
+    out[:, : tokens.shape[1]] = tokens
+    return jnp.asarray(out), jnp.asarray(out != 0)
+
+
+@pytest.fixture(scope="module")
+def encoder_cfg():
+    return loading.make_encoder_config(ARCH, 0.1, 0.1, "float32")
+
+
+def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
+    tokens = np.random.default_rng(0).integers(5, 64, (3, 9)).astype(np.int32)
+    classifier = heads.SequenceClassifier(encoder_cfg, 3)
+    short, short_mask = _padded(tokens, 12)
+    long, long_mask = _padded(tokens, 32)
+    params = _jit(classifier.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
+    assert set(params) == {"encoder", "head"}  # the pretrained subtree's name
+    apply = _jit(classifier.apply)
+    a = apply({"params": params}, short, short_mask)
+    b = apply({"params": params}, long, long_mask)
+    assert a.shape == (3, 3) and a.dtype == jnp.float32
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+    spans = heads.SpanExtractor(encoder_cfg)
+    span_params = _jit(spans.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
+    span_apply = _jit(spans.apply)
+    (s1, e1), (s2, e2) = (span_apply({"params": span_params}, t, m)
+                          for t, m in ((short, short_mask), (long, long_mask)))
+    np.testing.assert_allclose(s1[:, :9], s2[:, :9], atol=1e-5)
+    np.testing.assert_allclose(e1[:, :9], e2[:, :9], atol=1e-5)
+    assert (s2[:, 9:] <= -1e8).all() and (e2[:, 9:] <= -1e8).all()  # padding: never a span
+
+
+def test_encoder_params_have_the_pretraining_structure(encoder_cfg):
+    tokens, mask = _padded(np.ones((1, 4), np.int32) * 7, 8)
+    params = jax.eval_shape(heads.SequenceClassifier(encoder_cfg, 2).init,
+                            jax.random.PRNGKey(0), tokens, mask)["params"]
+    standalone = jax.eval_shape(encoder_lib.Encoder(encoder_cfg).init,
+                                jax.random.PRNGKey(0), tokens, tokens)["params"]
+    assert jax.tree.map(lambda x: x.shape, params["encoder"]) == jax.tree.map(
+        lambda x: x.shape, standalone)
+
+
+def test_losses_by_hand():
+    weights = jnp.array([1.0, 1.0, 0.0])  # the last row fills the batch
+    logits = jnp.zeros((3, 4))  # uniform over 4 classes: cross-entropy log 4
+    loss, count = heads.classification_loss_sums(logits, jnp.array([0, 3, -1]), weights)
+    assert count == 2 and loss == pytest.approx(2 * math.log(4), rel=1e-6)
+    outputs = jnp.array([[1.0], [3.0], [0.0]])
+    loss, count = heads.regression_loss_sums(outputs, jnp.array([2.0, 0.5, jnp.nan]), weights)
+    assert count == 2 and loss == pytest.approx(1.0 + 6.25)  # (1 - 2)^2 + (3 - 0.5)^2
+    start = jnp.log(jnp.array([[0.5, 0.25, 0.25], [1.0, 1e-30, 1e-30], [1.0, 1.0, 1.0]]))
+    loss, count = heads.span_loss_sums(start, start, jnp.array([0, 0, 2]),
+                                       jnp.array([1, 0, 2]), weights)
+    # Row 0: (-log 0.5 - log 0.25) / 2; row 1: 0.
+    assert loss == pytest.approx((math.log(2) + math.log(4)) / 2, rel=1e-5)

@@ -1,0 +1,153 @@
+"""GLUE metrics and the official SQuAD 2.0 evaluation on handmade cases, by hand."""
+
+import math
+
+import pytest
+
+from maelm_jax.finetune import glue, metrics, squad_metrics
+
+# --- GLUE --------------------------------------------------------------------------------
+
+LABELS = [1, 1, 0, 0, 1]
+PREDS = [1, 0, 0, 1, 1]  # tp = 2, fn = 1, tn = 1, fp = 1
+
+
+def test_accuracy_and_f1_by_hand():
+    assert metrics.accuracy(LABELS, PREDS) == pytest.approx(3 / 5)
+    # F1 = 2 tp / (2 tp + fp + fn) = 4 / 6
+    assert metrics.f1_binary(LABELS, PREDS) == pytest.approx(4 / 6)
+    assert metrics.f1_binary([0, 0], [0, 0]) == 0.0  # no positive at all: 0, as sklearn
+
+
+def test_matthews_correlation_by_hand():
+    # (tp tn - fp fn) / sqrt((tp + fp)(tp + fn)(tn + fp)(tn + fn)) = (2 - 1) / sqrt(3 3 2 2)
+    assert metrics.matthews_corrcoef(LABELS, PREDS) == pytest.approx(1 / 6)
+    assert metrics.matthews_corrcoef([0, 1, 1, 0], [0, 1, 1, 0]) == pytest.approx(1.0)
+    assert metrics.matthews_corrcoef([0, 1, 1, 0], [1, 0, 0, 1]) == pytest.approx(-1.0)
+    # A constant prediction: the denominator is 0 and the score 0 (sklearn's convention).
+    assert metrics.matthews_corrcoef([0, 1, 1, 0], [1, 1, 1, 1]) == 0.0
+
+
+def test_pearson_and_spearman_by_hand():
+    # Deviations (-1, 0, 1) and (-1, 1, 0): covariance 1, norms sqrt(2) each -> 0.5.
+    assert metrics.pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert metrics.spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    # Monotone but not linear: Spearman 1, Pearson below 1.
+    assert metrics.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert metrics.pearson([1, 2, 3, 4], [1, 4, 9, 16]) < 0.99
+    assert metrics.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert metrics.pearson([1, 2, 3], [2, 2, 2]) == 0.0  # constant: undefined -> 0
+
+
+def test_task_metrics_pick_the_glue_metrics_per_task():
+    mrpc = metrics.task_metrics(glue.get_task("mrpc"), LABELS, PREDS)
+    assert mrpc == pytest.approx({"accuracy": 0.6, "f1": 4 / 6, "acc_and_f1": (0.6 + 4 / 6) / 2})
+    assert set(metrics.task_metrics(glue.get_task("cola"), LABELS, PREDS)) == {"accuracy", "mcc"}
+    assert set(metrics.task_metrics(glue.get_task("sst2"), LABELS, PREDS)) == {"accuracy"}
+    stsb = metrics.task_metrics(glue.get_task("sts-b"), [1.0, 2.0, 3.0], [1.0, 3.0, 2.0])
+    assert stsb == pytest.approx({"pearson": 0.5, "spearman": 0.5, "corr": 0.5})
+
+
+# Rows of the MAE-LM paper's Table 1 (dev): MNLI-m, MNLI-mm, QQP, QNLI, SST-2, CoLA, RTE,
+# MRPC, STS-B, and the paper's AVG.
+TABLE_1 = {
+    "MAE-LM base": ((87.2, 87.1, 91.6, 92.9, 93.8, 63.1, 79.1, 90.2, 90.9), 86.1),
+    "RoBERTa (Ours) base": ((85.9, 85.8, 91.6, 92.3, 93.7, 64.3, 75.5, 88.7, 89.5), 85.2),
+    "BERT base (no MNLI-mm)": ((84.5, None, 91.3, 91.7, 93.2, 58.9, 68.6, 87.3, 89.5), 83.1),
+    "MAE-LM large++": ((90.4, 90.6, 92.2, 95.1, 96.2, 68.7, 88.8, 90.7, 92.1), 89.3),
+}
+
+
+@pytest.mark.parametrize("row", TABLE_1)
+def test_glue_average_reproduces_the_papers_table_1(row):
+    (m, mm, qqp, qnli, sst2, cola, rte, mrpc, stsb), average = TABLE_1[row]
+    results = {
+        "MNLI": {"m/accuracy": m, "mm/accuracy": mm},
+        "QQP": {"accuracy": qqp, "f1": 0.0},
+        "QNLI": {"accuracy": qnli},
+        "SST-2": {"accuracy": sst2},
+        "CoLA": {"mcc": cola, "accuracy": 0.0},
+        "RTE": {"accuracy": rte},
+        "MRPC": {"accuracy": mrpc, "f1": 0.0},
+        "STS-B": {"spearman": stsb, "pearson": 0.0},
+    }
+    assert round(metrics.glue_average(results), 1) == average
+
+
+def test_glue_average_leaderboard_convention_by_hand():
+    results = {
+        "MNLI": {"m/accuracy": 80.0, "mm/accuracy": 82.0},  # 81
+        "QQP": {"accuracy": 90.0, "f1": 86.0},  # 88
+        "QNLI": {"accuracy": 90.0},
+        "SST-2": {"accuracy": 92.0},
+        "CoLA": {"mcc": 60.0},
+        "RTE": {"accuracy": 70.0},
+        "MRPC": {"accuracy": 86.0, "f1": 90.0},  # 88
+        "STS-B": {"pearson": 88.0, "spearman": 86.0},  # 87
+    }
+    expected = (81 + 88 + 90 + 92 + 60 + 70 + 88 + 87) / 8
+    assert metrics.glue_average(results, "leaderboard") == pytest.approx(expected)
+    with pytest.raises(KeyError, match="RTE is missing"):
+        metrics.glue_average({k: v for k, v in results.items() if k != "RTE"})
+
+
+# --- SQuAD 2.0 ---------------------------------------------------------------------------
+
+def test_answer_normalisation():
+    assert squad_metrics.normalize_answer("The  Cat, a dog!") == "cat dog"
+    assert squad_metrics.normalize_answer("An apple\tand THE theory") == "apple and theory"
+    assert squad_metrics.normalize_answer("the") == ""
+
+
+def test_exact_and_f1_by_hand():
+    assert squad_metrics.compute_exact("The Denver Broncos", "denver broncos!") == 1
+    # gold [cat, sat], prediction [cat, sat, down]: precision 2/3, recall 1 -> F1 0.8
+    assert squad_metrics.compute_f1("the cat sat", "cat sat down") == pytest.approx(0.8)
+    assert squad_metrics.compute_f1("cat", "dog") == 0.0
+    # No-answer: 1 only if both are empty (after normalisation).
+    assert squad_metrics.compute_f1("", "") == 1.0
+    assert squad_metrics.compute_f1("", "a cat") == 0.0
+    assert squad_metrics.compute_f1("cat", "") == 0.0
+    assert squad_metrics.compute_f1("", "the") == 1.0  # "the" normalises to nothing
+
+
+GOLD = {
+    "q1": ["Denver Broncos", "The Denver Broncos"],  # answerable
+    "q2": [],  # unanswerable
+    "q3": ["1990", "in 1990"],
+    "q4": [],
+}
+PREDICTIONS = {"q1": "Broncos", "q2": "", "q3": "around 1990", "q4": "something"}
+NA_PROBS = {"q1": 0.1, "q2": 0.9, "q3": 0.2, "q4": 0.8}
+
+
+def test_official_v2_scores_by_hand():
+    out = squad_metrics.evaluate(GOLD, PREDICTIONS)
+    # EM: q2 only. F1: q1 max(2/3, 2/3); q2 1; q3 max over golds: vs "1990" 2/3, vs
+    # "in 1990" 1/2 -> 2/3; q4 0.
+    assert out["exact"] == pytest.approx(25.0)
+    assert out["f1"] == pytest.approx(100 * (2 / 3 + 1 + 2 / 3 + 0) / 4)
+    assert out["total"] == 4
+    assert out["HasAns_exact"] == 0.0 and out["HasAns_f1"] == pytest.approx(100 * 2 / 3)
+    assert out["NoAns_exact"] == 50.0 and out["NoAns_f1"] == 50.0
+    assert "best_exact" not in out  # only with no-answer scores
+
+
+def test_official_best_thresholds_by_hand():
+    out = squad_metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS)
+    # Start from "everything null" (2 of 4 right), answer questions in order of na_prob:
+    # exact: q1 +0, q3 +0, q4 -1, q2 +0 -> never above 2: 50 % at threshold 0.
+    assert out["best_exact"] == pytest.approx(50.0) and out["best_exact_thresh"] == 0.0
+    # F1: q1 +2/3 (2.67, thresh 0.1), q3 +2/3 (3.33, thresh 0.2), q4 -1, q2 0.
+    assert out["best_f1"] == pytest.approx(100 * (2 + 4 / 3) / 4)
+    assert out["best_f1_thresh"] == 0.2
+    # The default threshold 1.0 changes nothing here; 0.5 turns q2 and q4 into "".
+    assert out["exact"] == pytest.approx(25.0)
+    strict = squad_metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS, na_prob_thresh=0.5)
+    assert strict["exact"] == pytest.approx(50.0)
+
+
+def test_unanswerable_gold_with_only_empty_answers_counts_as_no_answer():
+    # Gold answers that normalise to "" are dropped; none left means "no answer".
+    out = squad_metrics.evaluate({"q": ["the", "."]}, {"q": ""})
+    assert out["exact"] == 100.0 and not math.isnan(out["f1"])

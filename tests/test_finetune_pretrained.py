@@ -1,0 +1,161 @@
+"""From a tiny pretraining run: loading only the encoder, refusing what does not fit,
+SST-2 well above the majority class, and a fine-tuned workdir as the next init_from."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from conftest import require_shared_data
+from tiny_config import tiny_config
+
+from configs.finetune import glue as glue_config
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.finetune import loading, train
+from maelm_jax.training import loop
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, tiny_tokenizer):
+    """A 10-step tiny MAE-LM pretraining: config.json + checkpoints/10."""
+    c = tiny_config("maelm", tiny_tokenizer.model_path)
+    c.data.seq_len = 64  # the encoder's positions: fine-tuning sequences of up to 64 tokens
+    c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 10
+    c.train.log_every = 5
+    workdir = tmp_path_factory.mktemp("pretrain")
+    loop.train_and_evaluate(c, str(workdir))
+    return workdir
+
+
+def _leaves(tree):
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
+def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained):
+    p = loading.load_pretrained(str(pretrained), 0.1, 0.1, "float32")
+    assert p.description == f"pretraining checkpoint {pretrained}/checkpoints/10"
+    assert p.encoder_cfg.vocab_size == p.tokenizer.vocab_size
+    assert (p.encoder_cfg.stack.num_layers, p.encoder_cfg.stack.d_model) == (2, 32)
+    full = ocp.PyTreeCheckpointer().restore(pretrained / "checkpoints" / "10" / "state")
+    assert set(full["params"]) >= {"encoder", "decoder"}  # the decoder is left behind
+    want, got = _leaves(full["params"]["encoder"]), _leaves(p.params)
+    assert want.keys() == got.keys()
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+    step = loading.load_pretrained(str(pretrained / "checkpoints" / "10"), 0.1, 0.1, "float32")
+    assert step.description == p.description
+
+
+def _copy_run(pretrained, tmp_path, edit):
+    """A workdir whose config.json is edited, pointing at the same checkpoints."""
+    run = tmp_path / "run"
+    run.mkdir()
+    config = json.loads((pretrained / "config.json").read_text())
+    edit(config)
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "checkpoints").symlink_to(pretrained / "checkpoints")
+    return run
+
+
+def test_refuses_another_vocabulary(pretrained, tmp_path):
+    documents = ["the quick brown fox jumps over the lazy dog.\nA Wizard's job is to vex chumps."]
+    other = tokenizer_lib.train_tokenizer(documents, str(tmp_path / "other.model"), 300)
+    with pytest.raises(loading.CheckpointError, match=r"vocabulary of 512 pieces but the "
+                                                      r"tokenizer .*other.model has 300"):
+        loading.load_pretrained(str(pretrained), 0.1, 0.1, "float32", other.model_path)
+
+
+def test_refuses_other_widths_and_depths(pretrained, tmp_path):
+    wide = _copy_run(pretrained, tmp_path, lambda c: c["model"].update(d_model=64))
+    with pytest.raises(loading.CheckpointError,
+                       match=r"parameter \['ln_embed'\]\['bias'\] has shape \(32,\), the "
+                             r"encoder in its config needs \(64,\)"):
+        loading.load_pretrained(str(wide), 0.1, 0.1, "float32")
+    shutil.rmtree(wide)
+    deep = _copy_run(pretrained, tmp_path, lambda c: c["model"].update(num_layers=3))
+    with pytest.raises(loading.CheckpointError, match=r"missing \['stack'\]\['layer_2'\]"):
+        loading.load_pretrained(str(deep), 0.1, 0.1, "float32")
+
+
+def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
+    with pytest.raises(loading.CheckpointError, match=r"config.init_from: .* does not exist"):
+        loading.load_pretrained(str(tmp_path / "nowhere"), 0.1, 0.1, "float32")
+    with pytest.raises(loading.CheckpointError, match="neither a workdir"):
+        loading.load_pretrained(str(tmp_path), 0.1, 0.1, "float32")
+    # An orbax checkpoint of something else: no params["encoder"].
+    other = tmp_path / "other"
+    manager = ocp.CheckpointManager(other / "checkpoints", item_names=("state",))
+    manager.save(3, args=ocp.args.Composite(
+        state=ocp.args.StandardSave({"params": {"dense": np.zeros(3, np.float32)}})))
+    manager.wait_until_finished()
+    manager.close()
+    shutil.copyfile(pretrained / "config.json", other / "config.json")
+    with pytest.raises(loading.CheckpointError, match=r"holds no params\['encoder'\]; it is not "
+                                                      r"a pretraining or fine-tuning checkpoint"):
+        loading.load_pretrained(str(other), 0.1, 0.1, "float32")
+    # A config.json that is not a pretraining config.
+    broken = _copy_run(pretrained, tmp_path, lambda c: c.update(model="tiny"))
+    with pytest.raises(loading.CheckpointError, match="is not a pretraining config"):
+        loading.load_pretrained(str(broken), 0.1, 0.1, "float32")
+
+
+def _sst2_config(init_from, data_dir):
+    c = glue_config.get_config("sst2")
+    c.init_from = init_from
+    c.data.data_dir = data_dir
+    c.data.max_seq_len = 64
+    c.data.buckets = (32, 64)
+    c.data.max_train_examples = 2000  # of 67K: a quick test
+    c.model.dropout = c.model.attention_dropout = 0.0
+    c.train.batch_size, c.train.eval_batch_size = 16, 128
+    c.train.num_epochs, c.train.learning_rate, c.train.log_every = 3, 1e-3, 25
+    c.mesh.shape = (1, 1, 1)  # one device: faster than 8 simulated ones on a small CPU
+    return c
+
+
+@pytest.fixture(scope="module")
+def sst2_run(pretrained, tmp_path_factory):
+    c = _sst2_config(str(pretrained), str(require_shared_data("glue")))
+    workdir = tmp_path_factory.mktemp("sst2")
+    return workdir, train.train_and_evaluate(c, str(workdir))
+
+
+def test_sst2_from_the_tiny_checkpoint_beats_the_majority_class(sst2_run):
+    workdir, results = sst2_run
+    accuracy = results["dev"]["accuracy"]
+    # The 512-piece tokenizer, trained on Python docstrings, spells most sentiment words
+    # letter by letter: a bag-of-pieces logistic regression on the same 2000 examples gets
+    # about 66 %. This run gets about 64 %.
+    print(f"SST-2 dev accuracy after a 10-step tiny pretraining and 3 epochs on 2000 "
+          f"examples: {accuracy:.1f} % (majority class: 50.9 %)")
+    assert accuracy > 58.0
+    assert results["init_from"].startswith("pretraining checkpoint")
+    lines = (workdir / "predictions" / "SST-2.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 1 + 1821
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+
+
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
+def test_a_finetuned_workdir_initialises_the_next_task(sst2_run, tmp_path):
+    """RoBERTa's MNLI -> RTE: the encoder from a fine-tuning run, a new head."""
+    workdir, _ = sst2_run
+    p = loading.load_pretrained(str(workdir), 0.1, 0.1, "float32")
+    assert p.description.startswith("fine-tuning checkpoint")
+    saved = ocp.PyTreeCheckpointer().restore(next((workdir / "checkpoints").iterdir()) / "state")
+    want = _leaves(saved["params"]["encoder"])
+    assert all(np.array_equal(want[k], v) for k, v in _leaves(p.params).items())
+    c = glue_config.get_config("rte")
+    c.init_from = str(workdir)
+    c.data.data_dir = str(require_shared_data("glue"))  # 40 rows: the format, not the task
+    c.data.max_seq_len, c.data.buckets = 64, (64,)
+    c.train.batch_size = c.train.eval_batch_size = 8
+    c.mesh.shape = (2, 1, 1)  # data parallel over 2 of the simulated devices
+    c.fast_compile = True  # 5 steps: compiling dominates
+    c.train.num_epochs, c.train.log_every = 1, 1
+    results = train.train_and_evaluate(c, str(tmp_path / "rte"))
+    assert results["init_from"].startswith("fine-tuning checkpoint")
+    assert results["num_steps"] == 5 and 0.0 <= results["dev"]["accuracy"] <= 100.0
+    assert (tmp_path / "rte" / "predictions" / "RTE.tsv").is_file()

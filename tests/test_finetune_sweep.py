@@ -1,0 +1,128 @@
+"""Sweeps: grid x seeds, medians per setting, JSON and Markdown, resumption; the configs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from configs.finetune import glue as glue_config
+from configs.finetune import squad as squad_config
+from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import sweep, train
+
+POSITIVE = ["good", "great", "fine", "lovely", "fun"]
+NEGATIVE = ["bad", "awful", "poor", "dull", "sad"]
+
+
+def _sst2_like(directory, n, seed):
+    """An SST-2-format file whose label is the sentiment word's."""
+    rng = np.random.default_rng(seed)
+    rows = ["sentence\tlabel"]
+    for _ in range(n):
+        label = int(rng.integers(2))
+        word = rng.choice(POSITIVE if label else NEGATIVE)
+        rows.append(f"the film was {word} and long\t{label}")
+    return "\n".join(rows) + "\n"
+
+
+@pytest.fixture
+def tiny_sweep_config(tmp_path, tiny_tokenizer):
+    data = tmp_path / "glue" / "SST-2"
+    data.mkdir(parents=True)
+    (data / "train.tsv").write_text(_sst2_like(data, 48, 0))
+    (data / "dev.tsv").write_text(_sst2_like(data, 16, 1))
+    c = glue_config.get_config("sst2")
+    c.tokenizer_path = tiny_tokenizer.model_path  # from scratch: no init_from
+    c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.d_ff = 1, 32, 2, 64
+    c.model.rel_pos_buckets, c.model.rel_pos_max_distance, c.model.max_positions = 8, 16, 32
+    c.data.data_dir = str(tmp_path / "glue")
+    c.data.max_seq_len, c.data.buckets = 32, (32,)
+    c.train.eval_batch_size, c.train.log_every = 16, 10
+    c.mesh.shape, c.fast_compile = (1, 1, 1), True
+    c.sweep = True
+    config_lib.set_grid(c, {"learning_rate": (1e-3, 3e-3), "batch_size": (16,),
+                            "num_epochs": (1,), "warmup_ratio": (0.1,)})
+    c.grid.seeds = (1, 2)
+    return c
+
+
+def test_sweep_reports_the_median_over_seeds_per_setting(tiny_sweep_config, tmp_path,
+                                                         monkeypatch):
+    workdir = tmp_path / "sweep"
+    summary = train.train_and_evaluate(tiny_sweep_config, str(workdir))
+    assert [row["setting"] for row in summary["settings"]] == [
+        "lr0.001_bs16_ep1_wu0.1", "lr0.003_bs16_ep1_wu0.1"]
+    for row in summary["settings"]:
+        per_seed = []
+        for seed in (1, 2):
+            run = workdir / "runs" / row["setting"] / f"seed_{seed}"
+            results = json.loads((run / "results.json").read_text())
+            assert results["seed"] == seed and results["num_steps"] == 3
+            assert results["hyperparameters"]["learning_rate"] == row["hyperparameters"][
+                "learning_rate"]
+            assert not (run / "checkpoints").exists()  # sweeps keep no checkpoints
+            per_seed.append(results["dev"]["accuracy"])
+        assert row["per_seed"] == {"1": per_seed[0], "2": per_seed[1]}
+        assert row["median"]["accuracy"] == pytest.approx(np.median(per_seed))
+    best = max(summary["settings"], key=lambda r: r["median"]["accuracy"])
+    assert summary["best_setting"] == best["setting"]
+    assert json.loads((workdir / "sweep.json").read_text()) == summary
+    table = (workdir / "sweep.md").read_text()
+    assert "| setting | lr | batch | epochs | warmup | median accuracy | seed 1 | seed 2 |" in table
+    assert f"| **{best['setting']}** |" in table
+    assert len([line for line in table.splitlines()
+                if line.startswith(("| lr0", "| **lr0"))]) == 2
+
+    # Run again: every run is reused, nothing is trained.
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(train, "run", no_training)
+    assert sweep.run_sweep(tiny_sweep_config, str(workdir)) == summary
+
+
+def test_configs_carry_the_papers_search_spaces():
+    rte = glue_config.get_config("rte")  # a small task (Table 5, left)
+    assert rte.mode == "finetune" and rte.task == "rte"
+    assert tuple(rte.grid.learning_rate) == (2e-5, 3e-5, 4e-5, 5e-5)
+    assert tuple(rte.grid.num_epochs) == (2, 3, 5, 10)
+    assert tuple(rte.grid.batch_size) == (16, 32)
+    assert tuple(rte.grid.warmup_ratio) == (0.06, 0.10)
+    assert tuple(rte.grid.seeds) == (1, 2, 3, 4, 5)
+    mnli_large = glue_config.get_config("MNLI,large")  # a large task, large++ rates
+    assert tuple(mnli_large.grid.learning_rate) == (5e-6, 7e-6, 1e-5, 2e-5)
+    assert tuple(mnli_large.grid.batch_size) == (32,)
+    assert len(sweep.settings(mnli_large)) == 4 * 3
+    squad = squad_config.get_config()  # Table 6
+    assert squad.squad.version == "2.0" and tuple(squad.grid.num_epochs) == (2, 3)
+    assert len(sweep.settings(squad)) == 4 * 2 * 2 * 2
+    for c in (rte, mnli_large, squad):
+        assert c.train.clip_norm == 0.0 and c.model.dropout == 0.1
+        assert c.train.weight_decay == 0.01 and c.train.adam_eps == 1e-6
+        assert (c.train.adam_b1, c.train.adam_b2) == (0.9, 0.98)
+        assert c.train.learning_rate in tuple(c.grid.learning_rate)
+
+
+def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
+    c = tiny_sweep_config
+    c.sweep = False
+    c.train.select = "median"
+    with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.train.select: expected"):
+        train.train_and_evaluate(c, str(tmp_path / "x"))
+    c.train.select = "best"
+    c.data.max_seq_len = 64  # more than the encoder's 32 positions
+    with pytest.raises(config_lib.FinetuneConfigError,
+                       match=r"config.data.max_seq_len: expected at most the encoder's 32"):
+        train.train_and_evaluate(c, str(tmp_path / "x"))
+    c.data.max_seq_len, c.tokenizer_path = 32, ""
+    with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.tokenizer_path: "):
+        train.train_and_evaluate(c, str(tmp_path / "x"))
+    c.task = "sst3"
+    with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.task: expected a GLUE"):
+        train.train_and_evaluate(c, str(tmp_path / "x"))
+    pretraining_dir = tmp_path / "pre"
+    pretraining_dir.mkdir()
+    (pretraining_dir / "config.json").write_text(json.dumps({"mode": "pretrain"}))
+    c.task, c.tokenizer_path = "sst2", "x.model"  # the workdir is checked first
+    with pytest.raises(config_lib.FinetuneConfigError, match=r"holds a pretrain run"):
+        train.train_and_evaluate(c, str(pretraining_dir))
