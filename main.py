@@ -34,15 +34,18 @@ flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator
 flags.mark_flags_as_required(["config", "workdir"])
 
 _PROJECT_DIR = pathlib.Path(__file__).resolve().parent
+# Our own code (a virtual environment inside the checkout is not).
+_OWN_CODE = (_PROJECT_DIR / "maelm_jax", _PROJECT_DIR / "configs", _PROJECT_DIR / "main.py")
 
 
 class _ProjectInfoOnly(logging.Filter):
     """Orbax alone logs dozens of INFO lines per checkpoint; keep ours and every warning."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or pathlib.Path(
-            record.pathname
-        ).resolve().is_relative_to(_PROJECT_DIR)
+        path = pathlib.Path(record.pathname).resolve()
+        return record.levelno >= logging.WARNING or any(
+            path == own or path.is_relative_to(own) for own in _OWN_CODE
+        )
 
 
 def _one_line(error: BaseException) -> str:
