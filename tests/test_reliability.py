@@ -269,3 +269,27 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes(tmp_path, tiny_token
     resumed = subprocess.run(cmd + [f"--config.train.num_steps={saved + 2}"], cwd=REPO_ROOT,
                              env=subprocess_env(), capture_output=True, text=True, check=True)
     assert f"resumed from checkpoint at step {saved}" in resumed.stderr
+
+
+def test_finetuning_from_the_wrong_kind_of_checkpoint_touches_nothing(tmp_path):
+    from configs.finetune import glue as glue_config
+    from maelm_jax.finetune import train as finetune_train
+
+    not_a_run = tmp_path / "not_a_run"
+    not_a_run.mkdir()
+    (not_a_run / "notes.txt").write_text("no checkpoint here")
+    c = glue_config.get_config("sst2")
+    c.init_from = str(not_a_run)
+    c.data.data_dir = str(tmp_path)
+    workdir = tmp_path / "ft"
+    with pytest.raises(errors.UserError, match="config.init_from: .* neither a workdir"):
+        finetune_train.train_and_evaluate(c, str(workdir))
+    assert not workdir.exists()
+    # Nor a pretraining workdir: fine-tuning refuses to write into one.
+    run = tmp_path / "pre"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"mode": "pretrain"}))
+    before = snapshot(run)
+    with pytest.raises(errors.UserError, match="holds a pretrain"):
+        finetune_train.train_and_evaluate(c, str(run))
+    assert snapshot(run) == before

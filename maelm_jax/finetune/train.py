@@ -56,7 +56,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return run(config, workdir)
 
 
-def _prepare_workdir(workdir: pathlib.Path, init_from: str) -> None:
+def _check_workdir(workdir: pathlib.Path, init_from: str) -> None:
+    """Refuses a workdir that is not ours to overwrite (before anything is written)."""
     mode = loading.workdir_mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
@@ -67,6 +68,9 @@ def _prepare_workdir(workdir: pathlib.Path, init_from: str) -> None:
         raise config_lib.FinetuneConfigError(
             f"config.init_from {init_from} is inside --workdir {workdir}; fine-tune into "
             f"another directory")
+
+
+def _reset_workdir(workdir: pathlib.Path) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     loading.clear_finetuned(workdir)  # a fine-tuning run starts over; it does not resume
 
@@ -196,9 +200,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     started = time.perf_counter()
     config_lib.validate(config)
     workdir = pathlib.Path(workdir)
-    _prepare_workdir(workdir, config.init_from)
-    (workdir / loading.CONFIG_FILE).write_text(pretrain_config.to_json(config))
+    _check_workdir(workdir, config.init_from)
 
+    # Checkpoint, tokenizer and data are checked before the workdir is touched.
     encoder_cfg, encoder_params, tok, source = encoder_and_tokenizer(config)
     max_len = max_seq_len(config, encoder_cfg.max_positions)
     buckets = data.buckets_for(max_len, config.data.buckets)
@@ -206,6 +210,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if len(task.train) == 0:
         raise config_lib.FinetuneConfigError(f"config.data: {task.name} has no usable training "
                                              f"example")
+    _reset_workdir(workdir)
+    (workdir / loading.CONFIG_FILE).write_text(pretrain_config.to_json(config))
     t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
