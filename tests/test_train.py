@@ -1,6 +1,7 @@
 """The train step and the loop: one compilation, learning, and kill-and-resume."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -99,36 +100,50 @@ def _main_command(workdir, tokenizer_path, num_steps):
     return c
 
 
+def _kill_when(proc, condition, what):
+    deadline = time.monotonic() + 300
+    while not condition():
+        assert proc.poll() is None, f"the run finished before {what}"
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+
+
 def test_kill_and_resume_continues_exactly(tmp_path, tiny_tokenizer):
-    """SIGKILL a run after a checkpoint, start it again: the remaining losses are the ones
-    an uninterrupted run produces (same data order, masks and dropout)."""
+    """SIGKILL a run while it writes a checkpoint, and again between checkpoints; each
+    time start it again: the losses are the ones an uninterrupted run produces (same data
+    order, masks and dropout)."""
     steps_total = 60
     env = subprocess_env()
+    command = _main_command(tmp_path / "killed", tiny_tokenizer.model_path, steps_total)
     full = tmp_path / "full"
     subprocess.run(_main_command(full, tiny_tokenizer.model_path, steps_total), cwd=REPO_ROOT,
                    env=env, check=True, capture_output=True)
     reference = _read_metrics(full)
 
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen(_main_command(killed, tiny_tokenizer.model_path, steps_total),
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    ckpt_dir = killed / "checkpoints"
-    deadline = time.monotonic() + 300
-    while not (ckpt_dir / "10").exists() and proc.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run finished before it could be killed"
-    first = _read_metrics(killed)
-    assert max(first) < steps_total
-
-    resumed = subprocess.run(_main_command(killed, tiny_tokenizer.model_path, steps_total),
-                             cwd=REPO_ROOT, env=env, check=True, capture_output=True, text=True)
-    assert "resumed from checkpoint at step" in resumed.stderr
-    after = _read_metrics(killed)
+    ckpt_dir = tmp_path / "killed" / "checkpoints"
+    in_progress = lambda: ckpt_dir.exists() and any(
+        "tmp" in p.name for p in ckpt_dir.iterdir() if p.name.split(".")[0] not in ("", "1"))
+    after_20 = lambda: (ckpt_dir / "20").exists()
+    resumed_from = []
+    for condition, what in ((in_progress, "a checkpoint save was caught in progress"),
+                            (after_20, "checkpoint 20 was written")):
+        log_path = tmp_path / f"log{len(resumed_from)}.txt"
+        with open(log_path, "w") as log_file:  # a pipe could fill up and stall the run
+            proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=log_file)
+            _kill_when(proc, condition, what)
+        log = log_path.read_text()
+        resumed_from += [int(x) for x in re.findall(r"resumed from checkpoint at step (\d+)", log)]
+    finish = subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, capture_output=True,
+                            text=True)
+    resumed_from += [int(x) for x in re.findall(r"resumed from checkpoint at step (\d+)",
+                                                finish.stderr)]
+    assert len(resumed_from) == 2 and resumed_from[1] >= 20, resumed_from
+    after = _read_metrics(tmp_path / "killed")
     assert sorted(after) == list(range(1, steps_total + 1))  # one record per step
     for step in range(1, steps_total + 1):
         assert after[step]["loss"] == reference[step]["loss"], step
-    assert _read_metrics(killed, "eval")[steps_total]["loss"] == \
+    assert _read_metrics(tmp_path / "killed", "eval")[steps_total]["loss"] == \
         _read_metrics(full, "eval")[steps_total]["loss"]
