@@ -185,7 +185,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.data.source == "files" and c.task in SQUAD_TASKS:
         _require(bool(c.squad.train_file), "squad.train_file", "the SQuAD train JSON", "")
         _require(bool(c.squad.dev_file), "squad.dev_file", "the SQuAD dev JSON", "")
-    _require(c.data.max_seq_len >= 0, "data.max_seq_len", "0 (auto) or a length", c.data.max_seq_len)
+    _require(c.data.max_seq_len >= 0, "data.max_seq_len", "0 (auto) or a length",
+             c.data.max_seq_len)
     buckets = tuple(c.data.buckets)
     _require(
         len(buckets) > 0 and all(b >= 8 for b in buckets) and list(buckets) == sorted(buckets),

@@ -38,7 +38,8 @@ class Task:
     name: str  # GLUE's spelling: the task directory and the submission file stem
     text_columns: tuple[str, ...]  # TSV header names of sentence A (and B)
     label_column: str | None  # TSV header name of the label
-    label_names: tuple[str, ...]  # label strings as in the files and the submission; () = regression
+    # Label strings as in the files and the submission; () for regression (STS-B).
+    label_names: tuple[str, ...]
     tfds_config: str  # glue/<tfds_config>
     tfds_features: tuple[str, ...]  # TFDS feature names of sentence A (and B)
     small: bool  # Table 5's "GLUE small tasks" (CoLA, RTE, MRPC, STS-B; WNLI too)
