@@ -12,13 +12,14 @@ import pathlib
 from typing import Any, Optional
 
 import jax
+from absl import logging
 import orbax.checkpoint as ocp
 
 from maelm_jax import errors
 
 
 class CheckpointError(errors.UserError):
-    pass
+    """A checkpoint that could not be written (full or read-only disk, ...)."""
 
 
 class Checkpointer:
@@ -66,8 +67,8 @@ class Checkpointer:
         except Exception as e:  # orbax and tensorstore raise assorted OS/runtime errors
             try:  # let earlier asynchronous saves finish, so they count as intact
                 self.manager.wait_until_finished()
-            except Exception:  # noqa: BLE001 - the error being reported is the one that matters
-                pass
+            except Exception as pending:  # noqa: BLE001 - report the first error, log this one
+                logging.warning("an earlier checkpoint save also failed: %s", pending)
             latest = self._latest_complete()
             kept = (f"the checkpoint of step {latest} is intact" if latest is not None
                     else "no earlier checkpoint exists")

@@ -82,7 +82,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
 
 
 class NonFiniteError(errors.UserError):
-    pass
+    """A non-finite loss or gradient under train.nonfinite="stop"."""
 
 
 class _StopRequest:

@@ -39,7 +39,7 @@ _RESUMABLE_CHANGES = (
 
 
 class IncompatibleWorkdirError(errors.UserError):
-    pass
+    """The workdir holds a run whose config this one cannot continue."""
 
 
 def _flatten(tree, prefix=""):
