@@ -80,6 +80,11 @@ class Encoder(nn.Module):
         """Word embeddings only (the decoder's [MASK] row comes from this shared table)."""
         return layers.lookup(self.word_embeddings, tokens, ("vocab", None))
 
+    def position_table(self) -> jax.Array:
+        """The absolute position embeddings [max_positions, d_model] (shared with the decoder
+        when model.decoder.share_positions is set)."""
+        return self.position_embeddings.embedding
+
     def attend(self, x: jax.Array) -> jax.Array:
         """[..., d_model] -> [..., vocab] logits against the tied word embeddings (float32)."""
         table = self.word_embeddings.embedding

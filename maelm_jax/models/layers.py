@@ -157,6 +157,8 @@ class MultiHeadAttention(nn.Module):
         if key_mask is not None:
             logits = jnp.where(key_mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(logits, axis=-1)
+        # Sown (a no-op unless "intermediates" is mutable) for the attention diagnostics.
+        self.sow("intermediates", "probs", probs)
         probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
         out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(cfg.dtype), v)
         w_out = self.param("out_kernel", normal_init(("heads", "kv", "embed")),

@@ -52,7 +52,14 @@ class PretrainModel(nn.Module):
             enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)  # [B, n_enc]
             hidden = self.encoder(enc_tokens, batch.enc_index, deterministic=deterministic)
             mask_embedding = self.encoder.embed(jnp.int32(tokenizer.MASK_ID))
-            hidden = self.decoder(hidden, batch.enc_index, mask_embedding)  # [B, L, D_dec]
+            shared_positions = (
+                self.encoder.position_table()
+                if self.cfg.decoder.share_positions
+                else None
+            )
+            hidden = self.decoder(
+                hidden, batch.enc_index, mask_embedding, shared_positions
+            )  # [B, L, D_dec]
         else:
             B, L = batch.inputs.shape
             positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
