@@ -72,8 +72,8 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.decoder.d_ff = 3072
     c.model.decoder.pre_ln = False
     # Options of the official code, off in the paper: a T5 relative position bias of the
-    # decoder's own (0 = off) and the encoder's position table shared with the decoder.
-    # Both help a small decoder leave the unigram plateau sooner (README).
+    # decoder's own (0 = off), and the encoder's position table shared with the decoder
+    # (equal widths only). See the README on MAE-LM and the unigram plateau.
     c.model.decoder.rel_pos_buckets = 0
     c.model.decoder.rel_pos_max_distance = 128
     c.model.decoder.share_positions = False
@@ -172,17 +172,25 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "'float32', 'bfloat16' or 'float16'",
         m.dtype,
     )
+    for prefix, stack in (("model", m), ("model.decoder", m.decoder)):
+        _require(
+            stack.rel_pos_buckets == 0
+            or (stack.rel_pos_buckets >= 4 and stack.rel_pos_buckets % 2 == 0),
+            f"{prefix}.rel_pos_buckets",
+            "0 (off) or an even int >= 4",
+            stack.rel_pos_buckets,
+        )
+        _require(
+            stack.rel_pos_max_distance > stack.rel_pos_buckets // 4,
+            f"{prefix}.rel_pos_max_distance",
+            f"an int > rel_pos_buckets / 4 = {stack.rel_pos_buckets // 4}",
+            stack.rel_pos_max_distance,
+        )
     _require(
-        m.rel_pos_buckets == 0 or (m.rel_pos_buckets >= 4 and m.rel_pos_buckets % 2 == 0),
-        "model.rel_pos_buckets",
-        "0 (off) or an even int >= 4",
-        m.rel_pos_buckets,
-    )
-    _require(
-        m.rel_pos_max_distance > m.rel_pos_buckets // 4,
-        "model.rel_pos_max_distance",
-        f"an int > rel_pos_buckets / 4 = {m.rel_pos_buckets // 4}",
-        m.rel_pos_max_distance,
+        not m.decoder.share_positions or m.decoder.d_model == m.d_model,
+        "model.decoder.share_positions",
+        f"False when model.decoder.d_model ({m.decoder.d_model}) differs from model.d_model",
+        m.decoder.share_positions,
     )
     t = config.train
     _require(t.batch_size >= 1, "train.batch_size", "an int >= 1", t.batch_size)
