@@ -8,6 +8,8 @@ a few hundred steps, the paper's decoder does not, and the decoder's own relativ
 bias (`model.decoder.rel_pos_buckets`, an option of the official code) closes the gap.
 """
 
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -124,3 +126,18 @@ def test_decoder_relative_bias_lets_maelm_learn_pairs_like_mlm():
     assert mlm > 0.6, mlm
     assert with_bias > 0.6, with_bias
     assert paper < with_bias - 0.3, (paper, with_bias)
+
+
+def test_workdir_from_before_the_options_still_resumes():
+    """A config.json without the new decoder fields counts them at their defaults."""
+    from maelm_jax.training import workdir
+
+    new = json.loads(config_lib.to_json(tiny_config("maelm")))
+    old = json.loads(json.dumps(new))
+    for field in ("rel_pos_buckets", "rel_pos_max_distance", "share_positions"):
+        del old["model"]["decoder"][field]
+    defaults = json.loads(config_lib.to_json(config_lib.pretrain_defaults()))
+    assert workdir.config_changes(old, new, defaults) == []
+    changed = json.loads(json.dumps(new))
+    changed["model"]["decoder"]["rel_pos_buckets"] = 16
+    assert workdir.config_changes(old, changed, defaults) == ["model.decoder.rel_pos_buckets"]

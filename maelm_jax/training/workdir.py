@@ -50,9 +50,15 @@ def _flatten(tree, prefix=""):
         yield prefix[:-1], tree
 
 
-def config_changes(old: dict, new: dict) -> list[str]:
-    """Dotted fields whose values differ and that a resumed run may not change."""
+def config_changes(old: dict, new: dict, defaults: dict | None = None) -> list[str]:
+    """Dotted fields whose values differ and that a resumed run may not change.
+
+    A field missing from `old` (a workdir written before the field existed) counts as its
+    value in `defaults`, which is what that run used.
+    """
     old_flat, new_flat = dict(_flatten(old)), dict(_flatten(new))
+    for key, value in _flatten(defaults or {}):
+        old_flat.setdefault(key, value)
     changed = sorted(k for k in old_flat.keys() | new_flat.keys()
                      if old_flat.get(k) != new_flat.get(k))
     return [k for k in changed
@@ -67,7 +73,8 @@ def check_compatible(config: ml_collections.ConfigDict, workdir: pathlib.Path,
         return
     # A round trip through JSON makes tuples lists on both sides.
     new = json.loads(config_lib.to_json(config))
-    changed = config_changes(json.loads(path.read_text()), new)
+    defaults = json.loads(config_lib.to_json(config_lib.pretrain_defaults()))
+    changed = config_changes(json.loads(path.read_text()), new, defaults)
     if changed:
         shown = ", ".join(f"config.{k}" for k in changed[:5])
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
