@@ -71,6 +71,11 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.decoder.num_heads = 12
     c.model.decoder.d_ff = 3072
     c.model.decoder.pre_ln = False
+    # "self": MAE-LM / 3ML_self (full length, self-attention); "cross": 3ML_cross (only the
+    # removed [MASK]s, self-attention among them and cross-attention to the encoder).
+    c.model.decoder.kind = "self"
+    c.model.decoder.dropout = 0.0  # MAE-LM's decoder has none; 3ML uses 0.1 on the whole model
+    c.model.decoder.attention_dropout = 0.0
     # Options of the official code, off in the paper: a T5 relative position bias of the
     # decoder's own (0 = off), and the encoder's position table shared with the decoder
     # (equal widths only). See the README on MAE-LM and the unigram plateau.
@@ -187,6 +192,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
             stack.rel_pos_max_distance,
         )
     _require(
+        m.decoder.kind in decoder_lib.KINDS,
+        "model.decoder.kind",
+        f"one of {decoder_lib.KINDS}",
+        m.decoder.kind,
+    )
+    _require(
         not m.decoder.share_positions or m.decoder.d_model == m.d_model,
         "model.decoder.share_positions",
         f"False when model.decoder.d_model ({m.decoder.d_model}) differs from model.d_model",
@@ -236,11 +247,19 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
     if config.objective == "maelm":
         d = m.decoder
         dec_stack = layers.StackConfig(
-            d.num_layers, d.d_model, d.num_heads, d.d_ff, 0.0, 0.0, d.pre_ln, dtype
+            num_layers=d.num_layers,
+            d_model=d.d_model,
+            num_heads=d.num_heads,
+            d_ff=d.d_ff,
+            dropout=d.dropout,
+            attention_dropout=d.attention_dropout,
+            pre_ln=d.pre_ln,
+            dtype=dtype,
         )
         decoder = decoder_lib.DecoderConfig(
             dec_stack,
             config.data.seq_len,
+            kind=d.kind,
             rel_pos_buckets=d.rel_pos_buckets,
             rel_pos_max_distance=d.rel_pos_max_distance,
             share_positions=d.share_positions,

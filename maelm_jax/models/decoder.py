@@ -1,9 +1,14 @@
-"""The shallow MAE-LM / 3ML_self decoder, dropped after pretraining.
+"""The shallow decoders, dropped after pretraining: MAE-LM / 3ML_self and 3ML_cross.
 
-It sees the full length L: encoder outputs scattered back to their original positions and
+``Decoder`` (kind "self", MAE-LM and 3ML_self) sees the full length L: encoder outputs scattered back to their original positions and
 the [MASK] word embedding everywhere else, plus its own absolute positions 0..L-1 and its
-own embedding LayerNorm. Bidirectional self-attention, no dropout (the MAE-LM paper found
-dropout-free decoding slightly more stable).
+own embedding LayerNorm. Bidirectional self-attention; no dropout by default (the MAE-LM
+paper found dropout-free decoding slightly more stable; 3ML uses 0.1 on the whole model).
+
+``CrossDecoder`` (kind "cross", 3ML_cross, 3ML Section 3 and Fig. 2 right) sees only the
+removed [MASK] positions: a learned [MASK] vector in the decoder's own space plus the
+decoder's position embedding at each one's original position. Each layer is bidirectional
+self-attention among them, cross-attention to the (projected) encoder outputs, and an MLP.
 
 By default the decoder has no relative position bias and its own position table, as in the
 paper. Two options of the official code help a small decoder learn to read a masked
@@ -26,10 +31,14 @@ from maelm_jax import masking
 from maelm_jax.models import layers
 
 
+KINDS = ("self", "cross")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
     stack: layers.StackConfig
     seq_len: int
+    kind: str = "self"  # "self" (MAE-LM, 3ML_self) or "cross" (3ML_cross)
     rel_pos_buckets: int = 0  # 0 = no relative position bias (the paper's decoder)
     rel_pos_max_distance: int = 128
     share_positions: bool = False  # use the encoder's absolute position table
@@ -45,6 +54,7 @@ class Decoder(nn.Module):
         enc_index: jax.Array,
         mask_embedding: jax.Array,
         encoder_positions: Optional[jax.Array] = None,
+        deterministic: bool = True,
     ) -> jax.Array:
         """enc_out [B, n_enc, D_enc] at positions enc_index [B, n_enc]; mask_embedding [D_enc].
 
@@ -68,19 +78,7 @@ class Decoder(nn.Module):
             enc_out, mask_embedding = proj(enc_out), proj(mask_embedding)
         buffer = jnp.broadcast_to(mask_embedding.astype(stack.dtype), (B, L, stack.d_model))
         x = masking.scatter_tokens(buffer, enc_index, enc_out.astype(stack.dtype))
-        if cfg.share_positions:
-            if encoder_positions is None:
-                raise ValueError("share_positions needs the encoder's position table")
-            position_table = encoder_positions[:L].astype(stack.dtype)
-        else:
-            position_table = nn.Embed(
-                L,
-                stack.d_model,
-                dtype=stack.dtype,
-                name="position_embeddings",
-                embedding_init=layers.normal_init(("positions", "dec_embed")),
-            )(jnp.arange(L))
-        x = x + position_table[None]
+        x = x + _position_table(self, cfg, encoder_positions)[None]
         # Sown (a no-op unless the "intermediates" collection is mutable) for diagnostics.
         self.sow("intermediates", "input", x)
         x = layers.layer_norm("ln_embed", stack.dtype)(x)
@@ -92,4 +90,80 @@ class Decoder(nn.Module):
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
                 name="relative_bias",
             )(positions, positions)  # [1, heads, L, L], broadcast over the batch
-        return layers.TransformerStack(stack, name="stack")(x, bias, None, True)
+        return layers.TransformerStack(stack, name="stack")(x, bias, None, deterministic)
+
+
+def _position_table(module: nn.Module, cfg: DecoderConfig,
+                    encoder_positions: Optional[jax.Array]) -> jax.Array:
+    """The decoder's absolute position table [L, D_dec]: its own, or the encoder's."""
+    stack, L = cfg.stack, cfg.seq_len
+    if cfg.share_positions:
+        if encoder_positions is None:
+            raise ValueError("share_positions needs the encoder's position table")
+        return encoder_positions[:L].astype(stack.dtype)
+    return nn.Embed(
+        L,
+        stack.d_model,
+        dtype=stack.dtype,
+        name="position_embeddings",
+        embedding_init=layers.normal_init(("positions", "dec_embed")),
+        parent=module,
+    )(jnp.arange(L))
+
+
+def _project(module: nn.Module, x: jax.Array, stack: layers.StackConfig) -> jax.Array:
+    """3ML's linear layer from the encoder width to the decoder's (identity if equal)."""
+    if x.shape[-1] == stack.d_model:
+        return x
+    return nn.Dense(
+        stack.d_model,
+        dtype=stack.dtype,
+        name="projection",
+        kernel_init=layers.normal_init(("embed", "dec_embed")),
+        bias_init=layers.zeros_init(("dec_embed",)),
+        parent=module,
+    )(x)
+
+
+class CrossDecoder(nn.Module):
+    """3ML_cross: [MASK] queries attend to each other and to the encoder outputs."""
+
+    cfg: DecoderConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        enc_out: jax.Array,
+        enc_index: jax.Array,
+        dec_index: jax.Array,
+        encoder_positions: Optional[jax.Array] = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """enc_out [B, n_enc, D_enc] at original positions enc_index [B, n_enc]; the removed
+        [MASK]s at original positions dec_index [B, n_de]. Returns [B, n_de, D_dec]."""
+        cfg = self.cfg
+        stack = cfg.stack
+        context = _project(self, enc_out, stack).astype(stack.dtype)
+        # The paper's [MASK] "in a latent space", disentangled from the word embeddings.
+        mask_vector = self.param(
+            "mask_embedding", layers.normal_init(("dec_embed",)), (stack.d_model,), jnp.float32
+        )
+        table = _position_table(self, cfg, encoder_positions)
+        x = mask_vector.astype(stack.dtype) + jnp.take(table, dec_index, axis=0)
+        x = layers.layer_norm("ln_embed", stack.dtype)(x)
+        x = nn.Dropout(stack.dropout)(x, deterministic=deterministic)
+        x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+        self_bias = cross_bias = None
+        if cfg.rel_pos_buckets:
+            relative = layers.RelativePositionBias(
+                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
+                name="relative_bias",
+            )
+            self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)
+        for i in range(stack.num_layers):
+            x = layers.CrossTransformerLayer(stack, name=f"layer_{i}")(
+                x, context, self_bias, cross_bias, deterministic
+            )
+        if stack.pre_ln:
+            x = layers.layer_norm("ln_final", stack.dtype)(x)
+        return x

@@ -225,6 +225,48 @@ class TransformerLayer(nn.Module):
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
 
+class CrossTransformerLayer(nn.Module):
+    """Self-attention among the queries, cross-attention to a context, MLP (3ML_cross).
+
+    No causal mask: the 3ML_cross decoder is bidirectional. Post-LN or pre-LN as the
+    stack's config says.
+    """
+
+    cfg: StackConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        context: jax.Array,
+        self_bias: Optional[jax.Array],
+        cross_bias: Optional[jax.Array],
+        deterministic: bool,
+    ) -> jax.Array:
+        """x [B, n, D] (queries), context [B, m, D] -> [B, n, D].
+
+        self_bias [B or 1, heads, n, n] and cross_bias [B or 1, heads, n, m], or None.
+        """
+        cfg = self.cfg
+        drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+        self_attn = MultiHeadAttention(cfg, name="self_attention")
+        cross_attn = MultiHeadAttention(cfg, name="cross_attention")
+        mlp = FeedForward(cfg, name="mlp")
+        ln_self = layer_norm("ln_self_attention", cfg.dtype)
+        ln_cross = layer_norm("ln_cross_attention", cfg.dtype)
+        ln_mlp = layer_norm("ln_mlp", cfg.dtype)
+        if cfg.pre_ln:
+            h = ln_self(x)
+            x = x + drop(self_attn(h, h, self_bias, None, deterministic))
+            x = x + drop(cross_attn(ln_cross(x), context, cross_bias, None, deterministic))
+            x = x + drop(mlp(ln_mlp(x), deterministic))
+        else:
+            x = ln_self(x + drop(self_attn(x, x, self_bias, None, deterministic)))
+            x = ln_cross(x + drop(cross_attn(x, context, cross_bias, None, deterministic)))
+            x = ln_mlp(x + drop(mlp(x, deterministic)))
+        return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+
+
 class TransformerStack(nn.Module):
     """`num_layers` Transformer layers; pre-LN stacks end with a final LayerNorm."""
 

@@ -12,7 +12,7 @@ Both run the LM head only at the k predicted positions.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ import flax.linen as nn
 from maelm_jax import masking, tokenizer
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import heads
+from maelm_jax.models import heads, layers
 
 OBJECTIVES = ("maelm", "mlm")
 
@@ -41,7 +41,21 @@ class PretrainModel(nn.Module):
         if cfg.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {cfg.objective!r}")
         self.encoder = encoder_lib.Encoder(cfg.encoder)
-        self.decoder = decoder_lib.Decoder(cfg.decoder) if cfg.objective == "maelm" else None
+        self.decoder = None
+        self.decoder_to_encoder = None
+        if cfg.objective == "maelm" and cfg.decoder.kind == "cross":
+            self.decoder = decoder_lib.CrossDecoder(cfg.decoder)
+            if cfg.decoder.stack.d_model != cfg.encoder.stack.d_model:
+                # The shared prediction layer reads the encoder's width (3ML App. D, the
+                # d_de x d_en term of eq. 4's decoder prediction).
+                self.decoder_to_encoder = nn.Dense(
+                    cfg.encoder.stack.d_model,
+                    dtype=cfg.encoder.stack.dtype,
+                    kernel_init=layers.normal_init(("dec_embed", "embed")),
+                    bias_init=layers.zeros_init(("embed",)),
+                )
+        elif cfg.objective == "maelm":
+            self.decoder = decoder_lib.Decoder(cfg.decoder)
         self.lm_head = heads.LmHead(
             cfg.encoder.stack.d_model, cfg.encoder.vocab_size, cfg.encoder.stack.dtype
         )
@@ -51,14 +65,14 @@ class PretrainModel(nn.Module):
         if self.cfg.objective == "maelm":
             enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)  # [B, n_enc]
             hidden = self.encoder(enc_tokens, batch.enc_index, deterministic=deterministic)
-            mask_embedding = self.encoder.embed(jnp.int32(tokenizer.MASK_ID))
             shared_positions = (
-                self.encoder.position_table()
-                if self.cfg.decoder.share_positions
-                else None
+                self.encoder.position_table() if self.cfg.decoder.share_positions else None
             )
+            if self.cfg.decoder.kind == "cross":
+                return self._cross_logits(batch, hidden, shared_positions, deterministic)
+            mask_embedding = self.encoder.embed(jnp.int32(tokenizer.MASK_ID))
             hidden = self.decoder(
-                hidden, batch.enc_index, mask_embedding, shared_positions
+                hidden, batch.enc_index, mask_embedding, shared_positions, deterministic
             )  # [B, L, D_dec]
         else:
             B, L = batch.inputs.shape
@@ -66,6 +80,50 @@ class PretrainModel(nn.Module):
             hidden = self.encoder(batch.inputs, positions, deterministic=deterministic)
         predicted = masking.gather_tokens(hidden, batch.pred_index)  # [B, k, D]
         return self.lm_head(predicted, self.encoder.attend)
+
+
+    def _cross_logits(self, batch, hidden, shared_positions, deterministic) -> jax.Array:
+        """3ML_cross: removed [MASK]s predicted from the decoder, the other predicted tokens
+        (random, unchanged, and [MASK]s kept in the encoder) from the encoder's outputs, all
+        with the same prediction layer. Logits [B, k, vocab] in batch.pred_index order."""
+        split = split_predictions(batch)
+        parts = []
+        if split.dec_index.shape[1]:
+            dec = self.decoder(hidden, batch.enc_index, split.dec_index, shared_positions,
+                               deterministic)  # [B, n_de, D_dec]
+            parts.append(self.decoder_to_encoder(dec) if self.decoder_to_encoder else dec)
+        parts.append(masking.gather_tokens(hidden, split.enc_slot))  # [B, k - n_de, D_enc]
+        predicted = masking.gather_tokens(jnp.concatenate(parts, axis=1), split.inverse)
+        return self.lm_head(predicted, self.encoder.attend)
+
+
+class PredictionSplit(NamedTuple):
+    """Where 3ML_cross predicts each of the k tokens (all static shapes).
+
+    dec_index: [B, n_de] original positions of the removed [MASK]s, ascending
+    enc_slot:  [B, k - n_de] index into the encoder's sequence of the other predicted tokens
+    inverse:   [B, k] permutation from [decoder part; encoder part] back to pred_index order
+    """
+
+    dec_index: jax.Array
+    enc_slot: jax.Array
+    inverse: jax.Array
+
+
+def split_predictions(batch: masking.MaskedBatch) -> PredictionSplit:
+    B, L = batch.inputs.shape
+    n_de = L - batch.enc_index.shape[1]  # removed [MASK]s: a Python int
+    rows = jnp.arange(B)[:, None]
+    n_enc = batch.enc_index.shape[1]
+    slot = jnp.full((B, L), -1, jnp.int32).at[rows, batch.enc_index].set(
+        jnp.broadcast_to(jnp.arange(n_enc, dtype=jnp.int32), (B, n_enc))
+    )
+    pred_slot = masking.gather_tokens(slot, batch.pred_index)  # [B, k], -1 = removed
+    # Removed first, each group in ascending position order (a stable sort of sorted input).
+    order = jnp.argsort((pred_slot >= 0).astype(jnp.int32), axis=1, stable=True)
+    dec_index = masking.gather_tokens(batch.pred_index, order[:, :n_de])
+    enc_slot = masking.gather_tokens(pred_slot, order[:, n_de:])
+    return PredictionSplit(dec_index, enc_slot, jnp.argsort(order, axis=1).astype(jnp.int32))
 
 
 def masked_lm_sums(

@@ -1,0 +1,142 @@
+"""3ML_cross (3ML Section 3, Fig. 2 right) and the decoder's dropout."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax import masking, sharding, tokenizer
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import optimizer, steps
+
+from tiny_config import TINY_VOCAB, tiny_config
+
+
+def _cross_config(**decoder_options):
+    """3ML_cross in miniature: 40 % masking, 80-10-10, a half-width pre-LN decoder."""
+    c = tiny_config("maelm")
+    c.masking.mask_ratio, c.masking.mask_frac, c.masking.random_frac = 0.4, 0.8, 0.1
+    c.model.pre_ln = True
+    c.model.dropout = c.model.attention_dropout = 0.0
+    c.model.decoder.update(kind="cross", num_layers=2, d_model=16, num_heads=2, d_ff=32,
+                           pre_ln=True)
+    c.model.decoder.update(decoder_options)
+    config_lib.validate(c)
+    return c
+
+
+def _setup(c, batch_size=4, seed=0):
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    tokens = jnp.asarray(np.random.default_rng(seed).integers(
+        tokenizer.NUM_SPECIAL, TINY_VOCAB, (batch_size, c.data.seq_len)), jnp.int32)
+    batch = masking.apply_mask(jax.random.PRNGKey(seed), tokens, counts, TINY_VOCAB)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
+    return model, batch, params, counts
+
+
+def test_split_puts_removed_masks_in_the_decoder_and_the_rest_in_the_encoder():
+    c = _cross_config()
+    _, batch, _, counts = _setup(c)
+    split = pretrain_lib.split_predictions(batch)
+    assert split.dec_index.shape == (4, counts.k_removed)
+    assert split.enc_slot.shape == (4, counts.k - counts.k_removed)
+    for b in range(4):
+        inputs, enc_index = np.asarray(batch.inputs[b]), np.asarray(batch.enc_index[b])
+        dec = np.asarray(split.dec_index[b])
+        assert np.all(np.diff(dec) > 0)
+        assert np.all(inputs[dec] == tokenizer.MASK_ID)
+        assert not set(dec) & set(enc_index)
+        # The encoder-side predictions are the predicted positions the encoder reads.
+        enc_pred = enc_index[np.asarray(split.enc_slot[b])]
+        assert sorted(set(dec) | set(enc_pred)) == sorted(np.asarray(batch.pred_index[b]))
+        # inverse puts [decoder part; encoder part] back in pred_index order.
+        both = np.concatenate([dec, enc_pred])
+        assert np.all(both[np.asarray(split.inverse[b])] == np.asarray(batch.pred_index[b]))
+
+
+def test_decoder_reads_only_the_masks_and_the_encoder_outputs():
+    c = _cross_config()
+    model, batch, params, counts = _setup(c)
+    dec = params["decoder"]
+    assert dec["mask_embedding"].shape == (16,)  # a [MASK] vector in the decoder's space
+    assert dec["projection"]["kernel"].shape == (32, 16)  # encoder width -> decoder width
+    assert "cross_attention" in dec["layer_0"] and "self_attention" in dec["layer_0"]
+    assert params["decoder_to_encoder"]["kernel"].shape == (16, 32)
+
+
+def _logits_by_part(model, params, batch):
+    logits = np.asarray(model.apply({"params": params}, batch))
+    split = pretrain_lib.split_predictions(batch)
+    removed = np.stack([np.isin(np.asarray(batch.pred_index[b]), np.asarray(split.dec_index[b]))
+                        for b in range(batch.inputs.shape[0])])
+    return logits, removed
+
+
+def test_random_and_unchanged_tokens_are_predicted_from_the_encoder():
+    c = _cross_config()
+    model, batch, params, _ = _setup(c)
+    before, removed = _logits_by_part(model, params, batch)
+    changed = jax.tree.map(lambda x: x, params)
+    changed["decoder"] = jax.tree.map(lambda x: x + 0.5, params["decoder"])
+    after, _ = _logits_by_part(model, changed, batch)
+    assert np.allclose(before[~removed], after[~removed])  # encoder side: untouched
+    assert not np.allclose(before[removed], after[removed])  # decoder side: changed
+
+
+def test_a_kept_token_reaches_the_mask_predictions():
+    c = _cross_config()
+    model, batch, params, _ = _setup(c, batch_size=1)
+    before, removed = _logits_by_part(model, params, batch)
+    kept = np.setdiff1d(np.asarray(batch.enc_index[0]), np.asarray(batch.pred_index[0]))[0]
+    other = batch._replace(inputs=batch.inputs.at[0, kept].set(
+        (batch.inputs[0, kept] + 1 - tokenizer.NUM_SPECIAL) % (TINY_VOCAB - tokenizer.NUM_SPECIAL)
+        + tokenizer.NUM_SPECIAL))
+    after, _ = _logits_by_part(model, params, other)
+    assert not np.allclose(before[removed], after[removed])
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_decoder_dropout_only_when_configured(kind):
+    def outputs(rate):
+        c = _cross_config(kind=kind, dropout=rate, attention_dropout=rate)
+        model, batch, params, _ = _setup(c)
+        return [np.asarray(model.apply({"params": params}, batch, deterministic=False,
+                                       rngs={"dropout": jax.random.PRNGKey(i)}))
+                for i in (1, 2)]
+
+    a, b = outputs(0.0)  # encoder dropout is 0 too: no randomness anywhere
+    np.testing.assert_allclose(a, b)
+    a, b = outputs(0.1)
+    assert not np.allclose(a, b)
+
+
+def test_cross_train_step_compiles_once_and_learns():
+    c = _cross_config()
+    c.train.learning_rate = 3e-3
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    tx, schedule = optimizer.make_optimizer(c.train)
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    setup = steps.state_setup(model, tx, c.seed, counts, mesh)
+    train_step = steps.jit_train_step(
+        steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, 1), setup, mesh)
+    state = setup.init()
+    # A fixed batch: the loss must fall as the model memorises it.
+    tokens = jnp.asarray(np.random.default_rng(0).integers(
+        tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, c.data.seq_len)), jnp.int32)
+    losses = []
+    for _ in range(20):
+        state, metrics = train_step(state, tokens)
+        losses.append(float(metrics["loss"]))
+    assert train_step._cache_size() == 1
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_kind_is_validated():
+    c = tiny_config("maelm")
+    c.model.decoder.kind = "bart"
+    with pytest.raises(config_lib.ConfigError, match="model.decoder.kind"):
+        config_lib.validate(c)
