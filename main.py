@@ -7,6 +7,7 @@ Any config field can be overridden with --config.<field>=<value>.
 """
 
 import logging
+import os
 import pathlib
 import sys
 
@@ -19,8 +20,12 @@ from maelm_jax.finetune import train as finetune_train
 from maelm_jax.training import loop
 
 FLAGS = flags.FLAGS
+# New fields are accepted while parsing, so `--config.data.sources.main.path=...` can
+# switch a source's kind from the command line; validation then refuses any field that
+# the config kind does not have (a mistyped one), naming it (maelm_jax/schema.py).
 config_flags.DEFINE_config_file(
-    "config", None, "Config file (file.py or file.py:variant).", lock_config=True
+    "config", None, "Config file (file.py or file.py:variant).", lock_config=False,
+    accept_new_attributes=True,
 )
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data.")
 flags.DEFINE_bool("allow_config_change", False, "Continue a workdir's run even though the "
@@ -57,16 +62,33 @@ def _one_line(error: BaseException) -> str:
     return " ".join(lines)
 
 
+def _config_file_error(argv) -> str | None:
+    """A --config naming no file: config_flags would defer the error to a traceback."""
+    values = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
+    values += [argv[i + 1] for i, arg in enumerate(argv[1:-1], start=1) if arg == "--config"]
+    if not values:
+        return None
+    path = values[-1].split(":", 1)[0]
+    if not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "does not exist"
+        return (f"--config: {path} {what} (relative to {os.getcwd()}); expected a config file "
+                "such as configs/pretrain/quickstart.py")
+    return None
+
+
 def _parse_flags(argv):
     """Flag and config-override mistakes (a mistyped field, a bad value, a broken config
     file) exit with one line instead of a traceback."""
-    try:
-        return FLAGS(argv)
-    except Exception as e:  # config_flags raises whatever the config file or override did
-        if "--debug" in argv:
-            raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(1)
+    message = None if "--debug" in argv else _config_file_error(argv)
+    if message is None:
+        try:
+            return FLAGS(argv)
+        except Exception as e:  # config_flags raises whatever the config file or override did
+            if "--debug" in argv:
+                raise
+            message = _one_line(e)
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
 
 
 def main(argv):

@@ -12,7 +12,10 @@ import json
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import errors, masking, sharding
+from absl import logging
+
+from maelm_jax import errors, masking, schema, sharding
+from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
@@ -110,6 +113,66 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     return c
 
 
+# Every field's type and allowed values, declared once (maelm_jax/schema.py); validate()
+# adds the rules that relate several fields.
+FIELDS: dict[str, schema.Field] = {
+    "mode": schema.choice("pretrain"),
+    "objective": schema.choice(*pretrain_lib.OBJECTIVES),
+    "seed": schema.integer(0),
+    "tokenizer.model_path": schema.path("a sentencepiece .model file, or empty to train one"),
+    "tokenizer.vocab_size": schema.integer(tokenizer_lib.NUM_SPECIAL + 256 + 1),
+    "tokenizer.model_type": schema.choice(*tokenizer_lib.MODEL_TYPES),
+    "tokenizer.lowercase": schema.boolean(),
+    "tokenizer.max_sentences": schema.integer(1),
+    "data.sources": schema.free_form("named sources, see maelm_jax/data/sources.py"),
+    "data.seq_len": schema.integer(2),
+    "data.validation_fraction": schema.number(0.0, 1.0, low_open=True, high_open=True),
+    "data.cache_dir": schema.path("a directory, or empty for <workdir>/data"),
+    "data.encoding_errors": schema.choice("replace", "strict"),
+    "data.prefetch": schema.integer(0),
+    "masking.mask_ratio": schema.number(0.0, 1.0, low_open=True, high_open=True),
+    "masking.mask_frac": schema.number(0.0, 1.0),
+    "masking.random_frac": schema.number(0.0, 1.0),
+    "masking.delta": schema.number(0.0, 1.0),
+    **schema.encoder_fields("model"),
+    "model.activation_dropout": schema.rate(),
+    **schema.stack_fields("model.decoder"),
+    "model.decoder.pre_ln": schema.boolean(),
+    "model.decoder.rel_pos_buckets": schema.integer(0),
+    "model.decoder.rel_pos_max_distance": schema.integer(1),
+    "model.decoder.share_positions": schema.boolean(),
+    "model.decoder.kind": schema.choice(*decoder_lib.KINDS),
+    "model.decoder.dropout": schema.rate(),
+    "model.decoder.attention_dropout": schema.rate(),
+    **schema.mesh_fields(),
+    "train.batch_size": schema.integer(1),
+    "train.grad_accum_steps": schema.integer(1),
+    "train.num_steps": schema.integer(1),
+    "train.warmup_steps": schema.integer(0),
+    **schema.optimizer_fields("train"),
+    "train.nonfinite": schema.choice("stop", "skip"),
+    "train.log_every": schema.integer(1),
+    "train.eval_every": schema.integer(1),
+    "train.eval_batches": schema.integer(1),
+    "train.checkpoint_every": schema.integer(1),
+    "train.keep_checkpoints": schema.integer(1),
+}
+# Path fields of a corpus source (data.sources.<name>.<field>).
+_SOURCE_PATH_FIELDS = ("path", "data_dir")
+
+
+def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy whose paths (tokenizer, cache, every source's files) are absolute against the
+    current directory: a run started from another directory, or resumed, reads the same
+    files, and libraries that need absolute paths (orbax) get them."""
+    resolved = schema.resolve_paths(config, FIELDS)
+    for source in resolved.data.sources.values():
+        for field in _SOURCE_PATH_FIELDS:
+            if isinstance(source, (dict, ml_collections.ConfigDict)) and source.get(field):
+                source[field] = schema.absolute_spec(source[field])
+    return resolved
+
+
 def _require(cond: bool, field: str, expected: str, got) -> None:
     if not cond:
         raise ConfigError(f"config.{field}: expected {expected}, got {got!r}")
@@ -131,52 +194,19 @@ def mask_counts(config: ml_collections.ConfigDict) -> masking.MaskCounts:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Raises ConfigError for the first problem found."""
-    _require(
-        config.objective in pretrain_lib.OBJECTIVES,
-        "objective",
-        f"one of {pretrain_lib.OBJECTIVES}",
-        config.objective,
-    )
-    tok = config.tokenizer
-    _require(
-        tok.model_type in ("bpe", "unigram"),
-        "tokenizer.model_type",
-        "'bpe' or 'unigram'",
-        tok.model_type,
-    )
-    _require(tok.vocab_size > 16, "tokenizer.vocab_size", "an int > 16", tok.vocab_size)
-    _require(config.data.seq_len >= 2, "data.seq_len", "an int >= 2", config.data.seq_len)
-    _require(
-        0.0 < config.data.validation_fraction < 1.0,
-        "data.validation_fraction",
-        "a fraction in (0, 1)",
-        config.data.validation_fraction,
-    )
-    _require(
-        config.data.encoding_errors in ("replace", "strict"),
-        "data.encoding_errors",
-        "'replace' or 'strict'",
-        config.data.encoding_errors,
-    )
+    """Raises ConfigError for the first problem found; warns about settings that run but
+    are probably not what was meant."""
+    schema.check(config, FIELDS, pretrain_defaults(), ConfigError)
     _require(len(config.data.sources) > 0, "data.sources", "at least one source", {})
     mask_counts(config)
     m = config.model
     for prefix, stack in (("model", m), ("model.decoder", m.decoder)):
-        for field in ("num_layers", "d_model", "num_heads", "d_ff"):
-            _require(stack[field] >= 1, f"{prefix}.{field}", "an int >= 1", stack[field])
         _require(
             stack.d_model % stack.num_heads == 0,
             f"{prefix}.d_model",
             f"a multiple of {prefix}.num_heads={stack.num_heads}",
             stack.d_model,
         )
-    _require(
-        m.dtype in ("float32", "bfloat16", "float16"),
-        "model.dtype",
-        "'float32', 'bfloat16' or 'float16'",
-        m.dtype,
-    )
     for prefix, stack in (("model", m), ("model.decoder", m.decoder)):
         _require(
             stack.rel_pos_buckets == 0
@@ -192,37 +222,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
             stack.rel_pos_max_distance,
         )
     _require(
-        m.decoder.kind in decoder_lib.KINDS,
-        "model.decoder.kind",
-        f"one of {decoder_lib.KINDS}",
-        m.decoder.kind,
-    )
-    _require(
         not m.decoder.share_positions or m.decoder.d_model == m.d_model,
         "model.decoder.share_positions",
         f"False when model.decoder.d_model ({m.decoder.d_model}) differs from model.d_model",
         m.decoder.share_positions,
     )
     t = config.train
-    _require(t.batch_size >= 1, "train.batch_size", "an int >= 1", t.batch_size)
     _require(
-        t.grad_accum_steps >= 1 and t.batch_size % t.grad_accum_steps == 0,
+        t.batch_size % t.grad_accum_steps == 0,
         "train.grad_accum_steps",
         f"a divisor of train.batch_size={t.batch_size}",
         t.grad_accum_steps,
     )
-    _require(t.num_steps >= 1, "train.num_steps", "an int >= 1", t.num_steps)
-    _require(0 <= t.warmup_steps, "train.warmup_steps", "an int >= 0", t.warmup_steps)
-    _require(t.learning_rate > 0, "train.learning_rate", "a float > 0", t.learning_rate)
-    _require(t.nonfinite in ("stop", "skip"), "train.nonfinite", "'stop' or 'skip'", t.nonfinite)
-    for field in (
-        "log_every",
-        "eval_every",
-        "checkpoint_every",
-        "keep_checkpoints",
-        "eval_batches",
-    ):
-        _require(t[field] >= 1, f"train.{field}", "an int >= 1", t[field])
+    if t.warmup_steps > t.num_steps:
+        logging.warning(
+            "config.train.warmup_steps=%d exceeds config.train.num_steps=%d: the learning "
+            "rate only warms up (reaching train.learning_rate at the last step) and never "
+            "decays; lower warmup_steps for the usual warmup-then-decay schedule",
+            t.warmup_steps, t.num_steps)
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain_lib.PretrainConfig:

@@ -17,6 +17,7 @@ import tempfile
 from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
+from absl import logging
 
 from maelm_jax import errors
 
@@ -30,8 +31,13 @@ NUM_SPECIAL = len(SPECIAL_TOKENS)
 
 MODEL_TYPES = ("bpe", "unigram")
 # SentencePiece skips training sentences longer than this many bytes; the default (4192)
-# would drop long Wikipedia paragraphs.
+# would drop long Wikipedia paragraphs. The corpus readers split longer lines
+# (maelm_jax/data/sources.py, MAX_LINE_CHARS * 4 bytes <= this), so none is lost there;
+# text given straight to train_tokenizer has such lines skipped (and counted) before they
+# are held in memory. With max_sentencepiece_length (pieces of at most 16 characters) and
+# our own sample of at most max_sentences lines, this bounds what one document can cost.
 _MAX_SENTENCE_BYTES = 16384
+_MAX_PIECE_CHARS = 16  # SentencePiece's default, stated: candidate pieces stay short
 
 
 class TokenizerError(errors.UserError):
@@ -160,6 +166,7 @@ def _train(sentences: list[str], writer, vocab_size: int, model_type: str,
         input_sentence_size=0,
         shuffle_input_sentence=False,
         max_sentence_length=_MAX_SENTENCE_BYTES,
+        max_sentencepiece_length=_MAX_PIECE_CHARS,
         num_threads=num_threads,
         minloglevel=2,  # errors only: the trainer's progress log is thousands of lines
     )
@@ -177,23 +184,34 @@ def _sample_sentences(documents: Iterable[str], max_sentences: int, seed: int) -
         raise TokenizerError(f"max_sentences: expected a positive number, got {max_sentences}")
     rng = random.Random(seed)
     sample: list[str] = []
-    for i, sentence in enumerate(_sentences(documents)):
+    too_long = [0]
+    for i, sentence in enumerate(_sentences(documents, too_long)):
         if i < max_sentences:
             sample.append(sentence)
         else:
             j = rng.randrange(i + 1)  # keeps every sentence with probability k / (i + 1)
             if j < max_sentences:
                 sample[j] = sentence
+    if too_long[0]:
+        logging.warning("tokenizer training skipped %d line(s) longer than %d bytes "
+                        "(SentencePiece's max_sentence_length)", too_long[0],
+                        _MAX_SENTENCE_BYTES)
     if not sample:
-        raise TokenizerError("train_tokenizer: the documents contain no text")
+        raise TokenizerError("train_tokenizer: the documents contain no text"
+                             + (f" in lines of at most {_MAX_SENTENCE_BYTES} bytes"
+                                if too_long[0] else ""))
     return sample
 
 
-def _sentences(documents: Iterable[str]) -> Iterator[str]:
+def _sentences(documents: Iterable[str], too_long: list[int]) -> Iterator[str]:
+    """Non-empty lines; those SentencePiece would skip for length are counted instead."""
     for document in documents:
         for line in document.splitlines():
             line = line.strip()
-            if line:
+            if len(line) * 4 > _MAX_SENTENCE_BYTES and len(
+                    line.encode("utf-8")) > _MAX_SENTENCE_BYTES:
+                too_long[0] += 1
+            elif line:
                 yield line
 
 

@@ -68,7 +68,7 @@ def _expect_user_error(config, workdir, match):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda c: setattr(c.masking, "mask_ratio", 1.5), r"config.masking.mask_ratio must be in \(0, 1\)"),
+    (lambda c: setattr(c.masking, "mask_ratio", 1.5), r"config.masking.mask_ratio: expected a number in \(0, 1\)"),
     (lambda c: setattr(c.masking, "mask_ratio", 0.01), "predicts k < 1"),
     (lambda c: setattr(c.masking, "mask_ratio", 0.99), "encoder length of 0"),
     (lambda c: setattr(c.model, "num_heads", 3), "config.model.d_model: expected a multiple of"),

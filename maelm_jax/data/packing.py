@@ -33,6 +33,7 @@ from maelm_jax import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
 _ENCODE_CHUNK = 512  # documents per sentencepiece batch call
+_ENCODE_CHUNK_CHARS = 8_000_000  # ... or fewer, so progress is logged every few seconds
 _PROGRESS_SECONDS = 10.0
 
 
@@ -49,14 +50,15 @@ class BlockPacker:
         self._buffer: list[int] = []
 
     def add(self, ids: Sequence[int]) -> list[list[int]]:
-        """Adds one document; returns the blocks completed by it."""
+        """Adds one document; returns the blocks completed by it (in time linear in the
+        document's length, however long)."""
         self._buffer.extend(ids)
         self._buffer.append(tokenizer_lib.EOS_ID)
         body = self.seq_len - 1
-        blocks = []
-        while len(self._buffer) >= body:
-            blocks.append([tokenizer_lib.BOS_ID] + self._buffer[:body])
-            del self._buffer[:body]
+        n = len(self._buffer) // body
+        blocks = [[tokenizer_lib.BOS_ID] + self._buffer[i * body:(i + 1) * body]
+                  for i in range(n)]
+        del self._buffer[:n * body]
         return blocks
 
 
@@ -84,13 +86,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype("<i4")
 
 
-def _chunks(documents: Iterable[str], size: int) -> Iterator[list[str]]:
-    chunk = []
+def _chunks(documents: Iterable[str], size: int,
+            max_chars: int = _ENCODE_CHUNK_CHARS) -> Iterator[list[str]]:
+    chunk, chars = [], 0
     for doc in documents:
         chunk.append(doc)
-        if len(chunk) == size:
+        chars += len(doc)
+        if len(chunk) == size or chars >= max_chars:
             yield chunk
-            chunk = []
+            chunk, chars = [], 0
     if chunk:
         yield chunk
 

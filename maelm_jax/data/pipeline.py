@@ -76,9 +76,10 @@ def prepare_data(
 ) -> packing.PreparedData:
     """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
     cache_dir = pathlib.Path(config.data.cache_dir or workdir / "data")
-    stats = sources.ReadStats()
+    stats = {name: sources.ReadStats() for name in config.data.sources}
     inputs = {
-        name: (_documents(config, name, stats), float(sources.source_settings(source)["weight"]))
+        name: (_documents(config, name, stats[name]),
+               float(sources.source_settings(source)["weight"]))
         for name, source in config.data.sources.items()
     }
     fingerprints = {
@@ -87,10 +88,15 @@ def prepare_data(
     data = packing.prepare(
         inputs, fingerprints, tok, config.data.seq_len, config.data.validation_fraction, cache_dir
     )
-    if stats.replaced:
+    for name, read in stats.items():
+        if read.bounded_summary():
+            logging.warning("%s: %s (a minified or badly converted file?)", source_field(name),
+                            read.bounded_summary())
+    replaced = sum(read.replaced for read in stats.values())
+    if replaced:
         logging.warning(
             "replaced %d invalid UTF-8 sequences while reading the corpus "
             "(config.data.encoding_errors='strict' makes this an error)",
-            stats.replaced,
+            replaced,
         )
     return data

@@ -25,6 +25,14 @@ UTF-8, line by line, so a multi-GB file is never held in memory; invalid bytes a
 replaced by U+FFFD and counted (``encoding_errors="replace"``) or fatal (``"strict"``).
 TFDS sources read through ``tfds.data_source`` (ArrayRecord random access), which needs no
 TensorFlow.
+
+Pathological text (a minified file, a whole book on one line, a file without blank lines)
+is bounded here, for every kind, before the tokenizer sees it: a line longer than
+``MAX_LINE_CHARS`` is split at whitespace into lines of at most that length (the tokenizer
+treats a line break like a space, so the tokens do not change; SentencePiece's trainer
+would otherwise skip the whole line), and a document longer than ``MAX_DOCUMENT_CHARS`` is
+split at line breaks into consecutive documents, so no single document can take long to
+tokenise or pack. Both are counted in ``ReadStats`` and logged by the preparation.
 """
 
 import codecs
@@ -46,7 +54,12 @@ DOC_SEPARATORS = ("blank_line", "line")
 FILE_KINDS = ("text", "jsonl", "wikiextractor")
 
 # Bump when a reader changes what it yields, so fingerprints of prepared data change too.
-_READER_VERSION = 1
+_READER_VERSION = 2
+# Longest line yielded (characters). 4 bytes per character at most, so every line fits
+# SentencePiece's max_sentence_length (tokenizer._MAX_SENTENCE_BYTES = 16384 bytes).
+MAX_LINE_CHARS = 4096
+# Longest document yielded (characters): about 250K tokens, well under a second to encode.
+MAX_DOCUMENT_CHARS = 1_000_000
 # Records fetched per ArrayRecord read: amortises the per-call overhead.
 _TFDS_BATCH = 1024
 _GLOB_CHARS = re.compile(r"[*?[]")
@@ -86,6 +99,21 @@ class ReadStats:
     documents: int = 0
     # Invalid UTF-8 byte sequences replaced by U+FFFD (encoding_errors="replace").
     replaced: int = 0
+    # Lines longer than MAX_LINE_CHARS, split into shorter ones.
+    long_lines: int = 0
+    # Documents longer than MAX_DOCUMENT_CHARS, split into consecutive documents.
+    long_documents: int = 0
+
+    def bounded_summary(self) -> str:
+        """What the length bounds did, for the preparation log ("" when nothing)."""
+        parts = []
+        if self.long_lines:
+            parts.append(f"{self.long_lines} line(s) longer than {MAX_LINE_CHARS} characters "
+                         "split at whitespace")
+        if self.long_documents:
+            parts.append(f"{self.long_documents} document(s) longer than {MAX_DOCUMENT_CHARS} "
+                         "characters split at line breaks")
+        return "; ".join(parts)
 
 
 def source_settings(source: Mapping[str, Any], field_name: str = "source") -> dict[str, Any]:
@@ -153,11 +181,53 @@ def iter_documents(source: Mapping[str, Any], encoding_errors: str = "replace",
                           f"got {encoding_errors!r}")
     settings = source_settings(source)
     stats = stats if stats is not None else ReadStats()
-    for document in _raw_documents(settings, encoding_errors, stats):
-        document = document.strip()
-        if document:
-            stats.documents += 1
-            yield document
+    for raw in _raw_documents(settings, encoding_errors, stats):
+        for document in _bounded(raw.strip(), stats):
+            document = document.strip()
+            if document:
+                stats.documents += 1
+                yield document
+
+
+def _bounded(document: str, stats: ReadStats) -> list[str]:
+    """The document as one or more documents whose lines and lengths are within bounds."""
+    if len(document) <= MAX_LINE_CHARS:
+        return [document]  # the common case: nothing to look at
+    lines = document.split("\n")
+    if any(len(line) > MAX_LINE_CHARS for line in lines):
+        stats.long_lines += sum(len(line) > MAX_LINE_CHARS for line in lines)
+        lines = [piece for line in lines for piece in split_line(line, MAX_LINE_CHARS)]
+    if len(document) <= MAX_DOCUMENT_CHARS:
+        return ["\n".join(lines)]
+    stats.long_documents += 1
+    parts, part, size = [], [], 0
+    for line in lines:
+        if part and size + len(line) + 1 > MAX_DOCUMENT_CHARS:
+            parts.append("\n".join(part))
+            part, size = [], 0
+        part.append(line)
+        size += len(line) + 1
+    parts.append("\n".join(part))
+    return parts
+
+
+def split_line(line: str, max_chars: int) -> list[str]:
+    """Pieces of at most `max_chars`, cut at the last whitespace of each window (the
+    whitespace itself dropped), or hard when a window has none."""
+    pieces = []
+    start = 0
+    while len(line) - start > max_chars:
+        window_end = start + max_chars
+        cut = max(line.rfind(" ", start + 1, window_end + 1),
+                  line.rfind("\t", start + 1, window_end + 1))
+        if cut <= start:
+            pieces.append(line[start:window_end])
+            start = window_end
+        else:
+            pieces.append(line[start:cut])
+            start = cut + 1
+    pieces.append(line[start:])
+    return pieces
 
 
 def source_fingerprint(source: Mapping[str, Any]) -> str:
@@ -256,7 +326,7 @@ def _raw_documents(settings: dict[str, Any], encoding_errors: str,
         if kind == "text" and settings["doc_separator"] == "line":
             yield from (line for _, line in lines)
         elif kind == "text":
-            yield from _blank_line_documents(lines)
+            yield from _blank_line_documents(lines, stats)
         elif kind == "jsonl":
             yield from _jsonl_documents(lines, path, settings["text_field"])
         else:
@@ -289,14 +359,22 @@ def _decode(raw: bytes, encoding_errors: str, stats: ReadStats, where: str) -> s
     return text
 
 
-def _blank_line_documents(lines: Iterable[tuple[int, str]]) -> Iterator[str]:
+def _blank_line_documents(lines: Iterable[tuple[int, str]], stats: ReadStats) -> Iterator[str]:
     paragraph: list[str] = []
+    size, continued = 0, False
     for _, line in lines:
         if line.strip():
+            if paragraph and size + len(line) > MAX_DOCUMENT_CHARS:
+                # A file without blank lines is not one document to hold in memory.
+                stats.long_documents += not continued  # once per document
+                continued = True
+                yield "\n".join(paragraph)
+                paragraph, size = [], 0
             paragraph.append(line)
+            size += len(line) + 1
         elif paragraph:
             yield "\n".join(paragraph)
-            paragraph = []
+            paragraph, size, continued = [], 0, False
     if paragraph:
         yield "\n".join(paragraph)
 

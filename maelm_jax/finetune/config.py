@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from maelm_jax import errors, sharding
+from maelm_jax import errors, schema, sharding
 from maelm_jax.finetune import glue
 
 SQUAD_TASKS = ("squad",)
@@ -155,6 +155,63 @@ def set_grid(c: ml_collections.ConfigDict, grid: dict) -> None:
         c.grid[name] = tuple(values)
 
 
+# Every field's type and allowed values, declared once (maelm_jax/schema.py; the encoder
+# and optimiser fields are shared with pretraining); validate() adds cross-field rules.
+FIELDS: dict[str, schema.Field] = {
+    "mode": schema.choice("finetune"),
+    "task": schema.text("a GLUE task name or 'squad'"),
+    "seed": schema.integer(0),
+    "init_from": schema.path("a pretraining or fine-tuning workdir, one of its "
+                             "checkpoints/<step>, or empty"),
+    "tokenizer_path": schema.path("a sentencepiece .model file, or empty"),
+    **schema.encoder_fields("model"),
+    "model.max_positions": schema.integer(1),
+    "data.source": schema.choice(*DATA_SOURCES),
+    "data.data_dir": schema.path("the GLUE data directory"),
+    "data.tfds_name": schema.text(),
+    "data.tfds_data_dir": schema.path("a TFDS data directory, or empty for the default"),
+    "data.max_seq_len": schema.integer(0),
+    "data.buckets": schema.sequence_of(schema.integer(8), min_len=1,
+                                       words="increasing lengths >= 8"),
+    "data.max_train_examples": schema.integer(0),
+    "data.max_eval_examples": schema.integer(0),
+    "train.batch_size": schema.integer(1),
+    "train.num_epochs": schema.integer(1),
+    "train.warmup_ratio": schema.number(0.0, 1.0, high_open=True),
+    **schema.optimizer_fields("train"),
+    "train.eval_batch_size": schema.integer(1),
+    "train.log_every": schema.integer(1),
+    "train.evals_per_epoch": schema.integer(1),
+    "train.select": schema.choice(*SELECT),
+    **schema.mesh_fields(),
+    "fast_compile": schema.boolean(),
+    "save_checkpoint": schema.boolean(),
+    "predict_test": schema.boolean(),
+    "squad.version": schema.choice(*SQUAD_VERSIONS),
+    "squad.train_file": schema.path("the SQuAD train JSON"),
+    "squad.dev_file": schema.path("the SQuAD dev JSON"),
+    "squad.doc_stride": schema.integer(1),
+    "squad.max_query_len": schema.integer(1),
+    "squad.max_answer_len": schema.integer(1),
+    "squad.n_best": schema.integer(1),
+    "squad.null_score_diff_threshold": schema.number(),
+    "sweep": schema.boolean(),
+    "grid.num_epochs": schema.sequence_of(schema.integer(1), min_len=1),
+    "grid.learning_rate": schema.sequence_of(schema.number(0.0, low_open=True), min_len=1,
+                                             words="a tuple of numbers > 0"),
+    "grid.batch_size": schema.sequence_of(schema.integer(1), min_len=1),
+    "grid.warmup_ratio": schema.sequence_of(schema.number(0.0, 1.0, high_open=True),
+                                            min_len=1, words="a tuple of numbers in [0, 1)"),
+    "grid.seeds": schema.sequence_of(schema.integer(0), min_len=1),
+}
+
+
+def resolve_paths(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy whose paths (init_from, tokenizer, data, SQuAD files) are absolute against
+    the current directory."""
+    return schema.resolve_paths(c, FIELDS)
+
+
 def _require(cond: bool, field: str, expected: str, got) -> None:
     if not cond:
         shown = "nothing" if got in ("", (), None) else repr(got)
@@ -163,6 +220,7 @@ def _require(cond: bool, field: str, expected: str, got) -> None:
 
 def validate(c: ml_collections.ConfigDict) -> None:
     """Raises FinetuneConfigError for the first problem found."""
+    schema.check(c, FIELDS, finetune_defaults(), FinetuneConfigError)
     if c.task not in SQUAD_TASKS:
         try:
             glue.get_task(c.task)
@@ -171,51 +229,25 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 f"config.task: expected a GLUE task ({', '.join(glue.TASK_NAMES)}) or "
                 f"squad, got {c.task!r}"
             ) from None
-    _require(c.mode == "finetune", "mode", "'finetune'", c.mode)
     _require(
         bool(c.init_from) or bool(c.tokenizer_path),
         "tokenizer_path",
         "a sentencepiece model when config.init_from is empty (training from scratch)",
         c.tokenizer_path,
     )
-    _require(c.data.source in DATA_SOURCES, "data.source", f"one of {DATA_SOURCES}", c.data.source)
     if c.data.source == "files" and c.task not in SQUAD_TASKS:
         _require(bool(c.data.data_dir), "data.data_dir",
                  "the GLUE data directory (<data_dir>/SST-2/train.tsv, ...)", "")
     if c.data.source == "files" and c.task in SQUAD_TASKS:
         _require(bool(c.squad.train_file), "squad.train_file", "the SQuAD train JSON", "")
         _require(bool(c.squad.dev_file), "squad.dev_file", "the SQuAD dev JSON", "")
-    _require(c.data.max_seq_len >= 0, "data.max_seq_len", "0 (auto) or a length",
-             c.data.max_seq_len)
     buckets = tuple(c.data.buckets)
     _require(
-        len(buckets) > 0 and all(b >= 8 for b in buckets) and list(buckets) == sorted(buckets),
+        list(buckets) == sorted(buckets),
         "data.buckets",
         "increasing lengths >= 8",
         buckets,
     )
-    for field in ("max_train_examples", "max_eval_examples"):
-        _require(c.data[field] >= 0, f"data.{field}", "0 (all) or a count", c.data[field])
-    t = c.train
-    for field in ("batch_size", "num_epochs", "eval_batch_size", "log_every", "evals_per_epoch"):
-        _require(t[field] >= 1, f"train.{field}", "an int >= 1", t[field])
-    _require(t.learning_rate > 0, "train.learning_rate", "a float > 0", t.learning_rate)
-    _require(0 <= t.warmup_ratio < 1, "train.warmup_ratio", "a fraction in [0, 1)", t.warmup_ratio)
-    _require(t.select in SELECT, "train.select", f"one of {SELECT}", t.select)
-    for field in ("dropout", "attention_dropout"):
-        _require(0 <= c.model[field] < 1, f"model.{field}", "a rate in [0, 1)", c.model[field])
-    _require(
-        c.model.dtype in ("float32", "bfloat16", "float16"),
-        "model.dtype",
-        "'float32', 'bfloat16' or 'float16'",
-        c.model.dtype,
-    )
-    s = c.squad
-    _require(s.version in SQUAD_VERSIONS, "squad.version", f"one of {SQUAD_VERSIONS}", s.version)
-    for field in ("doc_stride", "max_query_len", "max_answer_len", "n_best"):
-        _require(s[field] >= 1, f"squad.{field}", "an int >= 1", s[field])
     if c.sweep:
-        for field in ("num_epochs", "learning_rate", "batch_size", "warmup_ratio", "seeds"):
-            _require(len(tuple(c.grid[field])) >= 1, f"grid.{field}", "at least one value", ())
         seeds = tuple(c.grid.seeds)
         _require(len(set(seeds)) == len(seeds), "grid.seeds", "distinct seeds", seeds)

@@ -31,6 +31,7 @@ from maelm_jax import errors
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+from maelm_jax.training import workdir as workdir_lib
 
 CONFIG_FILE = "config.json"
 ENCODER_FILE = "encoder.json"  # a fine-tuning workdir's encoder architecture
@@ -178,7 +179,9 @@ def restore_encoder_params(step_dir: pathlib.Path) -> Any:
     """params["encoder"] of the checkpoint's ``state`` item, as numpy arrays, nothing else."""
     import orbax.checkpoint as ocp
 
-    state_dir = step_dir / STATE_ITEM
+    from maelm_jax.training import checkpoint as checkpoint_lib
+
+    state_dir = step_dir.absolute() / STATE_ITEM  # orbax reads nothing from a relative path
     if not state_dir.is_dir():
         raise CheckpointError(f"config.init_from: {step_dir} has no '{STATE_ITEM}' item; it is "
                               f"not a maelm_jax checkpoint")
@@ -191,11 +194,16 @@ def restore_encoder_params(step_dir: pathlib.Path) -> Any:
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), encoder)}}
     # Numpy, not jax arrays: independent of the devices and sharding it was saved with.
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
-    restored = ocp.PyTreeCheckpointer().restore(
-        state_dir,
-        args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
-                                    partial_restore=True),
-    )
+    try:
+        restored = ocp.PyTreeCheckpointer().restore(
+            state_dir,
+            args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
+                                        partial_restore=True),
+        )
+    except Exception as e:  # orbax and tensorstore raise many types for damaged files
+        raise CheckpointError(f"config.init_from: {step_dir} cannot be restored ("
+                              f"{checkpoint_lib.failure_reason(e)}); it may be damaged: name "
+                              f"an older <workdir>/checkpoints/<step>") from None
     return restored["params"]["encoder"]
 
 
@@ -282,11 +290,7 @@ def clear_finetuned(workdir: pathlib.Path) -> None:
 
 
 def workdir_mode(workdir: pathlib.Path) -> str | None:
-    """The mode recorded in workdir/config.json ("pretrain" when absent), or None."""
-    path = workdir / CONFIG_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text()).get("mode", "pretrain")
-    except json.JSONDecodeError:
-        return "unknown"
+    """The mode recorded in workdir/config.json ("pretrain" when absent), or None; a
+    config.json that is not a JSON object is a one-line error."""
+    recorded = workdir_lib.recorded_config(workdir)
+    return None if recorded is None else recorded.get("mode", "pretrain")

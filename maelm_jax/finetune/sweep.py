@@ -20,8 +20,10 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as pretrain_config
+from maelm_jax import schema
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import loading, train
+from maelm_jax.training import workdir as workdir_lib
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
 SUMMARY_FILE = "sweep.json"
@@ -67,7 +69,9 @@ def _median(values: list[float]) -> float:
 def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md)."""
     config_lib.validate(config)
-    workdir = pathlib.Path(workdir)
+    config = config_lib.resolve_paths(config)
+    workdir = pathlib.Path(schema.absolute(str(workdir)))
+    workdir_lib.check_directory(workdir)
     mode = loading.workdir_mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(

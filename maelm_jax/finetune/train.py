@@ -30,12 +30,13 @@ import optax
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import sharding
+from maelm_jax import schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
+from maelm_jax.training import workdir as workdir_lib
 
 RESULTS_FILE = "results.json"
 
@@ -49,6 +50,11 @@ class FinetuneState:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Fine-tunes per `config` in `workdir` (or runs its sweep); returns the results."""
+    config_lib.validate(config)
+    # Relative paths mean the current directory; made absolute once, here (orbax needs
+    # absolute checkpoint paths).
+    config = config_lib.resolve_paths(config)
+    workdir = schema.absolute(str(workdir))
     if config.sweep:
         from maelm_jax.finetune import sweep  # sweep imports this module
 
@@ -58,6 +64,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def _check_workdir(workdir: pathlib.Path, init_from: str) -> None:
     """Refuses a workdir that is not ours to overwrite (before anything is written)."""
+    workdir_lib.check_directory(workdir)
     mode = loading.workdir_mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
@@ -199,7 +206,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """One fine-tuning run. Returns the results (also written to results.json)."""
     started = time.perf_counter()
     config_lib.validate(config)
-    workdir = pathlib.Path(workdir)
+    config = config_lib.resolve_paths(config)
+    workdir = pathlib.Path(schema.absolute(str(workdir)))
     _check_workdir(workdir, config.init_from)
 
     # Checkpoint, tokenizer and data are checked before the workdir is touched.

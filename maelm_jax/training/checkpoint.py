@@ -2,20 +2,29 @@
 the data position, saved asynchronously every N steps, keeping the last K.
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
-checkpoint interrupted by a crash is never listed as the latest.
+checkpoint interrupted by a crash is never listed as the latest. A complete checkpoint can
+still be damaged later (a bad disk, a partial copy): `restore_latest` then warns, sets the
+damaged step aside as ``<step>.damaged`` (never deleting it) and resumes from the newest
+step that restores and passes its checks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import pathlib
+import re
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from absl import logging
 import orbax.checkpoint as ocp
 
-from maelm_jax import errors
+from maelm_jax import distributed, errors
+
+DAMAGED_SUFFIX = ".damaged"
+_STATUS_CODE = re.compile(r"^[A-Z_]{4,}: ")  # tensorstore/absl status: "DATA_LOSS: ..."
 
 
 class CheckpointError(errors.UserError):
@@ -89,6 +98,58 @@ class Checkpointer:
         )
         return restored.state, restored.meta
 
+    def restore_latest(self, target: Any) -> tuple[int, Any, dict] | None:
+        """(step, state, meta) of the newest checkpoint that restores and passes its checks
+        (finite values, the step it claims), or None when there is no checkpoint.
+
+        A checkpoint that fails is reported with a warning naming it and the cause, and is
+        renamed to ``<step>.damaged`` once an older one has restored (so the run can write
+        that step again); it is never deleted. When none restores, raises CheckpointError
+        listing them and leaves them where they are.
+        """
+        failures: list[tuple[int, str]] = []
+        self.manager.reload()  # what is on disk now
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                state, meta = self.restore(step, target)
+                _verify(step, state, meta)
+            except Exception as e:  # orbax, tensorstore and JSON raise many types
+                reason = failure_reason(e)
+                failures.append((step, reason))
+                logging.warning("checkpoint %s cannot be restored: %s; trying the previous "
+                                "one", self.directory / str(step), reason)
+                continue
+            if failures:
+                kept = self._set_aside([s for s, _ in failures])
+                logging.warning("resuming from step %d: the newer checkpoint(s) %s could not be "
+                                "restored and are kept as %s for inspection", step,
+                                ", ".join(str(s) for s, _ in failures),
+                                ", ".join(str(p) for p in kept))
+            return step, state, meta
+        if failures:
+            steps = ", ".join(str(s) for s, _ in failures)
+            raise CheckpointError(
+                f"no checkpoint in {self.directory} can be restored (steps {steps}; the newest: "
+                f"{failures[0][1]}); if they are damaged, move them out of {self.directory} "
+                "to start this run again from step 0, or use another --workdir")
+        return None
+
+    def _set_aside(self, steps: list[int]) -> list[pathlib.Path]:
+        """Renames damaged steps out of orbax's view (process 0; the others wait), so the
+        resumed run can save those steps again. Returns the new names."""
+        kept = []
+        for step in steps:
+            target, n = self.directory / f"{step}{DAMAGED_SUFFIX}", 1
+            while target.exists():
+                n += 1
+                target = self.directory / f"{step}{DAMAGED_SUFFIX}{n}"
+            if distributed.is_leader():
+                (self.directory / str(step)).rename(target)
+            kept.append(target)
+        distributed.barrier("checkpoints set aside")
+        self.manager.reload()
+        return kept
+
     def wait(self, step: int | None = None) -> None:
         with self._reported("finish writing the checkpoint of step", step or -1):
             self.manager.wait_until_finished()
@@ -102,3 +163,30 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _verify(step: int, state: Any, meta: dict) -> None:
+    """Checks that go beyond orbax's own: the step the checkpoint claims, and that every
+    floating-point value is finite (the loop never saves a non-finite update)."""
+    if int(meta.get("step", step)) != step or int(jax.device_get(state.step)) != step:
+        raise ValueError(f"it records step {meta.get('step')} / {int(jax.device_get(state.step))}")
+    floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)]
+    finite = jax.jit(lambda xs: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs])))
+    if floats and not bool(np.asarray(jax.device_get(finite(floats)))):
+        raise ValueError("it holds non-finite values")
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line from an exception chain: the innermost status message (tensorstore says
+    which file and what is wrong), without the long tensorstore spec."""
+    chain = []
+    while error is not None and len(chain) < 10:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    text = next((str(e) for e in chain if _STATUS_CODE.match(str(e))), None)
+    if text is None:
+        first = chain[0]
+        text = f"{type(first).__name__}: {first}" if str(first) else type(first).__name__
+    line = text.strip().splitlines()[0] if text.strip() else text
+    line = line.split(" [tensorstore_spec=")[0].split(" See full TensorStore details")[0]
+    return line if len(line) <= 300 else line[:297] + "..."

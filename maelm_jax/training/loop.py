@@ -17,7 +17,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, errors, sharding
+from maelm_jax import distributed, errors, schema, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -114,12 +114,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     Returns the last evaluation's metrics (empty if the run was preempted before one).
     """
     config_lib.validate(config)
+    # Every path absolute, once: relative ones mean the current directory (orbax and
+    # resumed runs started elsewhere would otherwise read other files).
+    config = config_lib.resolve_paths(config)
+    workdir = pathlib.Path(schema.absolute(str(workdir)))
+    workdir_lib.check_directory(workdir)
     t = config.train
     mesh = sharding.make_mesh(config.mesh.shape)
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
     pipeline.validate_sources(config)
-    workdir = pathlib.Path(workdir)
     tok, data = _prepare(config, workdir, allow_config_change)
     counts = config_lib.mask_counts(config)
     logging.info(
@@ -143,12 +147,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     ckpt = checkpoint_lib.Checkpointer(
         workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints
     )
-    start = ckpt.latest_step()
-    if start is not None:
-        # Restored straight into this run's shardings, whatever mesh saved it.
-        state, meta = ckpt.restore(start, setup.abstract)
+    # Restored straight into this run's shardings, whatever mesh saved it; a damaged
+    # newest checkpoint gives way to the one before it.
+    restored = ckpt.restore_latest(setup.abstract)
+    if restored is not None:
+        step, state, meta = restored
         logging.info(
-            "resumed from checkpoint at step %d (data position %d)", start, meta["data_position"]
+            "resumed from checkpoint at step %d (data position %d)", step, meta["data_position"]
         )
         start = meta["data_position"]
     else:

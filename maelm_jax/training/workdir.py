@@ -65,16 +65,58 @@ def config_changes(old: dict, new: dict, defaults: dict | None = None) -> list[s
             if not any(k == p or k.startswith(p + ".") for p in _RESUMABLE_CHANGES)]
 
 
+def check_directory(workdir: pathlib.Path) -> None:
+    """Refuses a workdir path that is, or lies under, something other than a directory."""
+    for path in (workdir, *workdir.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise IncompatibleWorkdirError(
+                    f"--workdir {workdir}: {path} exists and is not a directory; "
+                    "give a new or existing directory")
+            return
+
+
+def recorded_config(workdir: pathlib.Path) -> dict | None:
+    """The workdir's config.json as a dict (None if absent); one line if it is unreadable."""
+    path = workdir / CONFIG_FILE
+    if not path.exists():
+        return None
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        reason = (f"line {e.lineno} column {e.colno}: {e.msg}"
+                  if isinstance(e, json.JSONDecodeError) else str(e))
+        raise IncompatibleWorkdirError(
+            f"{path} is not valid JSON ({reason}); it records the run this workdir holds: "
+            "repair it, or use another --workdir") from None
+    if not isinstance(recorded, dict):
+        raise IncompatibleWorkdirError(
+            f"{path} holds a JSON {type(recorded).__name__}, not a run's config; repair it, "
+            "or use another --workdir")
+    return recorded
+
+
 def check_compatible(config: ml_collections.ConfigDict, workdir: pathlib.Path,
                      allow_config_change: bool) -> None:
     """Refuses a workdir whose recorded run used a config this one cannot continue."""
-    path = workdir / CONFIG_FILE
-    if allow_config_change or not path.exists():
+    if allow_config_change:
         return
-    # A round trip through JSON makes tuples lists on both sides.
+    recorded = recorded_config(workdir)
+    if recorded is None:
+        return
+    if recorded.get("mode", "pretrain") != "pretrain":
+        raise IncompatibleWorkdirError(
+            f"{workdir} holds a {recorded.get('mode')} run, not a pretraining run; use "
+            "another --workdir")
+    # A round trip through JSON makes tuples lists on both sides. Relative paths recorded
+    # by older versions meant the current directory, as they do now.
     new = json.loads(config_lib.to_json(config))
     defaults = json.loads(config_lib.to_json(config_lib.pretrain_defaults()))
-    changed = config_changes(json.loads(path.read_text()), new, defaults)
+    try:
+        recorded = config_lib.resolve_paths(ml_collections.ConfigDict(recorded)).to_dict()
+    except Exception:  # noqa: BLE001 - an odd record is compared as it is
+        pass
+    changed = config_changes(json.loads(json.dumps(recorded)), new, defaults)
     if changed:
         shown = ", ".join(f"config.{k}" for k in changed[:5])
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""

@@ -1,0 +1,246 @@
+"""Config fields declared once: each field's type and allowed values, and the checks that
+pretraining, fine-tuning (and any later config kind) run over their own tables.
+
+A table maps a dotted field name (``"model.dropout"``) to a `Field`. `check` turns the
+first problem into one line naming the field, e.g. ``config.model.dropout: expected a
+number in [0, 1), got 1.5``; it also refuses fields that the config kind's defaults do not
+have (a mistyped ``--config.masking.mask_ration``), and suggests the nearest name.
+`resolve_paths` makes every `path` field absolute against the current directory, once,
+before anything reads it (orbax, for one, needs absolute paths).
+
+Fields shared by several config kinds (the encoder, the optimiser, the mesh) are declared
+here once; each kind adds its own. Cross-field rules (``d_model`` a multiple of
+``num_heads``) stay in the kind's ``validate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+from typing import Any, Callable, Mapping
+
+import ml_collections
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One config field: accepted Python types, an extra check, and the words for both."""
+
+    types: tuple[type, ...]
+    expected: str  # "a number in [0, 1)", shown after "expected"
+    ok: Callable[[Any], bool] = lambda value: True
+    path: bool = False  # a filesystem path: resolved against the current directory
+    subtree: bool = False  # a mapping whose own fields are checked elsewhere
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bool) and bool not in self.types:
+            return False  # True is an int to Python, not to a user
+        if not isinstance(value, self.types):
+            return False
+        if float in self.types and isinstance(value, (int, float)) and not isinstance(
+                value, bool) and not math.isfinite(value):
+            return False
+        return self.ok(value)
+
+
+def integer(low: int | None = None, high: int | None = None) -> Field:
+    """An int in [low, high] (either bound may be absent)."""
+    if low is not None and high is not None:
+        words = f"an int in [{low}, {high}]"
+    elif low is not None:
+        words = f"an int >= {low}"
+    elif high is not None:
+        words = f"an int <= {high}"
+    else:
+        words = "an int"
+    return Field((int,), words, lambda v: (low is None or v >= low) and (high is None or v <= high))
+
+
+def number(low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = False) -> Field:
+    """A finite int or float within the bounds; ``*_open`` excludes the bound itself."""
+    if low is not None and high is not None:
+        words = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        words = f"a number {'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        words = f"a number {'<' if high_open else '<='} {high:g}"
+    else:
+        words = "a finite number"
+
+    def ok(v):
+        above = low is None or (v > low if low_open else v >= low)
+        below = high is None or (v < high if high_open else v <= high)
+        return above and below
+
+    return Field((int, float), words, ok)
+
+
+def rate() -> Field:
+    """Dropout-like rates: [0, 1)."""
+    return number(0.0, 1.0, high_open=True)
+
+
+def choice(*values: Any) -> Field:
+    shown = ", ".join(repr(v) for v in values)
+    return Field(tuple({type(v) for v in values}), f"one of {shown}", lambda v: v in values)
+
+
+def boolean() -> Field:
+    return Field((bool,), "True or False")
+
+
+def text(words: str = "a string") -> Field:
+    return Field((str,), words)
+
+
+def path(words: str = "a path (relative to the current directory) or empty") -> Field:
+    return Field((str,), words, path=True)
+
+
+def sequence_of(item: Field, min_len: int = 0, words: str | None = None) -> Field:
+    """A tuple or list whose every element `item` accepts."""
+    words = words or f"a tuple of {item.expected.removeprefix('a ').removeprefix('an ')}s"
+    return Field((tuple, list), words,
+                 lambda v: len(v) >= min_len and all(item.accepts(x) for x in v))
+
+
+def free_form(words: str) -> Field:
+    """A subtree with its own checks elsewhere (e.g. data.sources): any fields allowed."""
+    return Field((Mapping, ml_collections.ConfigDict), words, subtree=True)
+
+
+# ------------------------------------------------------------------- shared declarations
+
+def stack_fields(prefix: str) -> dict[str, Field]:
+    """A transformer stack's sizes (the encoder's, the decoder's)."""
+    return {f"{prefix}.{name}": integer(1) for name in ("num_layers", "d_model", "num_heads",
+                                                        "d_ff")}
+
+
+def encoder_fields(prefix: str = "model") -> dict[str, Field]:
+    """The encoder fields pretraining and fine-tuning share."""
+    return {
+        **stack_fields(prefix),
+        f"{prefix}.dropout": rate(),
+        f"{prefix}.attention_dropout": rate(),
+        f"{prefix}.pre_ln": boolean(),
+        f"{prefix}.rel_pos_buckets": integer(0),  # evenness: the kind's validate
+        f"{prefix}.rel_pos_max_distance": integer(1),
+        f"{prefix}.dtype": choice("float32", "bfloat16", "float16"),
+    }
+
+
+def optimizer_fields(prefix: str = "train") -> dict[str, Field]:
+    """AdamW, its learning rate and clipping (maelm_jax/training/optimizer.py)."""
+    return {
+        f"{prefix}.learning_rate": number(0.0, low_open=True),
+        f"{prefix}.weight_decay": number(0.0),
+        f"{prefix}.adam_b1": number(0.0, 1.0, high_open=True),
+        f"{prefix}.adam_b2": number(0.0, 1.0, high_open=True),
+        f"{prefix}.adam_eps": number(0.0, low_open=True),
+        f"{prefix}.clip_norm": number(0.0),  # 0 disables clipping
+    }
+
+
+def mesh_fields() -> dict[str, Field]:
+    return {
+        "mesh.shape": sequence_of(
+            Field((int,), "an int", lambda v: v == -1 or v >= 1), min_len=1,
+            words="a tuple of mesh axis sizes (ints >= 1, or -1 for the devices left over)"),
+        "sharding_rules": sequence_of(
+            Field((tuple, list), "pair", lambda v: len(v) == 2 and isinstance(v[0], str)),
+            words="a tuple of (logical axis, mesh axes) pairs"),
+    }
+
+
+# ------------------------------------------------------------------- checks
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted name -> value for every leaf (a ConfigDict or dict is not a leaf)."""
+    if isinstance(tree, ml_collections.ConfigDict):
+        tree = {key: tree[key] for key in tree.keys()}
+    if isinstance(tree, Mapping) and (tree or not prefix):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _lookup(config: Any, name: str) -> tuple[bool, Any]:
+    node = config
+    for part in name.split("."):
+        if isinstance(node, ml_collections.ConfigDict):
+            if part not in node:
+                return False, None
+            node = node[part]
+        elif isinstance(node, Mapping):
+            if part not in node:
+                return False, None
+            node = node[part]
+        else:
+            return False, None
+    return True, node
+
+
+def unknown_fields(config: Any, defaults: Any, table: Mapping[str, Field]) -> list[str]:
+    """Dotted names in `config` that neither its defaults nor `table` know (fields under a
+    `free_form` entry are that entry's business)."""
+    free = [name for name, f in table.items() if f.subtree]
+    known = set(_flatten(defaults)) | set(table)
+    return sorted(
+        name for name in _flatten(config)
+        if name not in known and not any(name == p or name.startswith(p + ".") for p in free))
+
+
+def check(config: Any, table: Mapping[str, Field], defaults: Any,
+          error: Callable[[str], Exception]) -> None:
+    """Raises `error(one line)` for the first unknown field, missing field, or value of the
+    wrong type or out of its range."""
+    for name in unknown_fields(config, defaults, table):
+        known = sorted(set(_flatten(defaults)) | set(table))
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        hint = f"; did you mean config.{close[0]}?" if close else (
+            f"; {name.rsplit('.', 1)[0] if '.' in name else 'the config'} has no such field")
+        raise error(f"config.{name}: unknown field{hint}")
+    for name, field in table.items():
+        found, value = _lookup(config, name)
+        if not found:
+            raise error(f"config.{name}: missing (config files start from the defaults)")
+        if not field.accepts(value):
+            raise error(f"config.{name}: expected {field.expected}, got {value!r}")
+
+
+def absolute(value: str) -> str:
+    """An absolute local path (``~`` expanded); URLs such as ``gs://`` and "" unchanged."""
+    if not value or "://" in value:
+        return value
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def absolute_spec(value: Any) -> Any:
+    """A path spec that may be comma-separated or a list (corpus sources), made absolute."""
+    if isinstance(value, str):
+        return ",".join(absolute(part.strip()) for part in value.split(",") if part.strip())
+    if isinstance(value, (list, tuple)):
+        return type(value)(absolute(str(part)) for part in value)
+    return value
+
+
+def resolve_paths(config: ml_collections.ConfigDict,
+                  table: Mapping[str, Field]) -> ml_collections.ConfigDict:
+    """A copy of `config` with every `path` field of `table` absolute against the current
+    directory (call once, when the run starts, before anything uses a path)."""
+    resolved = config.copy_and_resolve_references()
+    for name, field in table.items():
+        found, value = _lookup(resolved, name)
+        if field.path and found and isinstance(value, str):
+            holder, _, leaf = name.rpartition(".")
+            node = resolved
+            for part in holder.split(".") if holder else ():
+                node = node[part]
+            node[leaf] = absolute(value)
+    return resolved
