@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
@@ -48,6 +49,13 @@ def barrier(name: str) -> None:
     """Waits for every process (no-op for one)."""
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def leader_says_ok(ok: bool) -> bool:
+    """Process 0's `ok`, on every process (checks only process 0 makes, e.g. of files)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
 
 
 def is_leader() -> bool:

@@ -195,6 +195,7 @@ def restore_encoder_params(step_dir: pathlib.Path) -> Any:
     # Numpy, not jax arrays: independent of the devices and sharding it was saved with.
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
     try:
+        checkpoint_lib.check_digests(step_dir.absolute())
         restored = ocp.PyTreeCheckpointer().restore(
             state_dir,
             args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,

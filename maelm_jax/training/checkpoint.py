@@ -3,14 +3,20 @@ the data position, saved asynchronously every N steps, keeping the last K.
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
 checkpoint interrupted by a crash is never listed as the latest. A complete checkpoint can
-still be damaged later (a bad disk, a partial copy): `restore_latest` then warns, sets the
-damaged step aside as ``<step>.damaged`` (never deleting it) and resumes from the newest
-step that restores and passes its checks.
+still be damaged later (a bad disk, a partial copy). Orbax guarantees only the commit, and
+a damaged byte in a file it does not read, or inside a compressed chunk, can pass its own
+checks; so once a save has finished, process 0 writes ``digests.json`` into the step
+(every file's size and SHA-256). `restore_latest` checks it, then orbax's restore, then
+that the values are finite and the step is the one named; a step that fails is reported
+with a warning naming it and the cause, set aside as ``<step>.damaged`` (never deleted),
+and the run resumes from the newest step that passes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import pathlib
 import re
 from typing import Any, Optional
@@ -24,6 +30,7 @@ import orbax.checkpoint as ocp
 from maelm_jax import distributed, errors
 
 DAMAGED_SUFFIX = ".damaged"
+DIGEST_FILE = "digests.json"  # in each finished step: relative path -> [size, sha256]
 _STATUS_CODE = re.compile(r"^[A-Z_]{4,}: ")  # tensorstore/absl status: "DATA_LOSS: ..."
 
 
@@ -44,6 +51,7 @@ class Checkpointer:
             ),
             item_names=("state", "meta"),
         )
+        self._undigested: list[int] = []  # saves started whose digests are not written
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -55,13 +63,34 @@ class Checkpointer:
         raises CheckpointError; the checkpoints already complete stay untouched.
         """
         with self._reported("save the checkpoint of step", step):
-            return self.manager.save(
+            started = self.manager.save(
                 step,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
                 ),
                 force=force,
             )
+        if started:
+            # Orbax waited for the earlier saves before starting this one: they are final.
+            self._write_digests(exclude=step)
+            self._undigested.append(step)
+        return started
+
+    def _write_digests(self, exclude: int | None = None) -> None:
+        """digests.json for every finished save (process 0; files on a shared disk)."""
+        pending = [s for s in self._undigested if s != exclude]
+        self._undigested = [s for s in self._undigested if s == exclude]
+        if not distributed.is_leader():
+            return
+        for step in pending:
+            step_dir = self.directory / str(step)
+            try:
+                digests = _digests(step_dir)
+            except FileNotFoundError:  # a failed save, or one already rotated out
+                continue
+            tmp = step_dir / f".{DIGEST_FILE}.tmp"
+            tmp.write_text(json.dumps(digests, indent=0, sort_keys=True))
+            tmp.replace(step_dir / DIGEST_FILE)
 
     def reached_preemption(self, step: int) -> bool:
         """JAX's preemption sync point (TPU maintenance events): all hosts agree to save."""
@@ -111,6 +140,7 @@ class Checkpointer:
         self.manager.reload()  # what is on disk now
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
+                check_digests(self.directory / str(step))
                 state, meta = self.restore(step, target)
                 _verify(step, state, meta)
             except Exception as e:  # orbax, tensorstore and JSON raise many types
@@ -153,6 +183,7 @@ class Checkpointer:
     def wait(self, step: int | None = None) -> None:
         with self._reported("finish writing the checkpoint of step", step or -1):
             self.manager.wait_until_finished()
+        self._write_digests()
 
     def _latest_complete(self) -> int | None:
         """The newest finalised step on disk (orbax renames a step's temporary directory
@@ -163,6 +194,50 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+        if self._undigested:
+            try:
+                self._write_digests()
+            except OSError as e:  # a digest is a check, not the checkpoint itself
+                logging.warning("could not write checkpoint digests: %s", e)
+
+
+def _digests(step_dir: pathlib.Path) -> dict[str, list]:
+    if not step_dir.is_dir():
+        raise FileNotFoundError(step_dir)
+    out = {}
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name not in (DIGEST_FILE, f".{DIGEST_FILE}.tmp"):
+            with open(path, "rb") as f:
+                out[str(path.relative_to(step_dir))] = [
+                    path.stat().st_size, hashlib.file_digest(f, "sha256").hexdigest()]
+    return out
+
+
+def check_digests(step_dir: pathlib.Path) -> None:
+    """Raises ValueError naming the first file that differs from digests.json (a step
+    without one, e.g. written by an older version, is left to orbax's own checks).
+    Process 0 reads the files and tells the others."""
+    problem = ""
+    if distributed.is_leader() and (step_dir / DIGEST_FILE).is_file():
+        try:
+            problem = _digest_mismatch(step_dir)
+        except Exception as e:  # noqa: BLE001 - whatever it is, the others must hear of it
+            problem = f"its {DIGEST_FILE} cannot be checked ({type(e).__name__}: {e})"
+    if not distributed.leader_says_ok(not problem):
+        raise ValueError(problem or "process 0 found a file that differs from what was written")
+
+
+def _digest_mismatch(step_dir: pathlib.Path) -> str:
+    for name, (size, digest) in json.loads((step_dir / DIGEST_FILE).read_text()).items():
+        path = step_dir / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} were written"
+        with open(path, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != digest:
+                return f"{name} differs from what was written (SHA-256 mismatch)"
+    return ""
 
 
 def _verify(step: int, state: Any, meta: dict) -> None:

@@ -66,14 +66,13 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
              allow_config_change: bool):
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
     others wait, then everyone loads the same files. A failure leaves the workdir as it
-    was."""
+    was. (config.json is written once the checkpoint, if any, has restored.)"""
     if jax.process_index() == 0:
         workdir_lib.check_compatible(config, workdir, allow_config_change)
         with workdir_lib.all_or_nothing(workdir):
             workdir.mkdir(parents=True, exist_ok=True)
             tok = pipeline.setup_tokenizer(config, workdir)
             data = pipeline.prepare_data(config, workdir, tok)
-            workdir_lib.write_config(config, workdir)
     distributed.barrier("prepared data")
     if jax.process_index() != 0:
         tok = pipeline.setup_tokenizer(config, workdir)
@@ -158,6 +157,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         start = meta["data_position"]
     else:
         state, start = setup.init(), 0
+    if distributed.is_leader():
+        # Recorded once the run can go on (a run refused above leaves the old record).
+        workdir_lib.write_config(config, workdir)
     writer = metrics_lib.MetricWriter(workdir, resume_step=start, enabled=distributed.is_leader())
 
     train_step = steps.jit_train_step(
