@@ -15,7 +15,7 @@ TOKENIZER_FILE = "tokenizer.model"
 
 
 def source_field(name: str) -> str:
-    return f"data.sources.{name}"
+    return f"config.data.sources.{name}"
 
 
 def validate_sources(config: ml_collections.ConfigDict) -> None:
