@@ -9,8 +9,10 @@ have (a mistyped ``--config.masking.mask_ration``), and suggests the nearest nam
 before anything reads it (orbax, for one, needs absolute paths).
 
 Fields shared by several config kinds (the encoder, the optimiser, the mesh) are declared
-here once; each kind adds its own. Cross-field rules (``d_model`` a multiple of
-``num_heads``) stay in the kind's ``validate``.
+here once; each kind adds its own (``FIELDS`` in maelm_jax/config.py and
+maelm_jax/finetune/config.py; a later kind, e.g. an analysis config, builds its table from
+the same helpers and calls `check` with its own defaults and error class). Cross-field
+rules (``d_model`` a multiple of ``num_heads``) stay in the kind's ``validate``.
 """
 
 from __future__ import annotations
@@ -171,18 +173,12 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _lookup(config: Any, name: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted field."""
     node = config
     for part in name.split("."):
-        if isinstance(node, ml_collections.ConfigDict):
-            if part not in node:
-                return False, None
-            node = node[part]
-        elif isinstance(node, Mapping):
-            if part not in node:
-                return False, None
-            node = node[part]
-        else:
+        if not isinstance(node, (ml_collections.ConfigDict, Mapping)) or part not in node:
             return False, None
+        node = node[part]
     return True, node
 
 
