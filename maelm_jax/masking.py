@@ -100,6 +100,9 @@ class MaskedBatch(NamedTuple):
     pred_index: [B, k] int32   positions whose original token is predicted
     targets:    [B, k] int32   original tokens at pred_index
     weights:    [B, k] float32 1 for a real target, 0 for padding (short sequences only)
+    category:   [B, k] int32   how each predicted position was corrupted: MASKED ([MASK]),
+                               RANDOM (a random token) or UNCHANGED, aligned with pred_index
+                               (None in batches built by hand; the models never read it)
     """
 
     inputs: jax.Array
@@ -107,6 +110,13 @@ class MaskedBatch(NamedTuple):
     pred_index: jax.Array
     targets: jax.Array
     weights: jax.Array
+    category: jax.Array | None = None
+
+
+# Values of MaskedBatch.category, and the names evaluation reports them under (the 3ML
+# paper's Tables 1 and 2c give perplexity separately for each).
+MASKED, RANDOM, UNCHANGED = 0, 1, 2
+CATEGORY_NAMES = ("mask", "random", "unchanged")
 
 
 def _gather(x: jax.Array, index: jax.Array) -> jax.Array:
@@ -155,11 +165,19 @@ def apply_mask(
     else:
         keep_enc = order
     enc_index = jnp.sort(keep_enc, axis=1)
-    pred_index = jnp.sort(order[:, : c.k], axis=1)
+    # order[:, :k] is [MASK] x k_mask, random x k_random, unchanged x k_keep; sorting the
+    # positions carries each one's category along.
+    category = jnp.concatenate(
+        [jnp.full((B, n), value, jnp.int32)
+         for value, n in ((MASKED, c.k_mask), (RANDOM, c.k_random), (UNCHANGED, c.k_keep))],
+        axis=1,
+    )
+    pred_index, category = jax.lax.sort((order[:, : c.k], category), dimension=1, num_keys=1)
     targets = _gather(tokens, pred_index)
     weights = (targets != tokenizer.PAD_ID).astype(jnp.float32)
     return MaskedBatch(
-        inputs.astype(jnp.int32), enc_index, pred_index, targets.astype(jnp.int32), weights
+        inputs.astype(jnp.int32), enc_index, pred_index, targets.astype(jnp.int32), weights,
+        category,
     )
 
 

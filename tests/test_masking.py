@@ -129,6 +129,33 @@ def test_invariants(mask_frac, random_frac, delta, remove):
         assert np.all(np.asarray(batch.weights) == 1.0)
 
 
+@pytest.mark.parametrize(
+    "mask_frac, random_frac, remove",
+    [(1.0, 0.0, True), (0.8, 0.1, True), (0.8, 0.0, True), (0.8, 0.2, True), (0.8, 0.1, False)],
+)
+def test_categories_align_with_pred_index(mask_frac, random_frac, remove):
+    """category[b, j] says how position pred_index[b, j] was corrupted: [MASK] in the input,
+    a random (non-special) token, or the original token."""
+    c = masking.MaskCounts.create(64, 0.4, mask_frac, random_frac, remove_masked=remove)
+    tokens = random_tokens(5, 16, 64)
+    b = jax.jit(masking.apply_mask, static_argnums=(2, 3))(jax.random.PRNGKey(4), tokens, c,
+                                                            VOCAB)
+    category, pred = np.asarray(b.category), np.asarray(b.pred_index)
+    assert category.shape == pred.shape and category.dtype == np.int32
+    seen = np.take_along_axis(np.asarray(b.inputs), pred, axis=1)
+    targets = np.asarray(b.targets)
+    for row in range(len(category)):
+        assert np.bincount(category[row], minlength=3).tolist() == [c.k_mask, c.k_random, c.k_keep]
+    is_mask, is_random, is_kept = (category == v for v in (masking.MASKED, masking.RANDOM,
+                                                            masking.UNCHANGED))
+    assert np.all(seen[is_mask] == tokenizer.MASK_ID)
+    assert np.all(seen[~is_mask] != tokenizer.MASK_ID)
+    assert np.all(seen[is_random] >= tokenizer.NUM_SPECIAL)
+    if c.k_random:  # a random draw hits the original token with probability ~1/995
+        assert np.mean(seen[is_random] != targets[is_random]) > 0.95
+    np.testing.assert_array_equal(seen[is_kept], targets[is_kept])
+
+
 def test_random_fraction_really_replaces_tokens():
     c = masking.MaskCounts.create(64, 0.5, 0.0, 1.0)  # every corrupted token is random
     tokens = random_tokens(0, 8, 64)

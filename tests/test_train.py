@@ -64,6 +64,36 @@ def test_same_step_same_masks_and_dropout():
     assert float(other["loss"]) != float(a["loss"])
 
 
+@pytest.mark.parametrize("objective", ["maelm", "mlm"])
+def test_eval_reports_each_category_of_80_10_10(objective):
+    """Loss, accuracy and perplexity for [MASK], random and unchanged positions (3ML
+    Tables 1 and 2c), next to the overall figures they add up to."""
+    c = tiny_config(objective)
+    c.masking.mask_ratio, c.masking.mask_frac, c.masking.random_frac = 0.4, 0.8, 0.1
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    tx, _ = optimizer.make_optimizer(c.train)
+    state, _ = steps.create_state(model, tx, c.seed, counts)
+    eval_step = jax.jit(steps.make_eval_step(model, counts, TINY_VOCAB))
+    rng = np.random.default_rng(0)
+    batches = [jnp.asarray(rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32)
+               for _ in range(2)]
+    result = loop.evaluate(eval_step, state.params, batches, c.seed)
+    names = ("mask", "random", "unchanged")
+    assert set(result) == {f"{p}{m}" for p in ("", *(n + "_" for n in names))
+                           for m in ("loss", "accuracy", "perplexity")}
+    # k = 13 of 32: 10 [MASK], 1 random, 2 unchanged per sequence, 16 sequences.
+    share = np.array([counts.k_mask, counts.k_random, counts.k_keep]) / counts.k
+    assert (counts.k_mask, counts.k_random, counts.k_keep) == (10, 1, 2)
+    for metric in ("loss", "accuracy"):
+        parts = np.array([result[f"{n}_{metric}"] for n in names])
+        assert result[metric] == pytest.approx(float(share @ parts), rel=1e-5)
+    assert result["mask_perplexity"] == pytest.approx(np.exp(result["mask_loss"]))
+    # The untrained model's losses are near uniform for every category.
+    for n in names:
+        assert abs(result[f"{n}_loss"] - np.log(TINY_VOCAB)) < 1.0
+
+
 def _read_metrics(workdir, split="train"):
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r for r in map(json.loads, lines) if r["split"] == split}
@@ -87,7 +117,10 @@ def test_short_wikipedia_run_lowers_the_loss(tmp_path, tiny_tokenizer):
     assert train[1]["loss"] > np.log(TINY_VOCAB) - 0.5  # starts near uniform
     assert result["loss"] < train[1]["loss"] - 1.0, (train[1], result)
     assert evals[60]["loss"] < evals[30]["loss"]
-    assert set(result) == {"loss", "accuracy", "perplexity"}
+    # MAE-LM's masking has only [MASK]s: their figures are the overall ones.
+    assert set(result) == {"loss", "accuracy", "perplexity", "mask_loss", "mask_accuracy",
+                           "mask_perplexity"}
+    assert result["mask_loss"] == pytest.approx(result["loss"])
     assert (tmp_path / "config.json").exists() and list((tmp_path / "tensorboard").iterdir())
 
 

@@ -127,19 +127,30 @@ def split_predictions(batch: masking.MaskedBatch) -> PredictionSplit:
 
 
 def masked_lm_sums(
-    logits: jax.Array, targets: jax.Array, weights: jax.Array
+    logits: jax.Array, targets: jax.Array, weights: jax.Array,
+    category: Optional[jax.Array] = None,
 ) -> dict[str, jax.Array]:
     """Sums over predicted tokens: cross-entropy, correct predictions, and the token count.
 
     Sums (not means) so that gradient accumulation and data parallelism divide once, by the
     number of predicted tokens in the global batch, as the paper's loss does.
     logits [B, k, V] float32; targets [B, k] int32; weights [B, k] float32.
+    With `category` [B, k] (masking.MaskedBatch.category; evaluation passes it, the train
+    step does not), also the same three sums per category as [3] arrays indexed by
+    masking.MASKED / RANDOM / UNCHANGED: "category_loss_sum", "category_correct_sum",
+    "category_count".
     """
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return {
+    sums = {
         "loss_sum": jnp.sum(nll * weights),
         "correct_sum": jnp.sum(correct * weights),
         "count": jnp.sum(weights),
     }
+    if category is not None:
+        one_hot = jax.nn.one_hot(category, len(masking.CATEGORY_NAMES)) * weights[..., None]
+        sums["category_loss_sum"] = jnp.einsum("bk,bkc->c", nll, one_hot)
+        sums["category_correct_sum"] = jnp.einsum("bk,bkc->c", correct, one_hot)
+        sums["category_count"] = jnp.sum(one_hot, axis=(0, 1))
+    return sums

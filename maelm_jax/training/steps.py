@@ -185,7 +185,8 @@ def jit_train_step(train_step: Callable, setup: StateSetup, mesh: Mesh) -> Calla
 
 
 def make_eval_step(model: nn.Module, counts: masking.MaskCounts, vocab_size: int) -> Callable:
-    """Returns eval_step(params, tokens [b, L], key) -> sums of loss/correct/count.
+    """Returns eval_step(params, tokens [b, L], key) -> sums of loss/correct/count, overall
+    and per category of corruption ([MASK], random, unchanged; see masked_lm_sums).
 
     The caller passes fixed keys so every evaluation scores the same masks.
     """
@@ -193,6 +194,6 @@ def make_eval_step(model: nn.Module, counts: masking.MaskCounts, vocab_size: int
     def eval_step(params, tokens, key):
         batch = masking.apply_mask(key, tokens, counts, vocab_size)
         logits = model.apply({"params": params}, batch, deterministic=True)
-        return pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights)
+        return pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights, batch.category)
 
     return eval_step
