@@ -9,6 +9,7 @@ Any config field can be overridden with --config.<field>=<value>.
 import logging
 import os
 import pathlib
+import re
 import sys
 
 from absl import app, flags
@@ -76,6 +77,25 @@ def _config_file_error(argv) -> str | None:
     return None
 
 
+def _missing_section(argv, error: Exception) -> str | None:
+    """An override through a section the config does not have (--config.modle.dropout, or
+    a new source --config.data.sources.extra.kind): ml_collections says only the key."""
+    if not isinstance(error, KeyError) or not error.args:
+        return None
+    match = re.match(r"""'([^']+)'(?:\s*Did you mean "([^"]+)")?""", str(error.args[0]))
+    if not match:
+        return None
+    key, suggestion = match.groups()
+    for arg in argv[1:]:
+        parts = arg.split("=", 1)[0].removeprefix("--config.").split(".")
+        if arg.startswith("--config.") and key in parts[:-1]:
+            prefix = ".".join(["config", *parts[: parts.index(key)]])
+            hint = f"; did you mean {prefix}.{suggestion}?" if suggestion else (
+                "; a new section (such as another source) needs a config file")
+            return f"{arg.split('=', 1)[0]}: {prefix} has no field {key!r}{hint}"
+    return None
+
+
 def _parse_flags(argv):
     """Flag and config-override mistakes (a mistyped field, a bad value, a broken config
     file) exit with one line instead of a traceback."""
@@ -86,7 +106,7 @@ def _parse_flags(argv):
         except Exception as e:  # config_flags raises whatever the config file or override did
             if "--debug" in argv:
                 raise
-            message = _one_line(e)
+            message = _missing_section(argv, e) or _one_line(e)
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
 

@@ -109,9 +109,16 @@ def test_cli_switches_the_corpus_and_lists_a_sources_fields(tmp_path, tiny_token
 
 # ---------------------------------------------------------------- files that are not what they should be
 
-def test_mistyped_config_file_is_one_line(tmp_path):
+def test_mistyped_config_file_or_section_is_one_line(tmp_path):
     result = _main(["--config=configs/nope.py", "--workdir=w"], tmp_path)
     _one_line_error(result, "--config: configs/nope.py does not exist")
+    tiny = "--config=" + str(REPO_ROOT / "tests" / "tiny_config.py")
+    result = _main([tiny, "--workdir=w", "--config.data.sources.extra.kind=text"], tmp_path)
+    _one_line_error(result, "--config.data.sources.extra.kind: config.data.sources has no "
+                            "field 'extra'; a new section (such as another source) needs a "
+                            "config file")
+    result = _main([tiny, "--workdir=w", "--config.modle.dropout=0.2"], tmp_path)
+    _one_line_error(result, "config has no field 'modle'; did you mean config.mode?")
     assert not (tmp_path / "w").exists()
 
 
