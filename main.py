@@ -1,7 +1,8 @@
 """Entry point: python main.py --config=configs/<file>.py[:variant] --workdir=<dir>.
 
 Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning configs
-(configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train.
+(configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train; the effective-rank
+analysis (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run.
 
 Any config field can be overridden with --config.<field>=<value>.
 """
@@ -17,6 +18,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from maelm_jax import distributed, errors
+from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.training import loop
 
@@ -119,8 +121,11 @@ def main(argv):
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-        if FLAGS.config.get("mode", "pretrain") == "finetune":
+        mode = FLAGS.config.get("mode", "pretrain")
+        if mode == "finetune":
             finetune_train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        elif mode == "rank":
+            analysis_run.analyse(FLAGS.config, FLAGS.workdir)
         else:
             loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
     except errors.UserError as e:

@@ -71,7 +71,9 @@ class Encoder(nn.Module):
         """
         x = self.embed(tokens) + layers.lookup(self.position_embeddings, positions,
                                                ("positions", None))
-        x = self.dropout(self.ln_embed(x), deterministic=deterministic)
+        x = self.ln_embed(x)
+        self.sow(layers.HIDDEN_STATES, "embedding", x)  # "layer 0" of the rank analysis
+        x = self.dropout(x, deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         bias = self.relative_bias(positions, positions) if self.relative_bias else None
         return self.stack(x, bias, key_mask, deterministic)

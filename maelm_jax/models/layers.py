@@ -19,6 +19,9 @@ Dtype = Any
 
 # Both papers (and BERT/RoBERTa) initialise dense and embedding weights N(0, 0.02).
 INIT_STD = 0.02
+# The collection the stacks sow their layers' outputs into (the encoder also sows its
+# embedding output): model.apply(..., mutable=[HIDDEN_STATES]) returns them.
+HIDDEN_STATES = "hidden_states"
 
 
 def normal_init(axes: tuple[str, ...]):
@@ -282,6 +285,10 @@ class TransformerStack(nn.Module):
     ) -> jax.Array:
         for i in range(self.cfg.num_layers):
             x = TransformerLayer(self.cfg, name=f"layer_{i}")(x, bias, key_mask, deterministic)
-        if self.cfg.pre_ln:
-            x = layer_norm("ln_final", self.cfg.dtype)(x)
+            if self.cfg.pre_ln and i == self.cfg.num_layers - 1:
+                x = layer_norm("ln_final", self.cfg.dtype)(x)
+            # Each layer's output, for the effective-rank analysis (a no-op unless the
+            # collection is mutable). Pre-LN: the residual stream the next layer reads, and
+            # for the last layer the stack's output after ln_final.
+            self.sow(HIDDEN_STATES, "layers", x)
         return x

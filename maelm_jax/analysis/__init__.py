@@ -1,0 +1,1 @@
+"""Analyses of trained encoders (the MAE-LM paper's effective rank, Fig. 1 and Table 3)."""

@@ -1,0 +1,214 @@
+"""Held-out sequences for the rank analysis, masked on the host, in fixed-shape batches.
+
+Which text (config.source) is described in maelm_jax/analysis/config.py. Masking follows
+Section 2.2 of the MAE-LM paper ("15 % random masks ... same as the pretraining setting"):
+in each sequence round(mask_ratio x its real tokens) positions, uniformly among its real
+(non-padding) positions, special tokens included as in pretraining, become [MASK]; there is
+no 80-10-10. The rows of H are the first num_tokens real tokens in reading order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+from typing import Iterable, Sequence
+
+import ml_collections
+import numpy as np
+
+from maelm_jax import config as pretrain_config
+from maelm_jax import masking
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.analysis import config as config_lib
+from maelm_jax.data import packing, sources
+from maelm_jax.finetune import config as finetune_config
+from maelm_jax.finetune import data as finetune_data
+from maelm_jax.finetune import glue, squad
+
+PAD, MASK = tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID
+_ENCODE_CHUNK = 256  # documents per tokenizer call
+
+
+def _merged(defaults: ml_collections.ConfigDict, recorded: dict) -> ml_collections.ConfigDict:
+    """A run's recorded config over the defaults of its kind (a field recorded before it
+    existed counts at its default)."""
+    def merge(base: dict, over: dict) -> dict:
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(
+                out.get(key), dict) else value
+        return out
+
+    return ml_collections.ConfigDict(merge(defaults.to_dict(), recorded))
+
+
+def run_config(recorded: dict) -> ml_collections.ConfigDict:
+    """The run's config.json with its kind's defaults filled in."""
+    if recorded.get("mode") == "finetune":
+        return _merged(finetune_config.finetune_defaults(), recorded)
+    return _merged(pretrain_config.pretrain_defaults(), recorded)
+
+
+def default_seq_len(run_cfg: ml_collections.ConfigDict, max_positions: int) -> int:
+    """A pretraining run's data.seq_len; a fine-tuning run's data.max_seq_len (0: its
+    encoder's max positions, at most 512, as fine-tuning does)."""
+    if run_cfg.get("mode") == "finetune":
+        return int(run_cfg.data.max_seq_len) or min(max_positions, 512)
+    return int(run_cfg.data.seq_len)
+
+
+def validation_blocks(workdir: pathlib.Path, run_cfg: ml_collections.ConfigDict,
+                      tok: tokenizer_lib.Tokenizer) -> tuple[int, Iterable[np.ndarray]]:
+    """(L, the pretraining run's validation blocks in eval order: all sources, each
+    memory-mapped and read only as far as the analysis goes)."""
+    d = run_cfg.data
+    cache_dir = pathlib.Path(d.cache_dir or workdir / "data")
+    prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
+                if json.loads(p.read_text()).get("seq_len") == d.seq_len]
+    try:  # the fingerprint the run prepared its data under (its corpus may have moved)
+        fingerprint = packing.data_fingerprint(
+            {name: sources.source_fingerprint(s) for name, s in d.sources.items()},
+            tok.model_path, d.seq_len, d.validation_fraction)
+        chosen = [p for p in prepared if p.parent.name == fingerprint]
+    except Exception:  # noqa: BLE001 - any failure means "cannot tell"; handled below
+        chosen = []
+    if not chosen and len(prepared) == 1:
+        chosen = prepared
+    if not chosen:
+        raise config_lib.RankConfigError(
+            f"config.source: cannot find the validation blocks of {workdir} in {cache_dir} "
+            f"({len(prepared)} prepared data sets of length {d.seq_len}); set "
+            "config.source to a corpus instead")
+    data = packing.PreparedData.load(chosen[0].parent)
+    return data.seq_len, itertools.chain.from_iterable(data.valid[n] for n in sorted(data.valid))
+
+
+def corpus_blocks(source: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
+                  seq_len: int, num_tokens: int) -> np.ndarray:
+    """The source's documents packed into [N, seq_len] blocks as pretraining packs them,
+    read until the blocks hold num_tokens tokens (or the source ends)."""
+    packer, blocks = packing.BlockPacker(seq_len), []
+    chunk: list[str] = []
+
+    def flush():
+        for ids in tok.encode(chunk):
+            blocks.extend(packer.add(ids))
+        chunk.clear()
+
+    for document in sources.iter_documents(source):
+        chunk.append(document)
+        if len(chunk) == _ENCODE_CHUNK:
+            flush()
+            if len(blocks) * seq_len >= num_tokens:
+                break
+    if chunk:
+        flush()
+    return np.asarray(blocks, np.int32).reshape(-1, seq_len)
+
+
+def glue_dev(task_name: str, split: str, tok: tokenizer_lib.Tokenizer, seq_len: int,
+             **read_args) -> list[np.ndarray]:
+    """A GLUE split encoded as fine-tuning encodes it (<s> A </s></s> B </s>)."""
+    try:
+        task = glue.get_task(task_name)
+    except glue.GlueDataError:
+        raise config_lib.RankConfigError(
+            f"config.source.task: expected a GLUE task ({', '.join(glue.TASK_NAMES)}), got "
+            f"{task_name!r}") from None
+    split = split or task.eval_splits[0]
+    examples = glue.read_split(task, split, **read_args)
+    return finetune_data.encode_texts(tok, examples.texts, seq_len)
+
+
+def squad_dev(examples: Sequence[squad.SquadExample], tok: tokenizer_lib.Tokenizer,
+              seq_len: int, doc_stride: int = 0, max_query_len: int = 0) -> list[np.ndarray]:
+    """SQuAD questions with their context windows, as fine-tuning reads them (by default
+    with fine-tuning's stride 128 and questions of up to 64 tokens, less for short
+    sequences)."""
+    doc_stride = doc_stride or min(128, seq_len // 2)
+    max_query_len = max_query_len or min(64, seq_len // 4)
+    features = squad.make_features(examples, tok, seq_len, doc_stride, max_query_len,
+                                   training=False)
+    return features.sequences
+
+
+def finetune_dev(run_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
+                 seq_len: int) -> list[np.ndarray]:
+    """A fine-tuning run's own dev set, read as its config says."""
+    d = run_cfg.data
+    if run_cfg.task == "squad":
+        s = run_cfg.squad
+        if d.source == "tfds":
+            examples = squad.read_squad_tfds(squad.tfds_name(s.version, d.tfds_name),
+                                             "validation", d.tfds_data_dir)
+        else:
+            examples = squad.read_squad_json(s.dev_file)
+        return squad_dev(examples, tok, seq_len, s.doc_stride, s.max_query_len)
+    return glue_dev(run_cfg.task, "", tok, seq_len, source=d.source, data_dir=d.data_dir,
+                    tfds_dataset=d.tfds_name, tfds_data_dir=d.tfds_data_dir)
+
+
+def sequences(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+              run_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
+              seq_len: int, num_tokens: int) -> Iterable[np.ndarray]:
+    """The held-out sequences config.source names, for one run (each at most seq_len)."""
+    source = config.source
+    kind = source.kind
+    if kind == "validation" and run_cfg.get("mode") == "finetune":
+        return finetune_dev(run_cfg, tok, seq_len)
+    if kind == "validation":
+        length, blocks = validation_blocks(workdir, run_cfg, tok)
+        if length != seq_len:
+            raise config_lib.RankConfigError(
+                f"config.seq_len: the validation blocks of {workdir} have length {length}; "
+                f"set 0 (or {length}), or read a corpus (config.source)")
+        return blocks
+    if kind in config_lib.CORPUS_KINDS:
+        return corpus_blocks(source, tok, seq_len, num_tokens)
+    if kind == "glue":
+        return glue_dev(source.task, source.get("split", ""), tok, seq_len, source="files",
+                        data_dir=source.data_dir)
+    return squad_dev(squad.read_squad_json(source.path), tok, seq_len)
+
+
+def make_batches(rows: Iterable[np.ndarray], seq_len: int, batch_size: int, num_tokens: int,
+                 mask_ratio: float, seed: int) -> tuple[list[dict], int, int]:
+    """Masked and original batches holding the first num_tokens real tokens of `rows`.
+
+    Returns (batches, tokens counted, [MASK] tokens counted). Every batch is [batch_size,
+    seq_len] (rows padded with PAD_ID, the last batch filled with padding rows), so the
+    step compiles once. See rank.make_gram_step for the arrays.
+    """
+    rng = np.random.default_rng(seed)
+    arrays: dict[str, list[np.ndarray]] = {"original": [], "masked": [], "counted": [],
+                                           "is_mask": []}
+    total = 0
+    for row in rows:
+        if total >= num_tokens:
+            break
+        row = np.asarray(row, np.int32)[:seq_len]
+        real = np.flatnonzero(row != PAD)
+        if not len(real):
+            continue
+        original = np.full(seq_len, PAD, np.int32)
+        original[: len(row)] = row
+        chosen = np.zeros(seq_len, bool)
+        picked = rng.choice(real, masking.round_half_up(mask_ratio * len(real)), replace=False)
+        chosen[picked] = True
+        counted = np.zeros(seq_len, np.float32)
+        counted[real[: num_tokens - total]] = 1.0
+        total += int(counted.sum())
+        arrays["original"].append(original)
+        arrays["masked"].append(np.where(chosen, np.int32(MASK), original))
+        arrays["counted"].append(counted)
+        arrays["is_mask"].append(counted * chosen)
+    fill = (-len(arrays["original"])) % batch_size
+    for name, values in arrays.items():  # padding rows: nothing counted
+        values += [np.full(seq_len, PAD, np.int32) if name in ("original", "masked")
+                   else np.zeros(seq_len, np.float32)] * fill
+    batches = [{name: np.stack(values[start:start + batch_size])
+                for name, values in arrays.items()}
+               for start in range(0, len(arrays["original"]), batch_size)]
+    mask_total = int(sum(b["is_mask"].sum() for b in batches))
+    return batches, total, mask_total

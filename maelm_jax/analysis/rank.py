@@ -1,0 +1,117 @@
+"""The tau-effective rank of an encoder's token representations (MAE-LM paper, Section 2.2,
+Fig. 1 and Table 3), from Gram matrices summed on the devices.
+
+Definition (the paper's, after Cai et al. 2021). For a representation matrix H (n tokens x
+d) with singular values s_1 >= ... >= s_d,
+
+    rank_tau(H) = the smallest k with (s_1^2 + ... + s_k^2) / (s_1^2 + ... + s_d^2) >= tau,
+
+tau = 0.9 by default. The s_i^2 are the eigenvalues of the Gram matrix G = H^T H (d x d),
+so H is never held: G is summed batch by batch on the devices (float32 products at the
+highest precision, so a TPU does not round them to bfloat16), and only its eigenvalues are
+computed, on the host in float64. As in the paper, H is not centred: the singular values
+are those of H itself, its mean direction included.
+
+What `make_gram_step` sums, for every layer l = 0..L of the encoder (0: the embedding
+output after its LayerNorm; l >= 1: the output of layer l, after its last LayerNorm in a
+post-LN stack as in the paper; in a pre-LN stack the residual stream the next layer reads,
+and for the last layer the output after the final LayerNorm):
+
+* ``with_mask`` (Fig. 1(a), "Input w. [MASK]"): H^l, one row per token of inputs in which a
+  fraction of the positions (15 %) is replaced by [MASK]; real and [MASK] tokens alike.
+* ``without_mask`` (Fig. 1(a), "Input w/o [MASK]", and Table 3 at the last layer): the
+  same sequences in their original form; real tokens only.
+* ``mask_only`` (Fig. 1(b)): the rows of H^l at the [MASK] positions alone.
+
+Every encoder reads the whole sequence, [MASK]s included, whatever objective trained it (an
+MAE-LM encoder never sees a [MASK] in pretraining): Fig. 1 is about what [MASK] tokens do
+inside an encoder. Padding rows are never counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maelm_jax import tokenizer
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layers
+
+STATS = ("with_mask", "without_mask", "mask_only")
+# Cumulative fractions within this (relative) distance below tau count as reaching it, so
+# a spectrum that reaches tau exactly is not pushed one dimension up by rounding.
+_TOLERANCE = 1e-9
+
+
+def effective_rank(squared_singular_values: np.ndarray, tau: float) -> int:
+    """rank_tau from the s_i^2 (the eigenvalues of H^T H, in any order). Negative values
+    (round-off of a Gram matrix's zero eigenvalues) count as 0; an all-zero H has rank 0."""
+    energy = np.sort(np.clip(np.asarray(squared_singular_values, np.float64), 0.0, None))[::-1]
+    total = energy.sum()
+    if total <= 0.0:
+        return 0
+    cumulative = np.cumsum(energy) / total
+    return int(np.searchsorted(cumulative, tau * (1.0 - _TOLERANCE), side="left")) + 1
+
+
+def effective_rank_of_matrix(h: np.ndarray, tau: float) -> int:
+    """rank_tau of an explicit [n, d] matrix through its singular values (small matrices)."""
+    return effective_rank(np.linalg.svd(np.asarray(h, np.float64), compute_uv=False) ** 2, tau)
+
+
+def gram_ranks(grams: np.ndarray, tau: float) -> list[int]:
+    """rank_tau per layer from Gram matrices [layers, d, d]."""
+    out = []
+    for g in np.asarray(grams, np.float64):
+        out.append(effective_rank(np.linalg.eigvalsh((g + g.T) / 2.0), tau))
+    return out
+
+
+def hidden_states(encoder: encoder_lib.Encoder, params: Any, tokens: jax.Array,
+                  key_mask: jax.Array) -> jax.Array:
+    """The embedding output and every layer's output, [L + 1, B, n, d], for tokens [B, n]
+    read at positions 0..n-1 (what the encoder sows into layers.HIDDEN_STATES)."""
+    B, n = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (B, n))
+    _, state = encoder.apply({"params": params}, tokens, positions, key_mask,
+                             deterministic=True, mutable=[layers.HIDDEN_STATES])
+    sown = state[layers.HIDDEN_STATES]
+    return jnp.stack([*sown["embedding"], *sown["stack"]["layers"]])
+
+
+def gram(h: jax.Array, weights: jax.Array) -> jax.Array:
+    """sum_rows w * h h^T per layer: h [layers, B, n, d], weights [B, n] -> [layers, d, d]."""
+    h = h.astype(jnp.float32)
+    return jnp.einsum("lbnd,lbne->lde", h * weights[None, :, :, None], h,
+                      precision=jax.lax.Precision.HIGHEST,
+                      preferred_element_type=jnp.float32)
+
+
+def zero_grams(num_layers: int, d_model: int) -> dict[str, jax.Array]:
+    return {name: jnp.zeros((num_layers + 1, d_model, d_model), jnp.float32) for name in STATS}
+
+
+def make_gram_step(encoder_cfg: encoder_lib.EncoderConfig) -> Callable:
+    """Returns step(params, grams, batch) -> grams, adding one batch to each statistic.
+
+    batch: "original" and "masked" [B, n] int32 (the same sequences, without and with
+    [MASK]; PAD_ID pads both), "counted" [B, n] float32 (1 for the tokens that are rows of
+    H: real tokens within the analysis's budget) and "is_mask" [B, n] float32 (1 at the
+    counted [MASK] positions).
+    """
+    encoder = encoder_lib.Encoder(encoder_cfg)
+
+    def step(params, grams, batch):
+        key_mask = batch["original"] != tokenizer.PAD_ID
+        with_mask = hidden_states(encoder, params, batch["masked"], key_mask)
+        without_mask = hidden_states(encoder, params, batch["original"], key_mask)
+        return {
+            "with_mask": grams["with_mask"] + gram(with_mask, batch["counted"]),
+            "without_mask": grams["without_mask"] + gram(without_mask, batch["counted"]),
+            "mask_only": grams["mask_only"] + gram(with_mask, batch["is_mask"]),
+        }
+
+    return step

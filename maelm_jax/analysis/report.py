@@ -1,0 +1,97 @@
+"""The rank analysis's outputs: rank.json, rank.md and the plots of the MAE-LM paper's Fig. 1.
+
+* ``rank.json``: the settings and, per run, rank_tau per layer of each statistic
+  (maelm_jax/analysis/rank.py) with the number of rows n behind it.
+* ``rank.md``: Table 3 (the last layer of every run), then Fig. 1's numbers per layer.
+* ``rank_layers.png`` (Fig. 1(a)): rank_tau per layer, input with [MASK] (solid) and
+  without (dashed), one colour per run. ``rank_mask.png`` (Fig. 1(b)): rank_tau of the
+  [MASK] token representations per layer, one line per run.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+JSON_FILE = "rank.json"
+MARKDOWN_FILE = "rank.md"
+LAYERS_PLOT = "rank_layers.png"
+MASK_PLOT = "rank_mask.png"
+
+
+def write_json(path: pathlib.Path, report: dict) -> None:
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def markdown(report: dict) -> str:
+    tau = report["tau"]
+    lines = [
+        f"# Effective rank (tau = {tau:g})",
+        "",
+        f"Source: {report['source_description']}; {report['mask_ratio']:.0%} of each "
+        "sequence's positions set to [MASK] for the inputs with [MASK].",
+        "",
+        "## Last layer (MAE-LM paper, Table 3)",
+        "",
+        f"| run | kind | d | layers | n tokens | rank_{tau:g} w/o [MASK] | w. [MASK] | "
+        "[MASK] rows (n) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in report["runs"]:
+        last = run["last_layer"]
+        lines.append(
+            f"| {run['label']} | {run['kind']} | {run['d_model']} | {run['num_layers']} | "
+            f"{run['tokens']} | {last['without_mask']} | {last['with_mask']} | "
+            f"{last['mask_only']} ({run['mask_tokens']}) |")
+    lines += ["", "## Per layer (Fig. 1; layer 0 is the embedding output)", ""]
+    for run in report["runs"]:
+        lines += [f"### {run['label']}", "",
+                  "| layer | w. [MASK] (Fig. 1a) | w/o [MASK] (Fig. 1a) | [MASK] rows (Fig. 1b) |",
+                  "|---|---|---|---|"]
+        for layer in run["layers"]:
+            lines.append(f"| {layer} | {run['with_mask'][layer]} | "
+                         f"{run['without_mask'][layer]} | {run['mask_only'][layer]} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: dict, layers_path: pathlib.Path, mask_path: pathlib.Path) -> None:
+    """Fig. 1(a) and 1(b): layers on x, rank_tau on y, one colour per run."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+    from matplotlib.ticker import MaxNLocator
+
+    tau = report["tau"]
+    panels = (
+        (layers_path, (("with_mask", "-", "input w. [MASK]"),
+                       ("without_mask", "--", "input w/o [MASK]")),
+         f"Effective rank (τ = {tau:g})", "(a) token representations"),
+        (mask_path, (("mask_only", "-", "[MASK] tokens"),),
+         f"Effective rank (τ = {tau:g})", "(b) [MASK] token representations"),
+    )
+    for path, stats, ylabel, title in panels:
+        fig = Figure(figsize=(5.5, 4.0), layout="constrained")
+        ax = fig.add_subplot()
+        for i, run in enumerate(report["runs"]):
+            color = f"C{i % 10}"
+            for stat, style, what in stats:
+                label = run["label"] if len(stats) == 1 else f"{run['label']}: {what}"
+                ax.plot(run["layers"], run[stat], style, color=color, marker="o",
+                        markersize=3, label=label)
+        ax.set_xlabel("Layer")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        fig.savefig(path, dpi=120)
+
+
+def write(workdir: pathlib.Path, report: dict) -> list[pathlib.Path]:
+    """All outputs into workdir; returns their paths."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = [workdir / name for name in (JSON_FILE, MARKDOWN_FILE, LAYERS_PLOT, MASK_PLOT)]
+    write_json(paths[0], report)
+    paths[1].write_text(markdown(report) + "\n")
+    plot(report, paths[2], paths[3])
+    return paths

@@ -1,0 +1,176 @@
+"""The effective-rank analysis, top to bottom: `analyse(config, workdir)`.
+
+config -> for each run in config.runs: its encoder and tokenizer (the loader fine-tuning
+uses) -> held-out sequences, masked and not (inputs.py) -> Gram matrices of every layer
+summed on the mesh (rank.py) -> rank_tau per layer on the host -> rank.json, rank.md and
+the plots in workdir (report.py). Nothing is written into the analysed runs' workdirs.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from maelm_jax import distributed, errors, schema, sharding
+from maelm_jax.analysis import config as config_lib
+from maelm_jax.analysis import inputs, rank, report
+from maelm_jax.finetune import loading
+from maelm_jax.finetune import train as finetune_train
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.training import workdir as workdir_lib
+
+
+def _as_runs_error(error: errors.UserError) -> config_lib.RankConfigError:
+    """The loader names its own field (config.init_from); here the path came from runs."""
+    return config_lib.RankConfigError(str(error).replace("config.init_from", "config.runs", 1))
+
+
+def _resolve(path: str) -> tuple[pathlib.Path, pathlib.Path]:
+    try:
+        return loading.resolve_checkpoint(path)
+    except errors.UserError as e:
+        raise _as_runs_error(e) from None
+
+
+def _labels(paths: list[str]) -> list[str]:
+    """Short names for tables and legends: the workdir's name (with @<step> for a
+    checkpoint), made unique by its parent when two runs share it."""
+    def name(path: pathlib.Path, parents: int) -> str:
+        if path.parent.name == loading.CHECKPOINTS:
+            return f"{name(path.parent.parent, parents)}@{path.name}"
+        return "/".join(path.parts[-1 - parents:])
+
+    for parents in range(8):
+        labels = [name(pathlib.Path(p), parents) for p in paths]
+        if len(set(labels)) == len(labels):
+            return labels
+    return list(paths)
+
+
+def _source_description(source: ml_collections.ConfigDict) -> str:
+    kind = source.kind
+    if kind == "validation":
+        return "each run's own held-out data (validation blocks; a fine-tuning run's dev set)"
+    fields = ", ".join(f"{k}={source[k]}" for k in sorted(source.keys()) if k != "kind")
+    return f"{kind} ({fields})" if fields else kind
+
+
+def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict], mesh,
+              rules: tuple = sharding.DEFAULT_RULES) -> dict[str, np.ndarray]:
+    """Every statistic's Gram matrices [layers + 1, d, d] over `batches` (inputs.py), summed
+    on the mesh: the encoder's parameters sharded by their logical axes, each batch split
+    over data x fsdp, the sums replicated (and donated from step to step). One compilation:
+    every batch has the same shape."""
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    boxed = jax.eval_shape(lambda: encoder_lib.Encoder(encoder_cfg).init(
+        jax.random.PRNGKey(0), tokens, tokens)["params"])
+    param_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    replicated = sharding.replicated(mesh)
+    step = jax.jit(rank.make_gram_step(encoder_cfg),
+                   in_shardings=(param_shardings, replicated, sharding.batch_sharding(mesh)),
+                   out_shardings=replicated, donate_argnums=1)
+    params = jax.device_put(params, param_shardings)
+    stack = encoder_cfg.stack
+    grams = jax.device_put(rank.zero_grams(stack.num_layers, stack.d_model), replicated)
+    with sharding.activate(mesh, rules):
+        for batch in batches:
+            grams = step(params, grams, {k: sharding.global_batch_from_full(v, mesh)
+                                         for k, v in batch.items()})
+    return {name: np.asarray(g) for name, g in jax.device_get(grams).items()}
+
+
+def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
+                 rules) -> dict:
+    run_workdir, step_dir = _resolve(path)
+    try:
+        pretrained = loading.load_pretrained(path, 0.0, 0.0, config.dtype)
+    except errors.UserError as e:
+        raise _as_runs_error(e) from None
+    run_cfg = inputs.run_config(workdir_lib.recorded_config(run_workdir) or {})
+    enc = pretrained.encoder_cfg
+    d, num_layers = enc.stack.d_model, enc.stack.num_layers
+    seq_len = config.seq_len or inputs.default_seq_len(run_cfg, enc.max_positions)
+    if seq_len > enc.max_positions:
+        raise config_lib.RankConfigError(
+            f"config.seq_len: {seq_len} is longer than the {enc.max_positions} positions of "
+            f"{path}")
+    num_tokens = config.num_tokens or config_lib.DEFAULT_TOKENS_PER_DIM * d
+    rows = inputs.sequences(config, run_workdir, run_cfg, pretrained.tokenizer, seq_len,
+                            num_tokens)
+    batches, n, n_mask = inputs.make_batches(rows, seq_len, config.batch_size, num_tokens,
+                                             config.mask_ratio, config.seed)
+    if n == 0:
+        raise config_lib.RankConfigError(f"config.source: no text to read for {path}")
+    if n < num_tokens:
+        logging.warning("%s: the source holds %d tokens, fewer than the %d asked for", label,
+                        n, num_tokens)
+    if n < 10 * d:
+        logging.warning("%s: n = %d tokens is not many times d = %d; rank_tau is bounded by "
+                        "n and noisy (the paper has n ~ 6500 d)", label, n, d)
+    logging.info("%s: %s, d=%d, %d layers; %d tokens (%d [MASK]) in %d batches of %dx%d",
+                 label, pretrained.description, d, num_layers, n, n_mask, len(batches),
+                 config.batch_size, seq_len)
+
+    start = time.perf_counter()
+    grams = gram_sums(enc, pretrained.params, batches, mesh, rules)
+    ranks = {name: rank.gram_ranks(grams[name], config.tau) for name in rank.STATS}
+    logging.info("%s: rank_%g of the last layer %d without [MASK], %d with, %d of the [MASK] "
+                 "rows (%.1fs)", label, config.tau, ranks["without_mask"][-1],
+                 ranks["with_mask"][-1], ranks["mask_only"][-1], time.perf_counter() - start)
+    kind = "fine-tuning" if run_cfg.get("mode") == "finetune" else "pretraining"
+    return {
+        "label": label,
+        "path": str(path),
+        "checkpoint": str(step_dir),
+        "kind": kind,
+        "objective": run_cfg.get("objective", "") if kind == "pretraining" else "",
+        "task": run_cfg.get("task", "") if kind == "fine-tuning" else "",
+        "d_model": d,
+        "num_layers": num_layers,
+        "seq_len": seq_len,
+        "tokens": n,
+        "mask_tokens": n_mask,
+        "layers": list(range(num_layers + 1)),
+        **ranks,
+        "last_layer": {name: values[-1] for name, values in ranks.items()},
+    }
+
+
+def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Runs the analysis config.runs asks for; writes the outputs into workdir and returns
+    the report (what rank.json holds)."""
+    config_lib.validate(config)
+    config = config_lib.resolve_paths(config)
+    out_dir = pathlib.Path(schema.absolute(str(workdir)))
+    workdir_lib.check_directory(out_dir)
+    mesh = finetune_train.make_mesh(config.mesh.shape)  # fixed sizes: the first devices
+    rules = sharding.rules_from_config(config.sharding_rules)
+    dp = sharding.data_parallel_size(mesh)
+    if config.batch_size % dp:
+        raise config_lib.RankConfigError(
+            f"config.batch_size: {config.batch_size} sequences do not split over the "
+            f"data-parallel size {dp} (mesh data x fsdp)")
+    paths = config_lib.runs(config)
+    for path in paths:  # every run is checked before the first one is analysed
+        _resolve(path)
+    results = [_analyse_run(config, path, label, mesh, rules)
+               for path, label in zip(paths, _labels(paths))]
+    out = {
+        "tau": config.tau,
+        "mask_ratio": config.mask_ratio,
+        "seed": config.seed,
+        "source": config.source.to_dict(),
+        "source_description": _source_description(config.source),
+        "runs": results,
+    }
+    if distributed.is_leader():
+        written = report.write(out_dir, out)
+        logging.info("wrote %s", ", ".join(str(p) for p in written))
+    return out
