@@ -64,17 +64,10 @@ class Decoder(nn.Module):
         cfg = self.cfg
         stack, L = cfg.stack, cfg.seq_len
         B = enc_out.shape[0]
-        if enc_out.shape[-1] != stack.d_model:
-            # 3ML: a linear projection bridges the widths. Being linear, projecting the encoder
-            # outputs and the [MASK] row separately equals projecting the scattered buffer, at
-            # n_enc instead of L rows.
-            proj = nn.Dense(
-                stack.d_model,
-                dtype=stack.dtype,
-                name="projection",
-                kernel_init=layers.normal_init(("embed", "dec_embed")),
-                bias_init=layers.zeros_init(("dec_embed",)),
-            )
+        proj = _projection(self, enc_out.shape[-1], stack)
+        if proj is not None:
+            # Being linear, projecting the encoder outputs and the [MASK] row separately
+            # equals projecting the scattered buffer, at n_enc instead of L rows.
             enc_out, mask_embedding = proj(enc_out), proj(mask_embedding)
         buffer = jnp.broadcast_to(mask_embedding.astype(stack.dtype), (B, L, stack.d_model))
         x = masking.scatter_tokens(buffer, enc_index, enc_out.astype(stack.dtype))
@@ -111,10 +104,10 @@ def _position_table(module: nn.Module, cfg: DecoderConfig,
     )(jnp.arange(L))
 
 
-def _project(module: nn.Module, x: jax.Array, stack: layers.StackConfig) -> jax.Array:
-    """3ML's linear layer from the encoder width to the decoder's (identity if equal)."""
-    if x.shape[-1] == stack.d_model:
-        return x
+def _projection(module: nn.Module, d_enc: int, stack: layers.StackConfig) -> Optional[nn.Dense]:
+    """3ML's linear layer from the encoder width to the decoder's; None if they are equal."""
+    if d_enc == stack.d_model:
+        return None
     return nn.Dense(
         stack.d_model,
         dtype=stack.dtype,
@@ -122,7 +115,7 @@ def _project(module: nn.Module, x: jax.Array, stack: layers.StackConfig) -> jax.
         kernel_init=layers.normal_init(("embed", "dec_embed")),
         bias_init=layers.zeros_init(("dec_embed",)),
         parent=module,
-    )(x)
+    )
 
 
 class CrossDecoder(nn.Module):
@@ -143,7 +136,8 @@ class CrossDecoder(nn.Module):
         [MASK]s at original positions dec_index [B, n_de]. Returns [B, n_de, D_dec]."""
         cfg = self.cfg
         stack = cfg.stack
-        context = _project(self, enc_out, stack).astype(stack.dtype)
+        proj = _projection(self, enc_out.shape[-1], stack)
+        context = (proj(enc_out) if proj is not None else enc_out).astype(stack.dtype)
         # The paper's [MASK] "in a latent space", disentangled from the word embeddings.
         mask_vector = self.param(
             "mask_embedding", layers.normal_init(("dec_embed",)), (stack.d_model,), jnp.float32
