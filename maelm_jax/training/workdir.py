@@ -96,6 +96,15 @@ def recorded_config(workdir: pathlib.Path) -> dict | None:
     return recorded
 
 
+def _with_absolute_paths(recorded: dict) -> dict:
+    """The recorded config with its paths made absolute; a record that does not resolve
+    (hand-edited, an older layout) is compared as it is."""
+    try:
+        return config_lib.resolve_paths(ml_collections.ConfigDict(recorded)).to_dict()
+    except Exception:  # noqa: BLE001 - any odd record: compare it unchanged
+        return recorded
+
+
 def check_compatible(config: ml_collections.ConfigDict, workdir: pathlib.Path,
                      allow_config_change: bool) -> None:
     """Refuses a workdir whose recorded run used a config this one cannot continue."""
@@ -112,11 +121,8 @@ def check_compatible(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     # by older versions meant the current directory, as they do now.
     new = json.loads(config_lib.to_json(config))
     defaults = json.loads(config_lib.to_json(config_lib.pretrain_defaults()))
-    try:
-        recorded = config_lib.resolve_paths(ml_collections.ConfigDict(recorded)).to_dict()
-    except Exception:  # noqa: BLE001 - an odd record is compared as it is
-        pass
-    changed = config_changes(json.loads(json.dumps(recorded)), new, defaults)
+    changed = config_changes(json.loads(json.dumps(_with_absolute_paths(recorded))), new,
+                             defaults)
     if changed:
         shown = ", ".join(f"config.{k}" for k in changed[:5])
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
