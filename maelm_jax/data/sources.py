@@ -247,7 +247,8 @@ def source_fingerprint(source: Mapping[str, Any]) -> str:
         payload["files"] = [_file_identity(p) for p in resolve_paths(settings["path"])]
     elif kind == "builtin":
         payload["python"] = platform.python_version()
-        payload["builtin"] = [builtin_corpus.MIN_DOCSTRING_WORDS, builtin_corpus.MIN_DOCUMENT_WORDS]
+        payload["builtin"] = [builtin_corpus.CORPUS_VERSION, builtin_corpus.MIN_DOCSTRING_WORDS,
+                              builtin_corpus.MIN_DOCUMENT_WORDS]
     elif kind == "tfds":
         info = _tfds_builder(settings, "source").info
         payload["tfds"] = {"version": str(info.version), "splits": {
