@@ -67,6 +67,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.pre_ln = False
     c.model.rel_pos_buckets = 32  # 0 disables the T5 relative position bias
     c.model.rel_pos_max_distance = 128
+    # "normal" N(0, 0.02) as in both papers, or "local": a locality prior that lets small
+    # laptop runs leave the unigram plateau early (layers.local_bias_init)
+    c.model.rel_pos_init = "normal"
     c.model.dtype = "float32"  # compute dtype; parameters stay float32
     c.model.decoder = ml_collections.ConfigDict()
     c.model.decoder.num_layers = 4
@@ -84,6 +87,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # (equal widths only). See the README on MAE-LM and the unigram plateau.
     c.model.decoder.rel_pos_buckets = 0
     c.model.decoder.rel_pos_max_distance = 128
+    c.model.decoder.rel_pos_init = "normal"
     c.model.decoder.share_positions = False
 
     c.mesh = ml_collections.ConfigDict()
@@ -141,6 +145,8 @@ FIELDS: dict[str, schema.Field] = {
     "model.decoder.pre_ln": schema.boolean(),
     "model.decoder.rel_pos_buckets": schema.integer(0),
     "model.decoder.rel_pos_max_distance": schema.integer(1),
+    "model.decoder.rel_pos_init": schema.choice(*layers.REL_POS_INITS),
+    "model.rel_pos_init": schema.choice(*layers.REL_POS_INITS),
     "model.decoder.share_positions": schema.boolean(),
     "model.decoder.kind": schema.choice(*decoder_lib.KINDS),
     "model.decoder.dropout": schema.rate(),
@@ -259,7 +265,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
         activation_dropout=m.activation_dropout,
     )
     encoder = encoder_lib.EncoderConfig(
-        enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance
+        enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance,
+        m.rel_pos_init,
     )
     decoder = None
     if config.objective == "maelm":
@@ -280,6 +287,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
             kind=d.kind,
             rel_pos_buckets=d.rel_pos_buckets,
             rel_pos_max_distance=d.rel_pos_max_distance,
+            rel_pos_init=d.rel_pos_init,
             share_positions=d.share_positions,
         )
     return pretrain_lib.PretrainConfig(config.objective, encoder, decoder)

@@ -4,6 +4,7 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
+import flax.linen as nn
 import pytest
 
 from maelm_jax import config as config_lib
@@ -151,6 +152,47 @@ def test_t5_relative_buckets_match_reference(buckets, distance):
     want = np.array([_reference_bucket(int(r), buckets, distance) for r in rel])
     np.testing.assert_array_equal(got, want)
     assert got.min() == 0 and got.max() == buckets - 1
+
+
+def test_local_relative_bias_starts_attention_at_the_neighbours():
+    heads = 4
+    module = layers.RelativePositionBias(32, 128, heads, "local")
+    positions = jnp.arange(200)[None]
+    params = module.init(jax.random.PRNGKey(0), positions, positions)
+    bias = np.asarray(module.apply(params, positions, positions))[0]  # [heads, L, L]
+    row = bias[:, 100, :]  # query at position 100
+    distance = np.abs(np.arange(200) - 100)
+    slopes = 2.0 ** (-4.0 * np.arange(1, heads + 1) / heads)
+    # Exact buckets (distance < 8): exactly -slope * distance, the same on both sides.
+    near = distance < 8
+    np.testing.assert_allclose(row[:, near], -slopes[:, None] * distance[near], rtol=1e-6)
+    for h in range(heads):
+        # Never increasing with distance, and steeper heads first.
+        order = np.argsort(distance, kind="stable")
+        assert np.all(np.diff(row[h, order]) <= 0)
+    assert np.all(row[:-1, 101] < row[1:, 101])
+    # The paper's initialisation is small and has no preference for neighbours.
+    normal = layers.RelativePositionBias(32, 128, heads)
+    table = nn.meta.unbox(normal.init(jax.random.PRNGKey(0), positions, positions))
+    assert float(jnp.abs(table["params"]["rel_embedding"]).max()) < 0.2
+
+
+@pytest.mark.parametrize("objective", ["mlm", "maelm"])
+def test_rel_pos_init_reaches_the_encoder_and_decoder_tables(objective):
+    c = tiny_config(objective)
+    c.model.rel_pos_init = "local"
+    c.model.decoder.rel_pos_buckets = 8
+    c.model.decoder.rel_pos_init = "local"
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, 64))
+    counts = config_lib.mask_counts(c)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), steps._dummy_batch(counts)))
+    tables = {"/".join(k.key for k in path[:-1]): leaf
+              for path, leaf in jax.tree_util.tree_flatten_with_path(params["params"])[0]
+              if getattr(path[-1], "key", None) == "rel_embedding"}
+    assert set(tables) == ({"encoder/relative_bias", "decoder/relative_bias"}
+                           if objective == "maelm" else {"encoder/relative_bias"})
+    for table in tables.values():
+        assert float(table[0, 0]) == 0.0 and float(table[1, 0]) < -0.1  # distance 0, then 1
 
 
 def test_every_parameter_has_logical_axes():

@@ -41,6 +41,7 @@ class DecoderConfig:
     kind: str = "self"  # "self" (MAE-LM, 3ML_self) or "cross" (3ML_cross)
     rel_pos_buckets: int = 0  # 0 = no relative position bias (the paper's decoder)
     rel_pos_max_distance: int = 128
+    rel_pos_init: str = "normal"  # layers.REL_POS_INITS
     share_positions: bool = False  # use the encoder's absolute position table
 
 
@@ -80,7 +81,7 @@ class Decoder(nn.Module):
         if cfg.rel_pos_buckets:
             positions = jnp.arange(L, dtype=jnp.int32)[None]
             bias = layers.RelativePositionBias(
-                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
+                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
                 name="relative_bias",
             )(positions, positions)  # [1, heads, L, L], broadcast over the batch
         return layers.TransformerStack(stack, name="stack")(x, bias, None, deterministic)
@@ -150,7 +151,7 @@ class CrossDecoder(nn.Module):
         self_bias = cross_bias = None
         if cfg.rel_pos_buckets:
             relative = layers.RelativePositionBias(
-                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
+                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
                 name="relative_bias",
             )
             self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)

@@ -26,6 +26,7 @@ class EncoderConfig:
     max_positions: int
     rel_pos_buckets: int = 32  # 0 disables the relative position bias
     rel_pos_max_distance: int = 128
+    rel_pos_init: str = "normal"  # layers.REL_POS_INITS; only matters before training
 
 
 class Encoder(nn.Module):
@@ -51,7 +52,8 @@ class Encoder(nn.Module):
         self.dropout = nn.Dropout(stack.dropout)
         self.relative_bias = (
             layers.RelativePositionBias(
-                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads
+                cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
+                cfg.rel_pos_init,
             )
             if cfg.rel_pos_buckets
             else None
