@@ -17,7 +17,7 @@ def documents():
 
 @pytest.fixture(scope="module")
 def quickstart(documents, tmp_path_factory):
-    """The quickstart vocabulary: 8192 BPE pieces on the built-in corpus (< 1 s)."""
+    """An 8192-piece BPE vocabulary on the built-in corpus (< 1 s)."""
     return tk.train_tokenizer(documents, tmp_path_factory.mktemp("tok") / "spm", 8192)
 
 
