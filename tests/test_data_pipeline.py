@@ -1,5 +1,7 @@
 """Packing into blocks of exactly L, reuse of prepared data, and the resumable loader."""
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,16 @@ def test_eval_batches_are_fixed_and_full(tmp_path):
     batches = loader.eval_batches(data, 8, 10)
     assert len(batches) == 3 and all(b.shape == (8, 4) for b in batches)
     np.testing.assert_array_equal(batches[0], data.valid["a"][:8])
+
+
+def test_unigram_baseline_is_the_top_piece_share_weighted_by_source():
+    a = np.array([[5, 5, 5, 6], [5, 7, 7, 7]])  # piece 5: 4 of 8
+    b = np.array([[7, 7, 7, 7]])  # piece 7: 4 of 4
+    data = packing.PreparedData(pathlib.Path("."), 4, {"a": a, "b": b},
+                                {"a": a[:0], "b": b[:0]}, {"a": 3.0, "b": 1.0})
+    # Mixed 3:1 -> p(5) = 0.75 * 4/8 = 0.375, p(7) = 0.75 * 3/8 + 0.25 * 1 = 0.53125.
+    assert loader.unigram_baseline(data, 10) == (7, 0.53125)
+    data.weights.update({"a": 1.0, "b": 0.0})
+    assert loader.unigram_baseline(data, 10) == (5, 0.5)
+    # Subsampled to at most max_tokens tokens: every other block of "a".
+    assert loader.unigram_baseline(data, 10, max_tokens=4) == (5, 0.75)

@@ -186,6 +186,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         out_shardings=sharding.replicated(mesh),
     )
     dp = sharding.data_parallel_size(mesh)
+    # The accuracy of always predicting the most frequent piece, logged with every eval.
+    top_piece, unigram_accuracy = loader.unigram_baseline(data, tok.vocab_size)
+    logging.info("unigram baseline: the most frequent piece %r is %.1f %% of training tokens",
+                 tok.id_to_piece(top_piece), 100 * unigram_accuracy)
     eval_data = [
         sharding.global_batch_from_full(b[: len(b) - len(b) % dp], mesh)
         for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
@@ -204,7 +208,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     try:
         return _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt,
-                           writer, mesh, rules, start)
+                           writer, mesh, rules, start, unigram_accuracy)
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.
         ckpt.close()
@@ -212,7 +216,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, writer,
-                mesh, rules, start) -> dict[str, float]:
+                mesh, rules, start, unigram_accuracy: float) -> dict[str, float]:
     """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
     non-finite and preemption policies."""
     t = config.train
@@ -251,6 +255,7 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
                 window = []
             if step % t.eval_every == 0 or step == t.num_steps:
                 eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)
+                eval_metrics["unigram_accuracy"] = unigram_accuracy
                 writer.write("eval", step, eval_metrics)
             preempted = stop.received or ckpt.reached_preemption(step)
             ckpt.save(step, state, {"step": step, "data_position": step},
