@@ -2,7 +2,8 @@
 
 Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning configs
 (configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train; the effective-rank
-analysis (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run.
+analysis (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
+(configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask.
 
 Any config field can be overridden with --config.<field>=<value>.
 """
@@ -17,7 +18,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from maelm_jax import distributed, errors
+from maelm_jax import distributed, errors, fill_mask
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.training import loop
@@ -126,6 +127,8 @@ def main(argv):
             finetune_train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
         elif mode == "rank":
             analysis_run.analyse(FLAGS.config, FLAGS.workdir)
+        elif mode == "fill_mask":
+            fill_mask.run(FLAGS.config, FLAGS.workdir)
         else:
             loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
     except errors.UserError as e:

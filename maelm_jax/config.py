@@ -114,6 +114,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.eval_batches = 20
     c.train.checkpoint_every = 2000
     c.train.keep_checkpoints = 3
+    # After the last step, fill-mask on this many held-out blocks, logged and written to
+    # <workdir>/fill_mask.md (0: none).
+    c.train.fill_mask_examples = 0
     return c
 
 
@@ -163,6 +166,7 @@ FIELDS: dict[str, schema.Field] = {
     "train.eval_batches": schema.integer(1),
     "train.checkpoint_every": schema.integer(1),
     "train.keep_checkpoints": schema.integer(1),
+    "train.fill_mask_examples": schema.integer(0),
 }
 # Path fields of a corpus source (data.sources.<name>.<field>).
 _SOURCE_PATH_FIELDS = ("path", "data_dir")

@@ -48,4 +48,5 @@ def get_config(arg: str | None = None):
     c.train.eval_every = 500
     c.train.eval_batches = 8
     c.train.checkpoint_every = 500
+    c.train.fill_mask_examples = 3  # end by showing what the model predicts
     return c

@@ -106,7 +106,7 @@ def resolve_checkpoint(init_from: str) -> tuple[pathlib.Path, pathlib.Path]:
                           f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
 
 
-def _read_json(path: pathlib.Path) -> dict:
+def read_json(path: pathlib.Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"config.init_from: {path} is missing; it describes the encoder")
     try:
@@ -117,10 +117,10 @@ def _read_json(path: pathlib.Path) -> dict:
 
 def _architecture(workdir: pathlib.Path, vocab_size: int) -> tuple[dict, str]:
     """(architecture dict, "pretraining" or "fine-tuning") from the workdir's files."""
-    run_config = _read_json(workdir / CONFIG_FILE)
+    run_config = read_json(workdir / CONFIG_FILE)
     if run_config.get("mode") == "finetune":
         path = workdir / ENCODER_FILE
-        arch = _read_json(path)
+        arch = read_json(path)
         wrong = [k for k, kind in _ARCH_TYPES.items() if type(arch.get(k)) is not kind]
         if wrong:
             raise CheckpointError(f"config.init_from: {path}: field {wrong[0]!r} is missing or "
@@ -146,14 +146,14 @@ def _merge(defaults: dict, recorded: dict) -> dict:
     return out
 
 
-def _find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Tokenizer:
+def find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Tokenizer:
     """config.tokenizer_path, else the workdir's tokenizer.model, else the pretraining
     config's tokenizer.model_path (a run given an existing model does not copy it)."""
     if configured:
         return tokenizer_lib.load_tokenizer(configured)
     if (workdir / TOKENIZER_FILE).is_file():
         return tokenizer_lib.load_tokenizer(str(workdir / TOKENIZER_FILE))
-    run_config = _read_json(workdir / CONFIG_FILE)
+    run_config = read_json(workdir / CONFIG_FILE)
     model_path = (run_config.get("tokenizer") or {}).get("model_path") or ""
     if model_path and os.path.isfile(model_path):
         return tokenizer_lib.load_tokenizer(model_path)
@@ -162,13 +162,13 @@ def _find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Tok
                           f"config.tokenizer_path")
 
 
-def _tree_metadata(state_dir: pathlib.Path) -> Any:
+def _tree_metadata(state_dir: pathlib.Path, field: str) -> Any:
     import orbax.checkpoint as ocp
 
     try:
         meta = ocp.PyTreeCheckpointer().metadata(state_dir)
     except Exception as e:  # orbax raises many types for a directory it cannot read
-        raise CheckpointError(f"config.init_from: {state_dir} is not an orbax checkpoint "
+        raise CheckpointError(f"{field}: {state_dir} is not an orbax checkpoint "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                               ) from None
     meta = getattr(meta, "item_metadata", meta)
@@ -177,21 +177,29 @@ def _tree_metadata(state_dir: pathlib.Path) -> Any:
 
 def restore_encoder_params(step_dir: pathlib.Path) -> Any:
     """params["encoder"] of the checkpoint's ``state`` item, as numpy arrays, nothing else."""
+    return restore_params(step_dir, "encoder")
+
+
+def restore_params(step_dir: pathlib.Path, part: str | None = None,
+                   field: str = "config.init_from") -> Any:
+    """The checkpoint's params (or only params[part]) as numpy arrays, without the optimiser
+    state. `field` is the setting that named the checkpoint, for error messages."""
     import orbax.checkpoint as ocp
 
     from maelm_jax.training import checkpoint as checkpoint_lib
 
     state_dir = step_dir.absolute() / STATE_ITEM  # orbax reads nothing from a relative path
     if not state_dir.is_dir():
-        raise CheckpointError(f"config.init_from: {step_dir} has no '{STATE_ITEM}' item; it is "
+        raise CheckpointError(f"{field}: {step_dir} has no '{STATE_ITEM}' item; it is "
                               f"not a maelm_jax checkpoint")
-    tree = _tree_metadata(state_dir)
-    encoder = tree.get("params", {}).get("encoder") if isinstance(tree, dict) else None
-    if not isinstance(encoder, dict):
-        raise CheckpointError(f"config.init_from: {step_dir} holds no params['encoder']; it is "
-                              f"not a pretraining or fine-tuning checkpoint")
-    abstract = {"params": {"encoder": jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), encoder)}}
+    tree = _tree_metadata(state_dir, field)
+    params = tree.get("params") if isinstance(tree, dict) else None
+    wanted = params.get(part) if isinstance(params, dict) and part else params
+    if not isinstance(wanted, dict):
+        raise CheckpointError(f"{field}: {step_dir} holds no params{f'[{part!r}]' if part else ''}"
+                              f"; it is not a pretraining or fine-tuning checkpoint")
+    shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), wanted)
+    abstract = {"params": {part: shapes} if part else shapes}
     # Numpy, not jax arrays: independent of the devices and sharding it was saved with.
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
     try:
@@ -202,10 +210,10 @@ def restore_encoder_params(step_dir: pathlib.Path) -> Any:
                                         partial_restore=True),
         )
     except Exception as e:  # orbax and tensorstore raise many types for damaged files
-        raise CheckpointError(f"config.init_from: {step_dir} cannot be restored ("
+        raise CheckpointError(f"{field}: {step_dir} cannot be restored ("
                               f"{checkpoint_lib.failure_reason(e)}); it may be damaged: name "
                               f"an older <workdir>/checkpoints/<step>") from None
-    return restored["params"]["encoder"]
+    return restored["params"][part] if part else restored["params"]
 
 
 def check_encoder_params(params: Any, expected: Any, where: str, tokenizer_path: str) -> None:
@@ -248,7 +256,7 @@ def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dt
                     tokenizer_path: str = "") -> Pretrained:
     """Resolves, reads and checks the encoder a fine-tuning run starts from."""
     workdir, step_dir = resolve_checkpoint(init_from)
-    tok = _find_tokenizer(workdir, tokenizer_path)
+    tok = find_tokenizer(workdir, tokenizer_path)
     arch, kind = _architecture(workdir, tok.vocab_size)
     if arch["vocab_size"] != tok.vocab_size:
         raise CheckpointError(f"config.init_from: {workdir} was trained with a vocabulary of "

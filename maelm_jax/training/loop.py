@@ -10,6 +10,7 @@ import pathlib
 import signal
 import threading
 import time
+from typing import Any
 
 import jax
 import ml_collections
@@ -17,7 +18,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, errors, masking, schema, sharding
+from maelm_jax import distributed, errors, fill_mask, masking, schema, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -207,18 +208,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     )
 
     try:
-        return _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt,
-                           writer, mesh, rules, start, unigram_accuracy)
+        metrics, state = _train_loop(config, state, train_step, eval_step, eval_data, batches,
+                                     ckpt, writer, mesh, rules, start, unigram_accuracy)
+        if t.fill_mask_examples and int(state.step) == t.num_steps:
+            _show_fill_mask(config, workdir, tok, data, jax.device_get(state.params))
+        return metrics
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.
         ckpt.close()
         writer.close()
 
 
+def _show_fill_mask(config, workdir: pathlib.Path, tok, data, params) -> None:
+    """What the model learned: fill-mask on a few held-out blocks, logged and written to
+    <workdir>/fill_mask.md (process 0)."""
+    if not distributed.is_leader():
+        return
+    blocks = np.concatenate([np.asarray(data.valid[n]) for n in sorted(data.valid)], axis=0)
+    masker = fill_mask.FillMasker(config, tok, params)
+    examples = fill_mask.examples_from_blocks(masker, blocks, config.train.fill_mask_examples,
+                                              config.seed)
+    text = fill_mask.write_examples(workdir, examples, tok, config.train.num_steps)
+    logging.info("what the model predicts on held-out text (also in %s):\n%s",
+                 workdir / fill_mask.EXAMPLES_FILE, text)
+
+
 def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, writer,
-                mesh, rules, start, unigram_accuracy: float) -> dict[str, float]:
+                mesh, rules, start, unigram_accuracy: float) -> tuple[dict[str, float], Any]:
     """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
-    non-finite and preemption policies."""
+    non-finite and preemption policies. Returns (the last eval's metrics, the state)."""
     t = config.train
     throughput = _Throughput(start, t.batch_size * config.data.seq_len, t.num_steps)
     window: list[dict] = []
@@ -266,4 +284,4 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
                                 "command to resume", step)
                 break
     ckpt.wait()
-    return eval_metrics
+    return eval_metrics, state

@@ -1,0 +1,235 @@
+"""Fill-mask: the pieces a pretrained model predicts for the ``<mask>`` marks of a text.
+
+    python main.py --config=configs/fill_mask.py --workdir=runs/quickstart \
+        --config.text="The <mask> module provides functions for working with files."
+
+One ``<mask>`` is one piece (the tokenizer encodes the literal to ``MASK_ID``). The model
+is the pretraining run's whole network: for MAE-LM and 3ML the masked positions are left
+out of the encoder and the decoder predicts them, exactly as in pretraining; for MLM the
+encoder reads ``<mask>`` there. The workdir is only read. A pretraining run with
+``train.fill_mask_examples > 0`` ends with the same predictions for held-out blocks
+(``examples_from_blocks``), written to ``<workdir>/fill_mask.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from maelm_jax import config as pretrain_config
+from maelm_jax import errors, masking, schema
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.analysis import inputs
+from maelm_jax.finetune import loading
+from maelm_jax.models import pretrain as pretrain_lib
+
+MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
+EXAMPLES_FILE = "fill_mask.md"
+# Held-out examples mask this share of a block's word-initial pieces, as pretraining masks
+# 15 % of positions.
+EXAMPLE_MASK_RATIO = 0.15
+
+
+class FillMaskError(errors.UserError):
+    """A fill-mask input mistake; the message names the field or file."""
+
+
+def fill_mask_defaults() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.mode = "fill_mask"  # main.py dispatches on it
+    # The texts, each with one or more <mask> marks: a string (several separated by "|")
+    # or a list of strings.
+    c.text = ""
+    c.top_k = 5  # predictions shown per <mask>
+    return c
+
+
+FIELDS: dict[str, schema.Field] = {
+    "mode": schema.choice("fill_mask"),
+    "text": schema.Field((str, list, tuple), "a text with <mask>, '|'-separated texts or a "
+                         "list", lambda v: bool(_texts(v))),
+    "top_k": schema.integer(1),
+}
+
+
+def _texts(value: Any) -> list[str]:
+    parts = value.split("|") if isinstance(value, str) else [str(v) for v in value]
+    return [p.strip() for p in parts if p.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Filled:
+    """One text's predictions: `top_ids`/`top_probs` [k, top_k] per masked position."""
+
+    ids: np.ndarray  # [n] the input ids, MASK_ID at the masked positions
+    masked: np.ndarray  # [k] masked positions, ascending
+    top_ids: np.ndarray
+    top_probs: np.ndarray
+    targets: np.ndarray | None = None  # [k] the true pieces, when known
+
+
+class FillMasker:
+    """A pretraining run's model and parameters, ready to predict masked pieces."""
+
+    def __init__(self, run_config: ml_collections.ConfigDict,
+                 tok: tokenizer_lib.Tokenizer, params: Any):
+        self.config = run_config
+        self.tok = tok
+        self.params = params
+        self.seq_len = int(run_config.data.seq_len)
+        self._applies: dict[int, Any] = {}  # one jitted model per text length
+
+    @classmethod
+    def from_workdir(cls, workdir: str) -> "FillMasker":
+        """The newest finished checkpoint of a pretraining workdir (read only)."""
+        try:
+            run_dir, step_dir = loading.resolve_checkpoint(workdir)
+            recorded = loading.read_json(run_dir / loading.CONFIG_FILE)
+            if recorded.get("mode", "pretrain") != "pretrain":
+                raise FillMaskError(f"--workdir: {run_dir} is a {recorded['mode']} run; "
+                                    "fill-mask needs a pretraining workdir (its decoder and "
+                                    "LM head)")
+            tok = loading.find_tokenizer(run_dir, "")
+            params = loading.restore_params(step_dir, field="--workdir")
+        except loading.CheckpointError as e:
+            raise FillMaskError(str(e).replace("config.init_from", "--workdir")) from None
+        return cls(inputs.run_config(recorded), tok, params)
+
+    def _apply(self, n: int):
+        """The model for texts of n pieces. MAE-LM's self-attention decoder spans the whole
+        sequence: it is built for length n and reads the first n rows of its position table
+        (pretraining always fills all L positions; a shorter text must not add phantom
+        [MASK] positions)."""
+        if n not in self._applies:
+            cfg = pretrain_config.model_config(self.config, self.tok.vocab_size)
+            params = self.params
+            if cfg.decoder is not None:
+                cfg = dataclasses.replace(cfg, decoder=dataclasses.replace(cfg.decoder, seq_len=n))
+                if not cfg.decoder.share_positions:
+                    decoder = dict(params["decoder"])
+                    table = decoder["position_embeddings"]["embedding"]
+                    decoder["position_embeddings"] = {"embedding": table[:n]}
+                    params = {**params, "decoder": decoder}
+            model = pretrain_lib.PretrainModel(cfg)
+            self._applies[n] = (jax.jit(model.apply), params)
+        return self._applies[n]
+
+    def predict(self, ids: Sequence[int], masked: Sequence[int], top_k: int = 5,
+                targets: Sequence[int] | None = None) -> Filled:
+        """ids [n] with MASK_ID at `masked` [k] (ascending positions)."""
+        ids, masked = np.asarray(ids, np.int32), np.asarray(sorted(masked), np.int32)
+        n, k = len(ids), len(masked)
+        kept = np.setdiff1d(np.arange(n, dtype=np.int32), masked)
+        removed = self.config.objective == "maelm"
+        batch = masking.MaskedBatch(
+            inputs=ids[None],
+            enc_index=(kept if removed else np.arange(n, dtype=np.int32))[None],
+            pred_index=masked[None],
+            targets=np.zeros((1, k), np.int32),
+            weights=np.ones((1, k), np.float32),
+        )
+        apply, params = self._apply(n)
+        logits = np.asarray(apply({"params": params}, batch))[0]  # [k, V]
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+        return Filled(ids, masked, top, np.take_along_axis(probs, top, -1),
+                      None if targets is None else np.asarray(targets, np.int32))
+
+    def encode_text(self, text: str, field: str = "config.text") -> tuple[np.ndarray, np.ndarray]:
+        """(<s> text </s> as ids [n], the positions of its <mask> marks [k])."""
+        pieces = self.tok.encode([text])[0]
+        # "word <mask>" encodes the space as a piece of its own before <mask>; the mask
+        # then stands for a word-initial piece ("▁os"), as in pretraining.
+        space = [i for i, p in enumerate(pieces[:-1])
+                 if pieces[i + 1] == tokenizer_lib.MASK_ID and self.tok.id_to_piece(p) == "▁"]
+        pieces = [p for i, p in enumerate(pieces) if i not in set(space)]
+        ids = np.asarray([tokenizer_lib.BOS_ID, *pieces, tokenizer_lib.EOS_ID], np.int32)
+        masked = np.flatnonzero(ids == tokenizer_lib.MASK_ID)
+        if not len(masked):
+            raise FillMaskError(f"{field}: {text!r} has no {MASK_MARK}; mark each piece to "
+                                f"predict with {MASK_MARK}")
+        if len(ids) > self.seq_len:
+            raise FillMaskError(f"{field}: {text!r} is {len(ids)} pieces with <s> and </s>; "
+                                f"the model was pretrained on {self.seq_len}")
+        return ids, masked
+
+
+def examples_from_blocks(masker: FillMasker, blocks: np.ndarray, count: int, seed: int,
+                         top_k: int = 5) -> list[Filled]:
+    """`count` held-out blocks [N, L] (evenly spaced), each with 15 % of its word-initial
+    pieces (at least one) masked, deterministically from `seed`."""
+    rng = np.random.default_rng(seed)
+    chosen = np.linspace(0, len(blocks) - 1, num=min(count, len(blocks))).astype(int)
+    out = []
+    for i in chosen:
+        block = np.asarray(blocks[i], np.int32)
+        starts = [j for j, t in enumerate(block) if t >= tokenizer_lib.NUM_SPECIAL
+                  and masker.tok.id_to_piece(int(t)).startswith("▁")
+                  and len(masker.tok.id_to_piece(int(t))) > 1]
+        if not starts:
+            continue
+        k = max(1, round(EXAMPLE_MASK_RATIO * len(starts)))
+        masked = np.sort(rng.choice(starts, size=k, replace=False))
+        ids = block.copy()
+        ids[masked] = tokenizer_lib.MASK_ID
+        out.append(masker.predict(ids, masked, top_k, targets=block[masked]))
+    return out
+
+
+def format_filled(filled: Filled, tok: tokenizer_lib.Tokenizer) -> str:
+    """The text with <mask>, then a line per mask: (true piece,) top-k with probabilities."""
+    body = [int(t) for t in filled.ids if t not in (tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID)]
+    lines = [f"input: {_decode(body, tok)}"]
+    for m in range(len(filled.masked)):
+        guesses = " | ".join(f"{tok.id_to_piece(int(t))} {p:.3f}"
+                             for t, p in zip(filled.top_ids[m], filled.top_probs[m]))
+        truth = ("" if filled.targets is None
+                 else f" (true: {tok.id_to_piece(int(filled.targets[m]))})")
+        lines.append(f"  {MASK_MARK} {m + 1}{truth}: {guesses}")
+    return "\n".join(lines)
+
+
+def _decode(ids: list[int], tok: tokenizer_lib.Tokenizer) -> str:
+    """Decodes around each <mask> (sentencepiece drops the spaces next to a user-defined
+    symbol): a mask stands for a word-initial piece, and a run after it starts with a space
+    only if its first piece does ("the <mask> module", "the <mask>.")."""
+    text, run = "", []
+    for t in ids + [None]:
+        if t is not None and t != tokenizer_lib.MASK_ID:
+            run.append(t)
+            continue
+        if run:
+            space = " " if text and tok.id_to_piece(run[0]).startswith("▁") else ""
+            text += space + tok.decode(run)
+            run = []
+        if t is not None:
+            text += (" " if text else "") + MASK_MARK
+    return text
+
+
+def write_examples(workdir: pathlib.Path, examples: list[Filled],
+                   tok: tokenizer_lib.Tokenizer, step: int) -> str:
+    """Writes <workdir>/fill_mask.md and returns its text."""
+    text = (f"# Fill-mask on held-out blocks, step {step}\n\n"
+            + "\n\n".join(f"```\n{format_filled(f, tok)}\n```" for f in examples) + "\n")
+    (workdir / EXAMPLES_FILE).write_text(text)
+    return text
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> list[Filled]:
+    """The fill-mask command: prints each text's predictions."""
+    schema.check(config, FIELDS, fill_mask_defaults(), FillMaskError)
+    masker = FillMasker.from_workdir(str(pathlib.Path(workdir).expanduser().absolute()))
+    results = []
+    for text in _texts(config.text):
+        ids, masked = masker.encode_text(text)
+        filled = masker.predict(ids, masked, config.top_k)
+        print(format_filled(filled, masker.tok), flush=True)
+        results.append(filled)
+    return results
