@@ -3,7 +3,8 @@
 Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning configs
 (configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train; the effective-rank
 analysis (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
-(configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask.
+(configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask; the laptop-scale
+study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run.
 
 Any config field can be overridden with --config.<field>=<value>.
 """
@@ -21,6 +22,7 @@ from ml_collections import config_flags
 from maelm_jax import distributed, errors, fill_mask
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.study import run as study_run
 from maelm_jax.training import loop
 
 FLAGS = flags.FLAGS
@@ -129,6 +131,8 @@ def main(argv):
             analysis_run.analyse(FLAGS.config, FLAGS.workdir)
         elif mode == "fill_mask":
             fill_mask.run(FLAGS.config, FLAGS.workdir)
+        elif mode == "study":
+            study_run.run(FLAGS.config, FLAGS.workdir)
         else:
             loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
     except errors.UserError as e:

@@ -1,0 +1,1 @@
+"""The laptop-scale study: MLM, MAE-LM and 3ML pretrained alike, analysed and fine-tuned."""

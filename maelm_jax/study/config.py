@@ -1,0 +1,116 @@
+"""The study config: which models, on what, and how each is fine-tuned.
+
+``config.pretrain`` is a whole pretraining config (any field can be overridden from the
+command line, e.g. ``--config.pretrain.data.sources.main.kind=wikiextractor``); each
+model of ``config.models`` starts from it and changes only what defines that model
+(``MODEL_CHANGES``), so every model sees the same corpus, tokenizer, token budget,
+optimiser settings and seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from maelm_jax import config as pretrain_config
+from maelm_jax import errors, schema
+
+# What defines each model of the papers, on top of the shared pretraining config.
+# 3ML (Table 4): 40 % masking with 80-10-10, a 2-layer half-width decoder, dropout 0.1 on
+# the whole model; 3ML_cross's decoder is pre-LN (post-LN does not train, Section 3).
+MODEL_CHANGES: dict[str, dict[str, Any]] = {
+    "mlm": {"objective": "mlm"},
+    "maelm": {"objective": "maelm"},
+    "3ml_self": {"objective": "maelm", "masking.mask_ratio": 0.4, "masking.mask_frac": 0.8,
+                 "masking.random_frac": 0.1, "model.decoder.num_layers": 2,
+                 "model.decoder.dropout": 0.1, "model.decoder.attention_dropout": 0.1,
+                 "half_width_decoder": True},
+    "3ml_cross": {"objective": "maelm", "masking.mask_ratio": 0.4, "masking.mask_frac": 0.8,
+                  "masking.random_frac": 0.1, "model.decoder.num_layers": 2,
+                  "model.decoder.kind": "cross", "model.decoder.pre_ln": True,
+                  "model.decoder.dropout": 0.1, "model.decoder.attention_dropout": 0.1,
+                  "half_width_decoder": True},
+}
+# GLUE directory names the study knows, with the names fine-tuning configs take.
+GLUE_TASKS = {"RTE": "rte", "MRPC": "mrpc", "STS-B": "stsb", "CoLA": "cola", "SST-2": "sst2"}
+
+
+class StudyConfigError(errors.UserError):
+    """A study config mistake; the message names the field and what is expected."""
+
+
+def study_defaults() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.mode = "study"  # main.py dispatches on it
+    c.models = ("mlm", "maelm", "3ml_self", "3ml_cross")
+    c.pretrain = pretrain_config.pretrain_defaults()
+    c.glue_dir = ""  # the GLUE directory (<dir>/RTE/train.tsv, ...); empty: no fine-tuning
+    c.tasks = tuple(GLUE_TASKS)
+    c.seeds = (1, 2, 3, 4, 5)  # fine-tuning seeds; each task reports the median
+    c.finetune = ml_collections.ConfigDict()
+    c.finetune.max_seq_len = 128
+    c.finetune.max_train_examples = 2000  # per task (0 = all): SST-2 alone has 67K
+    c.finetune.num_epochs = 3
+    c.finetune.batch_size = 32
+    c.finetune.learning_rate = 1e-3
+    c.finetune.warmup_ratio = 0.06
+    c.rank_tokens = 0  # tokens of held-out text per run (0: 100 x d_model)
+    return c
+
+
+def names(value: Any) -> list[str]:
+    """A tuple of names, or comma-separated names (`--config.tasks=RTE,MRPC` arrives as
+    ('RTE,MRPC',))."""
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return [n.strip() for item in items for n in item.split(",") if n.strip()]
+
+
+def _names_of(*allowed: str) -> schema.Field:
+    return schema.Field((str, list, tuple), f"names among {', '.join(allowed)}",
+                        lambda v: bool(names(v)) and set(names(v)) <= set(allowed))
+
+
+FIELDS: dict[str, schema.Field] = {
+    "mode": schema.choice("study"),
+    "models": _names_of(*MODEL_CHANGES),
+    "pretrain": schema.free_form("a pretraining config (maelm_jax/config.py)"),
+    "glue_dir": schema.path("the GLUE directory, or empty to skip fine-tuning"),
+    "tasks": _names_of(*GLUE_TASKS),
+    "seeds": schema.sequence_of(schema.integer(0), min_len=1),
+    "finetune.max_seq_len": schema.integer(8),
+    "finetune.max_train_examples": schema.integer(0),
+    "finetune.num_epochs": schema.integer(1),
+    "finetune.batch_size": schema.integer(1),
+    "finetune.learning_rate": schema.number(0.0, low_open=True),
+    "finetune.warmup_ratio": schema.number(0.0, 1.0),
+    "rank_tokens": schema.integer(0),
+}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    schema.check(config, FIELDS, study_defaults(), StudyConfigError)
+    for name in names(config.models):
+        try:
+            pretrain_config.validate(model_config(config, name))
+        except errors.UserError as e:  # its fields live under config.pretrain here
+            raise StudyConfigError(f"{str(e).replace('config.', 'config.pretrain.', 1)} "
+                                   f"(model {name})") from None
+
+
+def model_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    """The pretraining config of one model of the study."""
+    c = config.pretrain.copy_and_resolve_references()
+    for field, value in MODEL_CHANGES[name].items():
+        if field == "half_width_decoder":
+            c.model.decoder.d_model = c.model.d_model // 2
+            c.model.decoder.d_ff = c.model.d_ff // 2
+            c.model.decoder.num_heads = max(1, c.model.num_heads // 2)
+            continue
+        *path, leaf = field.split(".")
+        node = c
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    c.train.fill_mask_examples = 0
+    return c

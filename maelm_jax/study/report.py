@@ -1,0 +1,145 @@
+"""The study's outputs: study.json, study.md and its plots.
+
+* ``study.json``: everything the table and plots show, and each model's config.
+* ``study.md``: one row per model (pretraining eval loss and accuracy next to the unigram
+  baseline, last-layer rank_tau with and without [MASK], the GLUE medians and their
+  average, wall time, training FLOPs), then each task's per-seed scores.
+* ``loss_curves.png``: every model's train and eval loss against the step.
+* ``rank_layers.png``: the rank analysis's Fig. 1(a) plot, copied next to the table.
+* ``glue_medians.png``: a bar chart of the GLUE medians per task and model.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import numpy as np
+
+JSON_FILE = "study.json"
+MARKDOWN_FILE = "study.md"
+LOSS_PLOT = "loss_curves.png"
+RANK_PLOT = "rank_layers.png"
+GLUE_PLOT = "glue_medians.png"
+_NAMES = {"mlm": "MLM", "maelm": "MAE-LM", "3ml_self": "3ML_self", "3ml_cross": "3ML_cross"}
+
+
+def read_metrics(workdir: pathlib.Path, split: str) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("split") == split]
+
+
+def pretraining_metrics(workdir: pathlib.Path) -> dict:
+    """The last eval of a pretraining workdir (loss, accuracy, unigram baseline)."""
+    evals = read_metrics(workdir, "eval")
+    if not evals:
+        return {}
+    last = evals[-1]
+    keys = ("step", "loss", "accuracy", "mask_loss", "mask_accuracy", "unigram_accuracy")
+    return {f"eval_{k}" if k != "step" else k: last[k] for k in keys if k in last}
+
+
+def _fmt(value, spec: str = ".2f", empty: str = "—") -> str:
+    return empty if value is None else format(value, spec)
+
+
+def markdown(result: dict) -> str:
+    names, glue = result["models"], result["glue"]
+    tasks = sorted({t for per_task in glue.values() for t in per_task})
+    rank = {r["path"]: r["last_layer"] for r in result["rank"]["runs"]}
+    header = (["model", "[MASK] loss", "[MASK] acc. %", "unigram acc. %", "rank (no [MASK])",
+               "rank (with [MASK])"] + tasks + (["GLUE avg."] if tasks else [])
+              + ["pretraining time", "training FLOPs"])
+    lines = ["# Laptop-scale study", "",
+             "Same corpus, tokenizer, token budget, optimiser settings and seed for every "
+             f"model; rank_tau with tau = {result['rank']['tau']:g} on held-out blocks "
+             f"(last encoder layer); GLUE: dev medians over seeds {result['seeds']}"
+             + (f" from {result['glue_dir']}" if result["glue_dir"] else
+                " (no glue_dir given: no fine-tuning)") + ".", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for n in names:
+        p = result["pretraining"][n]
+        r = rank.get(p["workdir"], {})
+        scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
+        row = [_NAMES.get(n, n), _fmt(p.get("eval_mask_loss")),
+               _fmt(None if p.get("eval_mask_accuracy") is None
+                    else 100 * p["eval_mask_accuracy"], ".1f"),
+               _fmt(None if p.get("eval_unigram_accuracy") is None
+                    else 100 * p["eval_unigram_accuracy"], ".1f"),
+               _fmt(r.get("without_mask"), "d"), _fmt(r.get("with_mask"), "d")]
+        row += [_fmt(s, ".1f") for s in scores]
+        if tasks:
+            row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
+        row += [_fmt(None if p.get("seconds") is None else p["seconds"] / 60, ".1f") + " min",
+                _fmt(p.get("train_flops"), ".3g")]
+        lines.append("| " + " | ".join(row) + " |")
+    if tasks:
+        lines += ["", "Per seed (dev, the task's metric):", ""]
+        for t in tasks:
+            for n in names:
+                entry = glue.get(n, {}).get(t)
+                if entry:
+                    seeds = ", ".join(f"{v:.1f}" for v in entry["per_seed"].values())
+                    lines.append(f"- {t} {entry['metric']}, {_NAMES.get(n, n)}: {seeds} "
+                                 f"(median {entry['median']:.1f}; {entry['seconds'] / 60:.1f} min)")
+    lines += ["", f"![losses]({LOSS_PLOT})", f"![rank]({RANK_PLOT})"]
+    if tasks:
+        lines.append(f"![glue]({GLUE_PLOT})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, n in enumerate(result["models"]):
+        workdir = pathlib.Path(result["pretraining"][n]["workdir"])
+        colour = f"C{i}"
+        for split, style in (("train", ":"), ("eval", "-")):
+            rows = read_metrics(workdir, split)
+            if rows:
+                ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], style,
+                        color=colour, label=f"{_NAMES.get(n, n)} {split}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("masked-token loss")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(root / LOSS_PLOT, dpi=120)
+    plt.close(fig)
+    written.append(root / LOSS_PLOT)
+
+    rank_plot = root / "rank" / RANK_PLOT
+    if rank_plot.is_file():
+        shutil.copyfile(rank_plot, root / RANK_PLOT)
+        written.append(root / RANK_PLOT)
+
+    glue = result["glue"]
+    tasks = sorted({t for per_task in glue.values() for t in per_task})
+    if tasks:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        width = 0.8 / len(result["models"])
+        for i, n in enumerate(result["models"]):
+            values = [glue.get(n, {}).get(t, {}).get("median", np.nan) for t in tasks]
+            ax.bar(np.arange(len(tasks)) + i * width, values, width, label=_NAMES.get(n, n))
+        ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
+        ax.set_xticklabels(tasks)
+        ax.set_ylabel("dev median")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(root / GLUE_PLOT, dpi=120)
+        plt.close(fig)
+        written.append(root / GLUE_PLOT)
+    return written
+
+
+def write(root: pathlib.Path, result: dict) -> list[pathlib.Path]:
+    (root / JSON_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    (root / MARKDOWN_FILE).write_text(markdown(result))
+    return [root / JSON_FILE, root / MARKDOWN_FILE, *plot(result, root)]

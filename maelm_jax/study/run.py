@@ -1,0 +1,150 @@
+"""The study, top to bottom: `run(config, workdir)`.
+
+shared tokenizer -> each model pretrained (<workdir>/pretrain/<model>) -> the rank
+analysis of all of them (<workdir>/rank) -> each model fine-tuned on each GLUE task found
+with every seed (<workdir>/finetune/<model>/<task>, a sweep of one setting) -> study.json,
+study.md and the plots. Every step is an ordinary workdir: a finished one is reused, an
+interrupted one resumes, so running the same command again continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import ml_collections
+from absl import logging
+
+from maelm_jax import config as pretrain_config
+from maelm_jax import flops, schema
+from maelm_jax.analysis import config as rank_config
+from maelm_jax.analysis import report as rank_report
+from maelm_jax.analysis import run as rank_run
+from maelm_jax.data import pipeline
+from maelm_jax.finetune import config as finetune_config_lib
+from maelm_jax.finetune import glue, sweep
+from maelm_jax.study import config as config_lib
+from maelm_jax.study import report
+from maelm_jax.training import loop
+from maelm_jax.training import workdir as workdir_lib
+
+TIMES_FILE = "study_time.json"  # wall seconds spent in a sub-run, summed over resumes
+
+
+def _timed(directory: pathlib.Path, work) -> float:
+    """Runs work(), adds its wall time to directory/TIMES_FILE; returns the total."""
+    start = time.perf_counter()
+    work()
+    path = directory / TIMES_FILE
+    total = (json.loads(path.read_text())["seconds"] if path.is_file() else 0.0)
+    total += time.perf_counter() - start
+    path.write_text(json.dumps({"seconds": total}))
+    return total
+
+
+def _finished_pretraining(workdir: pathlib.Path, num_steps: int) -> bool:
+    return (workdir / "checkpoints" / str(num_steps)).is_dir()
+
+
+def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+    if _finished_pretraining(workdir, c.train.num_steps):
+        logging.info("study: %s is pretrained, skipping", name)
+    else:
+        logging.info("study: pretraining %s in %s", name, workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        _timed(workdir, lambda: loop.train_and_evaluate(c, str(workdir)))
+    vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
+    step = (flops.step_flops(c, vocab) if c.model.decoder.kind == "self" or c.objective == "mlm"
+            else None)  # 3ML_cross's eq. (4) is not in maelm_jax/flops.py yet
+    return {"workdir": str(workdir), "seconds": _seconds(workdir),
+            "train_flops": None if step is None else step * c.train.num_steps,
+            **report.pretraining_metrics(workdir)}
+
+
+def _seconds(directory: pathlib.Path) -> float | None:
+    path = directory / TIMES_FILE
+    return json.loads(path.read_text())["seconds"] if path.is_file() else None
+
+
+def _rank(config, names: list[str], pretrained: dict, out: pathlib.Path) -> dict:
+    done = out / rank_report.JSON_FILE
+    runs = [pretrained[n]["workdir"] for n in names]
+    if done.is_file() and [r["path"] for r in json.loads(done.read_text())["runs"]] == runs:
+        logging.info("study: the rank analysis is done, skipping")
+        return json.loads(done.read_text())
+    c = rank_config.rank_defaults()
+    c.runs = ",".join(runs)
+    c.num_tokens = config.rank_tokens
+    c.mesh.shape = (1, 1, 1)
+    return rank_run.analyse(c, str(out))
+
+
+def _glue_tasks(config) -> list[str]:
+    if not config.glue_dir:
+        return []
+    tasks = config_lib.names(config.tasks)
+    found = [t for t in tasks if (pathlib.Path(config.glue_dir) / t).is_dir()]
+    for task in tasks:
+        if task not in found:
+            logging.warning("study: %s is not in %s, skipped", task, config.glue_dir)
+    return found
+
+
+def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigDict:
+    """One model's fine-tuning on one task: a sweep of one setting over the study's seeds."""
+    f = config.finetune
+    c = finetune_config_lib.finetune_defaults()
+    c.task = glue.get_task(config_lib.GLUE_TASKS[task]).tfds_config
+    c.data.source = "files"
+    c.init_from = init_from
+    c.data.data_dir = config.glue_dir
+    c.data.max_seq_len = f.max_seq_len
+    c.data.max_train_examples = f.max_train_examples
+    c.sweep = True
+    c.grid.learning_rate = (f.learning_rate,)
+    c.grid.batch_size = (f.batch_size,)
+    c.grid.num_epochs = (f.num_epochs,)
+    c.grid.warmup_ratio = (f.warmup_ratio,)
+    c.grid.seeds = tuple(config.seeds)
+    c.predict_test = False
+    c.save_checkpoint = False
+    c.mesh.shape = (1, 1, 1)
+    return c
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Runs (or resumes) the study; returns what study.json holds."""
+    config_lib.validate(config)
+    root = pathlib.Path(schema.absolute(str(workdir)))
+    workdir_lib.check_directory(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(pretrain_config.to_json(config))
+    names = config_lib.names(config.models)
+    configs = {n: config_lib.model_config(config, n) for n in names}
+    # One tokenizer and one set of prepared blocks for every model.
+    shared = pretrain_config.resolve_paths(configs[names[0]])
+    tok = pipeline.setup_tokenizer(shared, root)
+    for c in configs.values():
+        c.tokenizer.model_path = tok.model_path
+        c.data.cache_dir = str(root / "data")
+    pretrained = {n: _pretrain(n, configs[n], root / "pretrain" / n) for n in names}
+    rank = _rank(config, names, pretrained, root / "rank")
+    glue: dict[str, dict[str, dict]] = {}
+    for task in _glue_tasks(config):
+        for n in names:
+            out = root / "finetune" / n / task
+            c = finetune_config(config, task, pretrained[n]["workdir"])
+            summary = sweep.run_sweep(c, str(out))
+            glue.setdefault(n, {})[task] = {
+                "metric": summary["primary_metric"],
+                "median": summary["best_median"][summary["primary_metric"]],
+                "per_seed": summary["settings"][0]["per_seed"],
+                "seconds": summary["settings"][0]["wall_seconds"],
+            }
+    result = {"models": names, "pretraining": pretrained, "rank": rank, "glue": glue,
+              "glue_dir": config.glue_dir, "seeds": list(config.seeds),
+              "pretrain_config": {n: json.loads(pretrain_config.to_json(configs[n]))
+                                  for n in names}}
+    report.write(root, result)
+    return result
