@@ -5,7 +5,7 @@
 `quickstart.py:mlm` trains the MLM baseline with the same settings.
 
 Sized for a 2-core laptop (a jitted fp32 matmul at about 70 GFLOP/s): tokenizer, data,
-2,000 steps, evals and the closing fill-mask examples in well under 10 minutes. Two
+1,500 steps, evals and the closing fill-mask examples in under 10 minutes. Two
 choices differ from the papers' base model, both for laptop scale (see the README section
 on the unigram plateau):
 
@@ -41,7 +41,7 @@ def get_config(arg: str | None = None):
     c.model.decoder.rel_pos_buckets = 32
     c.model.decoder.rel_pos_init = "local"
     c.train.batch_size = 32
-    c.train.num_steps = 2000
+    c.train.num_steps = 1500
     c.train.learning_rate = 3e-3
     c.train.warmup_steps = 100
     c.train.log_every = 100

@@ -1,0 +1,139 @@
+"""The laptop-scale study's plumbing on tiny models: files, resume, skipping, errors."""
+
+import json
+import re
+
+import pytest
+
+from maelm_jax import errors
+from maelm_jax.study import config as config_lib
+from maelm_jax.study import report
+from maelm_jax.study import run as study_run
+
+from tiny_config import tiny_config
+
+MODELS = ("mlm", "3ml_cross")  # the cheapest pair that covers both decoder kinds' plumbing
+
+
+def _write_glue(root):
+    """A few-row RTE in the GLUE layout (index, sentence1, sentence2, label)."""
+    rows = ["index\tsentence1\tsentence2\tlabel"]
+    for i in range(12):
+        label = "entailment" if i % 2 else "not_entailment"
+        rows.append(f"{i}\tThe module returns a list of {i} items.\tIt returns items.\t{label}")
+    (root / "RTE").mkdir(parents=True)
+    for split in ("train", "dev"):
+        (root / "RTE" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+
+
+def _config(tokenizer_path, glue_dir=""):
+    c = config_lib.study_defaults()
+    c.pretrain = tiny_config("maelm", tokenizer_path)
+    c.pretrain.train.num_steps = c.pretrain.train.checkpoint_every = 4
+    c.pretrain.train.eval_every = 4
+    c.models = MODELS
+    c.glue_dir = str(glue_dir)
+    c.tasks = ("RTE", "MRPC")  # MRPC is absent from the fixture: skipped with a warning
+    c.seeds = (1,)
+    c.finetune.max_seq_len = 32
+    c.finetune.num_epochs = 1
+    c.finetune.batch_size = 4
+    c.rank_tokens = 256
+    return c
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, tiny_tokenizer):
+    root = tmp_path_factory.mktemp("study")
+    _write_glue(root / "glue")
+    c = _config(tiny_tokenizer.model_path, root / "glue")
+    return root / "out", c, study_run.run(c, str(root / "out"))
+
+
+def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
+    out, _, result = study
+    assert result["models"] == list(MODELS)
+    for name in MODELS:
+        p = result["pretraining"][name]
+        assert p["step"] == 4 and p["seconds"] > 0 and 0 < p["eval_unigram_accuracy"] < 1
+        assert set(result["glue"][name]) == {"RTE"}
+        assert list(result["glue"][name]["RTE"]["per_seed"]) == ["1"]
+    # 3ML is 80-10-10 at 40 %: [MASK] figures sit next to random and unchanged ones.
+    assert "eval_mask_accuracy" in result["pretraining"]["3ml_cross"]
+    assert [r["label"] for r in result["rank"]["runs"]] == list(MODELS)
+    assert result["pretraining"]["mlm"]["train_flops"] > 0
+    configs = result["pretrain_config"]
+    # One tokenizer and corpus, one budget and seed.
+    for name in MODELS:
+        assert configs[name]["tokenizer"]["model_path"] == configs["mlm"]["tokenizer"][
+            "model_path"]
+        assert configs[name]["data"]["cache_dir"] == str(out / "data")
+        assert configs[name]["train"] == configs["mlm"]["train"]
+
+
+def test_models_differ_only_in_what_defines_them(tiny_tokenizer):
+    c = _config(tiny_tokenizer.model_path)
+    configs = {n: config_lib.model_config(c, n).to_dict() for n in config_lib.MODEL_CHANGES}
+    for name, cfg in configs.items():
+        for section in ("tokenizer", "data", "train", "seed"):
+            assert cfg[section] == configs["mlm"][section], (name, section)
+        assert cfg["model"]["num_layers"] == configs["mlm"]["model"]["num_layers"]
+    assert configs["mlm"]["objective"] == "mlm" and configs["maelm"]["objective"] == "maelm"
+    for name in ("3ml_self", "3ml_cross"):
+        m = configs[name]
+        assert m["masking"]["mask_ratio"] == 0.4 and m["masking"]["mask_frac"] == 0.8
+        assert m["model"]["decoder"]["d_model"] == m["model"]["d_model"] // 2
+        assert m["model"]["decoder"]["num_layers"] == 2 and m["model"]["decoder"]["dropout"] == 0.1
+    assert configs["3ml_cross"]["model"]["decoder"]["kind"] == "cross"
+    assert configs["3ml_cross"]["model"]["decoder"]["pre_ln"]
+    assert configs["maelm"]["masking"] == configs["mlm"]["masking"]
+
+
+def test_the_report_and_plots_are_written(study):
+    out, _, result = study
+    for name in (report.JSON_FILE, report.MARKDOWN_FILE, report.LOSS_PLOT, report.RANK_PLOT,
+                 report.GLUE_PLOT):
+        assert (out / name).is_file(), name
+    table = (out / report.MARKDOWN_FILE).read_text()
+    rows = [line for line in table.splitlines() if re.match(r"\| (MLM|MAE-LM|3ML_\w+) \|", line)]
+    assert [r.split(" | ")[0] for r in rows] == ["| MLM", "| 3ML_cross"]
+    assert "| RTE |" in table and "MRPC" not in table.split("\n\n")[2]
+    assert json.loads((out / report.JSON_FILE).read_text())["glue"] == result["glue"]
+
+
+def test_a_second_run_reuses_everything(study, caplog):
+    out, c, result = study
+    stamps = {p: p.stat().st_mtime for p in out.rglob("results.json")}
+    caplog.set_level("INFO")
+    again = study_run.run(c, str(out))
+    assert again["glue"] == result["glue"] and again["rank"] == result["rank"]
+    assert {p: p.stat().st_mtime for p in out.rglob("results.json")} == stamps
+    assert caplog.text.count("is pretrained, skipping") == len(MODELS)
+    assert "the rank analysis is done, skipping" in caplog.text
+
+
+def test_without_glue_dir_it_pretrains_and_analyses_only(study, tmp_path):
+    out, c, _ = study
+    c = c.copy_and_resolve_references()
+    c.glue_dir = ""
+    c.models = ("mlm",)
+    result = study_run.run(c, str(tmp_path))
+    assert result["glue"] == {} and not (tmp_path / report.GLUE_PLOT).exists()
+    assert "no glue_dir given" in (tmp_path / report.MARKDOWN_FILE).read_text()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("models", ("mlm", "bert"), "config.models: expected names among"),
+    ("seeds", (), "config.seeds: expected"),
+    ("pretrain.model.dropout", 1.5, "config.pretrain.model.dropout: expected"),
+])
+def test_mistakes_are_named(tiny_tokenizer, tmp_path, field, value, message):
+    c = _config(tiny_tokenizer.model_path)
+    *path, leaf = field.split(".")
+    node = c
+    for part in path:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(errors.UserError, match="^" + re.escape(message)):
+        study_run.run(c, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
