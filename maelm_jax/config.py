@@ -71,6 +71,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # laptop runs leave the unigram plateau early (layers.local_bias_init)
     c.model.rel_pos_init = "normal"
     c.model.dtype = "float32"  # compute dtype; parameters stay float32
+    # MAE-LM Table 2 "misaligned position encoding": the encoder reads its kept tokens at
+    # positions 0..n_enc-1 instead of their original ones (objective maelm only).
+    c.model.misaligned_positions = False
     c.model.decoder = ml_collections.ConfigDict()
     c.model.decoder.num_layers = 4
     c.model.decoder.d_model = 768  # a projection bridges a different encoder width
@@ -78,8 +81,13 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.decoder.d_ff = 3072
     c.model.decoder.pre_ln = False
     # "self": MAE-LM / 3ML_self (full length, self-attention); "cross": 3ML_cross (only the
-    # removed [MASK]s, self-attention among them and cross-attention to the encoder).
+    # removed [MASK]s, self-attention among them and cross-attention to the encoder);
+    # "causal_cross" / "cross_only": the same with causal / no self-attention among the
+    # [MASK]s (MAE-LM Table 2's BART-like and cross-attention-only decoders).
     c.model.decoder.kind = "self"
+    # MAE-LM Table 2 "enc. w. [MASK], dec. resets [MASK]": with masking.delta > 0, the self
+    # decoder reads the [MASK] embedding (not the encoder's output) at the encoder's [MASK]s.
+    c.model.decoder.reset_masks = False
     c.model.decoder.dropout = 0.0  # MAE-LM's decoder has none; 3ML uses 0.1 on the whole model
     c.model.decoder.attention_dropout = 0.0
     # Options of the official code, off in the paper: a T5 relative position bias of the
@@ -152,6 +160,8 @@ FIELDS: dict[str, schema.Field] = {
     "model.rel_pos_init": schema.choice(*layers.REL_POS_INITS),
     "model.decoder.share_positions": schema.boolean(),
     "model.decoder.kind": schema.choice(*decoder_lib.KINDS),
+    "model.decoder.reset_masks": schema.boolean(),
+    "model.misaligned_positions": schema.boolean(),
     "model.decoder.dropout": schema.rate(),
     "model.decoder.attention_dropout": schema.rate(),
     **schema.mesh_fields(),
@@ -238,6 +248,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"False when model.decoder.d_model ({m.decoder.d_model}) differs from model.d_model",
         m.decoder.share_positions,
     )
+    _require(
+        not m.misaligned_positions or config.objective == "maelm",
+        "model.misaligned_positions",
+        "False for objective mlm (its encoder reads every position; nothing to misalign)",
+        m.misaligned_positions,
+    )
+    _require(
+        not m.decoder.reset_masks or m.decoder.kind == "self",
+        "model.decoder.reset_masks",
+        f"False with model.decoder.kind={m.decoder.kind!r} (only the self decoder reads the "
+        "encoder's [MASK] positions)",
+        m.decoder.reset_masks,
+    )
+    if m.decoder.reset_masks and config.masking.delta == 0:
+        logging.warning(
+            "config.model.decoder.reset_masks has no effect with config.masking.delta=0: no "
+            "[MASK] stays in the encoder; set masking.delta > 0 (Table 2 uses 1.0)")
     t = config.train
     _require(
         t.batch_size % t.grad_accum_steps == 0,
@@ -293,8 +320,10 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
             rel_pos_max_distance=d.rel_pos_max_distance,
             rel_pos_init=d.rel_pos_init,
             share_positions=d.share_positions,
+            reset_masks=d.reset_masks,
         )
-    return pretrain_lib.PretrainConfig(config.objective, encoder, decoder)
+    return pretrain_lib.PretrainConfig(
+        config.objective, encoder, decoder, misaligned_positions=m.misaligned_positions)
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

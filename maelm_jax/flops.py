@@ -94,10 +94,63 @@ def maelm_step_flops(batch_size: int, encoder_layers: int, decoder_layers: int,
     return 2 * batch_size * per_sequence
 
 
+def mca(n_en: int, n_de: int, d_de: int) -> int:
+    """phi_MCA(n_en, n_de, d_de) = 4 n_en d_de^2 + 4 n_de d_de^2 + 4 n_en n_de d_de.
+
+    Cross-attention of n_de queries to n_en encoder outputs (already at width d_de): keys
+    and values 2 * 2 n_en d_de^2, queries 2 n_de d_de^2, map and weighted sum
+    2 * 2 n_en n_de d_de, output projection 2 n_de d_de^2. (The paper lists the output
+    projection among the terms of phi'_qkv and phi'_out both, but its total, used here,
+    counts it once.)
+    """
+    return 4 * n_en * d_de * d_de + 4 * n_de * d_de * d_de + 4 * n_en * n_de * d_de
+
+
+def cross_block(n_en: int, n_de: int, d_de: int, d_ff_de: int,
+                self_attention: bool = True) -> int:
+    """phi_CBLK = phi_BLK(n_de, d_de) + phi_MCA(n_en, n_de, d_de); with d_ff = 4 d the
+    paper's 4 n_en d^2 + 28 n_de d^2 + 4 n_en n_de d + 4 n_de^2 d. Without self-attention
+    (MAE-LM's cross-attention-only decoder) the phi_MSA(n_de) term drops. A causal
+    self-attention is counted in full, as the dense matmuls compute it."""
+    total = block(n_de, d_de, d_ff_de) + mca(n_en, n_de, d_de)
+    return total if self_attention else total - msa(n_de, d_de)
+
+
+def cross_step_flops(batch_size: int, encoder_layers: int, decoder_layers: int,
+                     n_enc: int, n_de: int, d_en: int, d_ff_en: int, d_de: int,
+                     d_ff_de: int, num_predicted: int, vocab_size: int,
+                     self_attention: bool = True) -> int:
+    """3ML_cross, one update, eq. (4) with u = 1:
+
+        2 b (2 n_en d_en d_de + l_en phi_BLK(n_en, d_en) + l_de phi_CBLK(n_en, n_de, d_de)
+             + phi_Pred(k - n_de predicted from the encoder, d_en, |V|)
+             + phi'_Pred(n_de, d_en, d_de, |V|))
+
+    The decoder reads only the n_de removed [MASK]s; the other k - n_de predicted tokens
+    (random, unchanged, [MASK]s kept in the encoder) go through the head from the
+    encoder's outputs. The printed eq. (4) has a misplaced parenthesis; this is its
+    evident reading (both heads inside the 2 b (...)). As in eq. (3), the projection is
+    counted only when the widths differ, and then our decoder-side head has one more
+    d_de -> d_en map in front of the shared d_en -> d_en dense (2 n_de d_en^2, about 1 %
+    of the head), which the paper's phi'_Pred folds into one layer. The paper's speedups
+    from these counts: benchmarks/speedup_table.py.
+    """
+    projection = 2 * n_enc * d_en * d_de if d_en != d_de else 0
+    head = (prediction(num_predicted - n_de, d_en, d_en, vocab_size)
+            + prediction(n_de, d_de, d_en, vocab_size))
+    if d_en != d_de:
+        head += 2 * n_de * d_en * d_en
+    per_sequence = (projection
+                    + encoder_layers * block(n_enc, d_en, d_ff_en)
+                    + decoder_layers * cross_block(n_enc, n_de, d_de, d_ff_de, self_attention)
+                    + head)
+    return 2 * batch_size * per_sequence
+
+
 def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
     """Training FLOPs of one optimiser step of a pretraining config (see module docstring).
 
-    Reads config.objective, config.model (and model.decoder for "maelm"),
+    Reads config.objective, config.model (and model.decoder, self or cross, for "maelm"),
     config.data.seq_len, config.masking (through config_lib.mask_counts, so n_enc and k are
     the exact ints the train step uses) and config.train.batch_size. Gradient
     accumulation does not change the count: it splits the same batch.
@@ -107,6 +160,12 @@ def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
     if config.objective == "mlm":
         return mlm_step_flops(config.train.batch_size, m.num_layers, counts.seq_len,
                               m.d_model, m.d_ff, counts.k, vocab_size)
+    if config.objective == "maelm" and m.decoder.kind != "self":
+        dec = m.decoder
+        return cross_step_flops(config.train.batch_size, m.num_layers, dec.num_layers,
+                                counts.n_enc, counts.seq_len - counts.n_enc, m.d_model,
+                                m.d_ff, dec.d_model, dec.d_ff, counts.k, vocab_size,
+                                self_attention=dec.kind != "cross_only")
     if config.objective == "maelm":
         dec = m.decoder
         return maelm_step_flops(config.train.batch_size, m.num_layers, dec.num_layers,

@@ -131,3 +131,41 @@ def test_step_flops_rejects_unknown_objective():
     config.objective = "electra"
     with pytest.raises(config_lib.ConfigError, match="objective"):
         flops.step_flops(config, 1000)
+
+
+# --- 3ML_cross, eq. (4) ----------------------------------------------------------------------
+
+def test_mca_and_cross_block_by_hand_and_paper_form():
+    # n_en=3, n_de=2, d=4: 4*3*16 + 4*2*16 + 4*3*2*4 = 192 + 128 + 96.
+    assert flops.mca(3, 2, 4) == 416
+    for n_en, n_de, d in ((3, 2, 4), (348, 164, 384)):
+        paper = 4 * n_en * d * d + 28 * n_de * d * d + 4 * n_en * n_de * d + 4 * n_de * n_de * d
+        assert flops.cross_block(n_en, n_de, d, 4 * d) == paper
+    # Without self-attention the phi_MSA(n_de) term drops.
+    assert flops.cross_block(3, 2, 4, 16, self_attention=False) == \
+        flops.cross_block(3, 2, 4, 16) - flops.msa(2, 4)
+
+
+def test_3ml_cross_equation_4():
+    # 3ML_cross-base shapes: 40 % of 512 = 205 predicted, 164 [MASK]s removed, 41 predicted
+    # from the encoder; a 2-layer 384-wide decoder behind a projection.
+    config = config_lib.pretrain_defaults()
+    config.masking.mask_ratio, config.masking.mask_frac, config.masking.random_frac = 0.4, 0.8, 0.1
+    config.model.decoder.update(kind="cross", num_layers=2, d_model=384, num_heads=6, d_ff=1536)
+    config.train.batch_size = 2
+    vocab = 50265
+    counts = config_lib.mask_counts(config)
+    n_en, n_de, k, d_en, d_de = counts.n_enc, 512 - counts.n_enc, counts.k, 768, 384
+    assert (n_en, n_de, k) == (348, 164, 205)
+    paper_cblk = (4 * n_en * d_de ** 2 + 28 * n_de * d_de ** 2 + 4 * n_en * n_de * d_de
+                  + 4 * n_de ** 2 * d_de)
+    eq4 = 2 * 2 * (2 * n_en * d_en * d_de + 12 * _paper_blk(n_en, d_en) + 2 * paper_cblk
+                   + 2 * (k - n_de) * (d_en * d_en + d_en * vocab)   # encoder-side head
+                   + 2 * n_de * (d_de * d_en + d_en * vocab))        # decoder-side head
+    # Ours has one more d_en x d_en map on the decoder side (see cross_step_flops).
+    assert flops.step_flops(config, vocab) == eq4 + 2 * 2 * 2 * n_de * d_en * d_en
+    # Equal widths: no projection and no extra map.
+    config.model.decoder.update(d_model=768, num_heads=12, d_ff=3072)
+    assert flops.step_flops(config, vocab) == 2 * 2 * (
+        12 * _paper_blk(n_en, 768) + 2 * flops.cross_block(n_en, n_de, 768, 3072)
+        + 2 * k * (768 * 768 + 768 * vocab))

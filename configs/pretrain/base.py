@@ -1,27 +1,49 @@
-"""MAE-LM *base* (MAE-LM paper, Section 4.1 and Table 4): BERT-base encoder, 4-layer decoder.
+"""MAE-LM *base* (MAE-LM paper, Section 4.1 and Table 4): BERT-base encoder, 4-layer decoder,
+and every row of its Table 2 ablations as a variant.
 
     python main.py --config=configs/pretrain/base.py --workdir=runs/base          # MAE-LM
     python main.py --config=configs/pretrain/base.py:mlm --workdir=runs/base_mlm  # baseline
+    python main.py --config=configs/pretrain/base.py:misaligned --workdir=runs/abl  # a row
 
 The paper trains on Wikipedia + BookCorpus (16 GB); point data.sources at your copy.
 """
 
 from maelm_jax import config as config_lib
+from maelm_jax import variants
 
-VARIANTS = ("maelm", "mlm")
+# MAE-LM Table 2, one variant per row: the changes to MAE-LM base (its first row).
+TABLE2 = {
+    "maelm": {},  # Original: enc. w/o [MASK], aligned positions, relative bias, bi. self
+    # Handling [MASK]
+    "mlm": {"objective": "mlm"},  # enc. w. [MASK], no dec. (i.e., MLM)
+    "enc_mask": {"masking.delta": 1.0},  # enc. w. [MASK] (and the same decoder)
+    "enc_mask_reset": {"masking.delta": 1.0, "model.decoder.reset_masks": True},
+    "random_replace": {"masking.mask_frac": 0.0, "masking.random_frac": 1.0},
+    # Position encoding
+    "misaligned": {"model.misaligned_positions": True},
+    "no_rel_pos": {"model.rel_pos_buckets": 0},
+    # Decoder attention ([MASK] queries only; see maelm_jax/models/decoder.py)
+    "dec_bi_cross": {"model.decoder.kind": "cross"},
+    "dec_uni_cross": {"model.decoder.kind": "causal_cross"},
+    "dec_cross_only": {"model.decoder.kind": "cross_only"},
+    # Decoder size
+    "dec_2x768": {"model.decoder.num_layers": 2},
+    "dec_6x768": {"model.decoder.num_layers": 6},
+    "dec_4x512": {"model.decoder.d_model": 512, "model.decoder.num_heads": 8,
+                  "model.decoder.d_ff": 2048},
+    "dec_4x1024": {"model.decoder.d_model": 1024, "model.decoder.num_heads": 16,
+                   "model.decoder.d_ff": 4096},
+}
 
 
 def objective_from_arg(arg: str | None) -> str:
-    """The config-file variant (`file.py:<variant>`) selects the objective."""
-    objective = arg or "maelm"
-    if objective not in VARIANTS:
-        raise ValueError(f"unknown variant {objective!r}; expected one of {VARIANTS}")
-    return objective
+    """The objective of a `maelm` / `mlm` variant string (the small configs offer only these)."""
+    return variants.parse(arg, ("maelm", "mlm"), "maelm")[0]
 
 
 def get_config(arg: str | None = None):
+    name, _ = variants.parse(arg, tuple(TABLE2), "maelm")
     c = config_lib.pretrain_defaults()
-    c.objective = objective_from_arg(arg)
     c.tokenizer.vocab_size = 32768  # BPE, uncased
     c.tokenizer.lowercase = True
     c.data.seq_len = 512
@@ -45,4 +67,5 @@ def get_config(arg: str | None = None):
     c.train.adam_b1, c.train.adam_b2, c.train.adam_eps = 0.9, 0.98, 1e-6
     c.train.clip_norm = 2.0
     c.train.weight_decay = 0.01
+    variants.apply(c, TABLE2[name])
     return c

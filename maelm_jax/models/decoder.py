@@ -9,6 +9,15 @@ paper found dropout-free decoding slightly more stable; 3ML uses 0.1 on the whol
 removed [MASK] positions: a learned [MASK] vector in the decoder's own space plus the
 decoder's position embedding at each one's original position. Each layer is bidirectional
 self-attention among them, cross-attention to the (projected) encoder outputs, and an MLP.
+MAE-LM's Table 2 "decoder attention" ablations are the same decoder with causal
+self-attention among the [MASK]s (kind "causal_cross", BART-like) or none ("cross_only").
+The official MAE-LM code can also feed such a decoder the whole sequence; we keep the
+[MASK]-only input for every cross kind, so that they differ from each other in the
+attention alone and keep 3ML_cross's static, shorter decoder length.
+
+Table 2's "enc. w. [MASK], dec. resets [MASK]" is `reset_masks`: with masking.delta > 0 the
+self decoder puts the [MASK] embedding back at the [MASK]s the encoder read, instead of
+the encoder's outputs there.
 
 By default the decoder has no relative position bias and its own position table, as in the
 paper. Two options of the official code help a small decoder learn to read a masked
@@ -31,18 +40,21 @@ from maelm_jax import masking
 from maelm_jax.models import layers
 
 
-KINDS = ("self", "cross")
+KINDS = ("self", "cross", "causal_cross", "cross_only")
+# The decoder's self-attention among the [MASK] queries, per cross kind.
+CROSS_SELF_ATTENTION = {"cross": "bidirectional", "causal_cross": "causal", "cross_only": "none"}
 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
     stack: layers.StackConfig
     seq_len: int
-    kind: str = "self"  # "self" (MAE-LM, 3ML_self) or "cross" (3ML_cross)
+    kind: str = "self"  # KINDS: "self" (MAE-LM, 3ML_self), "cross" (3ML_cross), ...
     rel_pos_buckets: int = 0  # 0 = no relative position bias (the paper's decoder)
     rel_pos_max_distance: int = 128
     rel_pos_init: str = "normal"  # layers.REL_POS_INITS
     share_positions: bool = False  # use the encoder's absolute position table
+    reset_masks: bool = False  # self kind: [MASK] embedding at the encoder's [MASK]s
 
 
 class Decoder(nn.Module):
@@ -56,11 +68,13 @@ class Decoder(nn.Module):
         mask_embedding: jax.Array,
         encoder_positions: Optional[jax.Array] = None,
         deterministic: bool = True,
+        reset: Optional[jax.Array] = None,
     ) -> jax.Array:
         """enc_out [B, n_enc, D_enc] at positions enc_index [B, n_enc]; mask_embedding [D_enc].
 
         encoder_positions: the encoder's position table [>= L, D_dec], required when
-        `share_positions` is set. Returns decoder states [B, L, D_dec].
+        `share_positions` is set. reset [B, L] bool: positions whose input is the [MASK]
+        embedding whatever the encoder gave (`reset_masks`). Returns [B, L, D_dec].
         """
         cfg = self.cfg
         stack, L = cfg.stack, cfg.seq_len
@@ -72,6 +86,8 @@ class Decoder(nn.Module):
             enc_out, mask_embedding = proj(enc_out), proj(mask_embedding)
         buffer = jnp.broadcast_to(mask_embedding.astype(stack.dtype), (B, L, stack.d_model))
         x = masking.scatter_tokens(buffer, enc_index, enc_out.astype(stack.dtype))
+        if reset is not None:
+            x = jnp.where(reset[..., None], buffer, x)
         x = x + _position_table(self, cfg, encoder_positions)[None]
         # Sown (a no-op unless the "intermediates" collection is mutable) for diagnostics.
         self.sow("intermediates", "input", x)
@@ -120,7 +136,8 @@ def _projection(module: nn.Module, d_enc: int, stack: layers.StackConfig) -> Opt
 
 
 class CrossDecoder(nn.Module):
-    """3ML_cross: [MASK] queries attend to each other and to the encoder outputs."""
+    """3ML_cross and its kin: [MASK] queries attend to the encoder outputs (and, unless
+    kind is "cross_only", to each other)."""
 
     cfg: DecoderConfig
 
@@ -156,9 +173,9 @@ class CrossDecoder(nn.Module):
             )
             self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)
         for i in range(stack.num_layers):
-            x = layers.CrossTransformerLayer(stack, name=f"layer_{i}")(
-                x, context, self_bias, cross_bias, deterministic
-            )
+            x = layers.CrossTransformerLayer(
+                stack, CROSS_SELF_ATTENTION[cfg.kind], name=f"layer_{i}"
+            )(x, context, self_bias, cross_bias, deterministic)
         if stack.pre_ln:
             x = layers.layer_norm("ln_final", stack.dtype)(x)
         return x

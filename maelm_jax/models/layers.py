@@ -168,7 +168,8 @@ class MultiHeadAttention(nn.Module):
     ) -> jax.Array:
         """x [B, n, D] attends to context [B, m, D].
 
-        bias: [B, heads, n, m] or None. key_mask: [B, m] bool (True = attend) or None.
+        bias: [B, heads, n, m] or None. key_mask (True = attend) or None: [B, m] for a
+        mask per key, or [B or 1, n, m] for one per query and key (a causal mask).
         Returns [B, n, D].
         """
         cfg = self.cfg
@@ -192,7 +193,8 @@ class MultiHeadAttention(nn.Module):
         if bias is not None:
             logits = logits + bias
         if key_mask is not None:
-            logits = jnp.where(key_mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+            mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
+            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(logits, axis=-1)
         # Sown (a no-op unless "intermediates" is mutable) for the attention diagnostics.
         self.sow("intermediates", "probs", probs)
@@ -262,14 +264,20 @@ class TransformerLayer(nn.Module):
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
 
-class CrossTransformerLayer(nn.Module):
-    """Self-attention among the queries, cross-attention to a context, MLP (3ML_cross).
+SELF_ATTENTION_KINDS = ("bidirectional", "causal", "none")
 
-    No causal mask: the 3ML_cross decoder is bidirectional. Post-LN or pre-LN as the
-    stack's config says.
+
+class CrossTransformerLayer(nn.Module):
+    """Self-attention among the queries, cross-attention to a context, MLP.
+
+    `self_attention` is "bidirectional" (3ML_cross and MAE-LM's "bi. self-attention +
+    cross-attention"), "causal" (each query sees the queries up to itself: the BART-like
+    "uni. self-attention + cross-attention") or "none" (MAE-LM's "cross-attention" only
+    decoder). Post-LN or pre-LN as the stack's config says.
     """
 
     cfg: StackConfig
+    self_attention: str = "bidirectional"
 
     @nn.compact
     def __call__(
@@ -280,25 +288,35 @@ class CrossTransformerLayer(nn.Module):
         cross_bias: Optional[jax.Array],
         deterministic: bool,
     ) -> jax.Array:
-        """x [B, n, D] (queries), context [B, m, D] -> [B, n, D].
+        """x [B, n, D] (queries, in ascending position order), context [B, m, D] -> [B, n, D].
 
         self_bias [B or 1, heads, n, n] and cross_bias [B or 1, heads, n, m], or None.
         """
         cfg = self.cfg
+        if self.self_attention not in SELF_ATTENTION_KINDS:
+            raise ValueError(f"self_attention must be one of {SELF_ATTENTION_KINDS}, "
+                             f"got {self.self_attention!r}")
         drop = lambda y: nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
-        self_attn = MultiHeadAttention(cfg, name="self_attention")
         cross_attn = MultiHeadAttention(cfg, name="cross_attention")
         mlp = FeedForward(cfg, name="mlp")
-        ln_self = layer_norm("ln_self_attention", cfg.dtype)
         ln_cross = layer_norm("ln_cross_attention", cfg.dtype)
         ln_mlp = layer_norm("ln_mlp", cfg.dtype)
+        if self.self_attention != "none":
+            n = x.shape[1]
+            # Queries are sorted by position, so "earlier" is the lower triangle.
+            causal = jnp.tril(jnp.ones((1, n, n), bool)) if self.self_attention == "causal" \
+                else None
+            self_attn = MultiHeadAttention(cfg, name="self_attention")
+            ln_self = layer_norm("ln_self_attention", cfg.dtype)
+            if cfg.pre_ln:
+                h = ln_self(x)
+                x = x + drop(self_attn(h, h, self_bias, causal, deterministic))
+            else:
+                x = ln_self(x + drop(self_attn(x, x, self_bias, causal, deterministic)))
         if cfg.pre_ln:
-            h = ln_self(x)
-            x = x + drop(self_attn(h, h, self_bias, None, deterministic))
             x = x + drop(cross_attn(ln_cross(x), context, cross_bias, None, deterministic))
             x = x + drop(mlp(ln_mlp(x), deterministic))
         else:
-            x = ln_self(x + drop(self_attn(x, x, self_bias, None, deterministic)))
             x = ln_cross(x + drop(cross_attn(x, context, cross_bias, None, deterministic)))
             x = ln_mlp(x + drop(mlp(x, deterministic)))
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))

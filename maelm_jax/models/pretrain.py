@@ -6,6 +6,10 @@
 * ``mlm``: the RoBERTa-style baseline; the encoder reads the whole corrupted sequence and
     the LM head sits on the encoder.
 
+`misaligned_positions` is MAE-LM Table 2's "misaligned position encoding": the encoder
+reads its tokens at consecutive positions 0..n_enc-1 (absolute and relative alike)
+instead of their original ones; the decoder keeps the original positions.
+
 Both run the LM head only at the k predicted positions.
 """
 
@@ -31,6 +35,7 @@ class PretrainConfig:
     objective: str
     encoder: encoder_lib.EncoderConfig
     decoder: Optional[decoder_lib.DecoderConfig]  # None for mlm
+    misaligned_positions: bool = False  # maelm: encoder positions 0..n_enc-1
 
 
 class PretrainModel(nn.Module):
@@ -43,7 +48,7 @@ class PretrainModel(nn.Module):
         self.encoder = encoder_lib.Encoder(cfg.encoder)
         self.decoder = None
         self.decoder_to_encoder = None
-        if cfg.objective == "maelm" and cfg.decoder.kind == "cross":
+        if cfg.objective == "maelm" and cfg.decoder.kind != "self":
             self.decoder = decoder_lib.CrossDecoder(cfg.decoder)
             if cfg.decoder.stack.d_model != cfg.encoder.stack.d_model:
                 # The shared prediction layer reads the encoder's width (3ML App. D, the
@@ -64,15 +69,20 @@ class PretrainModel(nn.Module):
         """Returns logits [B, k, vocab] (float32) at batch.pred_index."""
         if self.cfg.objective == "maelm":
             enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)  # [B, n_enc]
-            hidden = self.encoder(enc_tokens, batch.enc_index, deterministic=deterministic)
+            enc_positions = batch.enc_index
+            if self.cfg.misaligned_positions:
+                enc_positions = jnp.broadcast_to(
+                    jnp.arange(enc_tokens.shape[1], dtype=jnp.int32), enc_tokens.shape)
+            hidden = self.encoder(enc_tokens, enc_positions, deterministic=deterministic)
             shared_positions = (
                 self.encoder.position_table() if self.cfg.decoder.share_positions else None
             )
-            if self.cfg.decoder.kind == "cross":
+            if self.cfg.decoder.kind != "self":
                 return self._cross_logits(batch, hidden, shared_positions, deterministic)
             mask_embedding = self.encoder.embed(jnp.int32(tokenizer.MASK_ID))
+            reset = batch.inputs == tokenizer.MASK_ID if self.cfg.decoder.reset_masks else None
             hidden = self.decoder(
-                hidden, batch.enc_index, mask_embedding, shared_positions, deterministic
+                hidden, batch.enc_index, mask_embedding, shared_positions, deterministic, reset
             )  # [B, L, D_dec]
         else:
             B, L = batch.inputs.shape
@@ -83,7 +93,7 @@ class PretrainModel(nn.Module):
 
 
     def _cross_logits(self, batch, hidden, shared_positions, deterministic) -> jax.Array:
-        """3ML_cross: removed [MASK]s predicted from the decoder, the other predicted tokens
+        """3ML_cross (and the other cross kinds): removed [MASK]s predicted from the decoder, the other predicted tokens
         (random, unchanged, and [MASK]s kept in the encoder) from the encoder's outputs, all
         with the same prediction layer. Logits [B, k, vocab] in batch.pred_index order."""
         split = split_predictions(batch)

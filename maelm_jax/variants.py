@@ -1,0 +1,93 @@
+"""The one syntax of config variants: ``file.py:name,key=value,...``.
+
+A config file may offer named variants (presets) and a few options; the text after the
+colon of ``--config=configs/pretrain/3ml.py:cross_large,mask=0.5`` selects them:
+
+* the first item, if it has no ``=``, is the variant's name (the file's default if absent);
+* every other item is ``key=value`` for one of the file's options, converted to the
+  option's type (int, float, bool or str).
+
+Config files call `parse` in `get_config(arg)`; `apply` sets dotted config fields from a
+variant's table of changes; `load` builds the config a ``file.py:variant`` string names
+(what ``--config`` does, for scripts and tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+from typing import Any, Mapping, Sequence
+
+import ml_collections
+
+
+class VariantError(ValueError):
+    """A config-file variant string that the file does not offer; one-line message."""
+
+
+def _convert(key: str, text: str, default: Any) -> Any:
+    kind = type(default)
+    if kind is bool:
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise VariantError(f"variant option {key}: expected true or false, got {text!r}")
+    try:
+        return kind(text)
+    except ValueError:
+        raise VariantError(
+            f"variant option {key}: expected {kind.__name__}, got {text!r}") from None
+
+
+def parse(arg: str | None, names: Sequence[str], default: str,
+          options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """Splits `arg` into (variant name, options with defaults filled in).
+
+    names: the variants the file offers; default: the one used when `arg` names none.
+    options: option name -> default value (its type converts the text).
+    """
+    options = dict(options or {})
+    items = [item.strip() for item in (arg or "").split(",") if item.strip()]
+    name = default
+    if items and "=" not in items[0]:
+        name = items.pop(0)
+    if name not in names:
+        raise VariantError(f"unknown config variant {name!r}; expected one of "
+                           f"{', '.join(names)}")
+    values = dict(options)
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise VariantError(f"config variant item {item!r}: expected key=value after the "
+                               "variant name")
+        if key not in options:
+            offered = ", ".join(options) if options else "none"
+            raise VariantError(f"unknown variant option {key!r}; this file offers: {offered}")
+        values[key] = _convert(key, text.strip(), options[key])
+    return name, values
+
+
+def apply(config: ml_collections.ConfigDict, changes: Mapping[str, Any]) -> None:
+    """Sets each dotted field (e.g. "model.decoder.kind") of `config`; the field must exist."""
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise KeyError(f"variant sets unknown config field {dotted!r}")
+        node[leaf] = value
+
+
+def load(spec: str) -> ml_collections.ConfigDict:
+    """The config of ``path/to/file.py[:variant]``, as ``--config`` would build it."""
+    path, _, arg = spec.partition(":")
+    file = pathlib.Path(path)
+    module_spec = importlib.util.spec_from_file_location(f"_config_{file.stem}", file)
+    if module_spec is None or not file.is_file():
+        raise VariantError(f"config file {path}: not found")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
