@@ -62,6 +62,7 @@ def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
     assert "eval_mask_accuracy" in result["pretraining"]["3ml_cross"]
     assert [r["label"] for r in result["rank"]["runs"]] == list(MODELS)
     assert result["pretraining"]["mlm"]["train_flops"] > 0
+    assert result["pretraining"]["3ml_cross"]["train_flops"] > 0  # eq. (4)
     configs = result["pretrain_config"]
     # One tokenizer and corpus, one budget and seed.
     for name in MODELS:

@@ -55,10 +55,8 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: pathlib.Path) ->
         workdir.mkdir(parents=True, exist_ok=True)
         _timed(workdir, lambda: loop.train_and_evaluate(c, str(workdir)))
     vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
-    step = (flops.step_flops(c, vocab) if c.model.decoder.kind == "self" or c.objective == "mlm"
-            else None)  # 3ML_cross's eq. (4) is not in maelm_jax/flops.py yet
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
-            "train_flops": None if step is None else step * c.train.num_steps,
+            "train_flops": flops.step_flops(c, vocab) * c.train.num_steps,
             **report.pretraining_metrics(workdir)}
 
 
