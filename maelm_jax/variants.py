@@ -5,7 +5,8 @@ colon of ``--config=configs/pretrain/3ml.py:cross_large,mask=0.5`` selects them:
 
 * the first item, if it has no ``=``, is the variant's name (the file's default if absent);
 * every other item is ``key=value`` for one of the file's options, converted to the
-  option's type (int, float, bool or str).
+  option's type (int, float, bool or str); an option with a fixed set of values may also
+  be given by its value alone (``glue.py:rte,large,3ml`` = ``rte,size=large,paper=3ml``).
 
 Config files call `parse` in `get_config(arg)`; `apply` sets dotted config fields from a
 variant's table of changes; `load` builds the config a ``file.py:variant`` string names
@@ -40,33 +41,49 @@ def _convert(key: str, text: str, default: Any) -> Any:
             f"variant option {key}: expected {kind.__name__}, got {text!r}") from None
 
 
-def parse(arg: str | None, names: Sequence[str], default: str,
+def parse(arg: str | None, names: Sequence[str] | None, default: str,
           options: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """Splits `arg` into (variant name, options with defaults filled in).
 
-    names: the variants the file offers; default: the one used when `arg` names none.
-    options: option name -> default value (its type converts the text).
+    names: the variants the file offers (None: any name, which the file then checks);
+    default: the one used when `arg` names none.
+    options: option name -> default value (its type converts the text), or a tuple of the
+    allowed strings (the first is the default).
     """
     options = dict(options or {})
     items = [item.strip() for item in (arg or "").split(",") if item.strip()]
     name = default
     if items and "=" not in items[0]:
         name = items.pop(0)
-    if name not in names:
+    if names is not None and name not in names:
         raise VariantError(f"unknown config variant {name!r}; expected one of "
                            f"{', '.join(names)}")
-    values = dict(options)
+    values = {k: v[0] if isinstance(v, tuple) else v for k, v in options.items()}
     for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
+        key, sep, text = (part.strip() for part in item.partition("="))
         if not sep:
-            raise VariantError(f"config variant item {item!r}: expected key=value after the "
-                               "variant name")
+            key, text = _option_of_value(item, options), item
         if key not in options:
             offered = ", ".join(options) if options else "none"
             raise VariantError(f"unknown variant option {key!r}; this file offers: {offered}")
-        values[key] = _convert(key, text.strip(), options[key])
+        allowed = options[key]
+        if isinstance(allowed, tuple):
+            if text not in allowed:
+                raise VariantError(f"variant option {key}: expected one of "
+                                   f"{', '.join(allowed)}, got {text!r}")
+            values[key] = text
+        else:
+            values[key] = _convert(key, text, allowed)
     return name, values
+
+
+def _option_of_value(value: str, options: Mapping[str, Any]) -> str:
+    """The option whose fixed values include `value` (a bare item after the name)."""
+    owners = [k for k, v in options.items() if isinstance(v, tuple) and value in v]
+    if len(owners) != 1:
+        raise VariantError(f"config variant item {value!r}: expected key=value after the "
+                           "variant name")
+    return owners[0]
 
 
 def apply(config: ml_collections.ConfigDict, changes: Mapping[str, Any]) -> None:

@@ -103,6 +103,43 @@ def test_configs_carry_the_papers_search_spaces():
         assert c.train.learning_rate in tuple(c.grid.learning_rate)
 
 
+def test_3ml_recipe_grid_weight_decay_and_aggregation():
+    rte = glue_config.get_config("rte,3ml")  # 3ML Table 5, right column
+    assert tuple(rte.grid.learning_rate) == (1e-5, 3e-5, 5e-5, 8e-5)
+    assert tuple(rte.grid.num_epochs) == (3, 5, 10) and tuple(rte.grid.batch_size) == (16, 32)
+    assert tuple(rte.grid.warmup_ratio) == (0.06,)
+    assert rte.train.weight_decay == 0.1 and rte.grid.aggregate == "best_then_median"
+    mnli = glue_config.get_config("mnli,paper=3ml")  # left column
+    assert tuple(mnli.grid.learning_rate) == (5e-5, 8e-5) and tuple(mnli.grid.num_epochs) == (3, 5)
+    assert len(sweep.settings(mnli)) == 2 * 2
+    assert glue_config.get_config("rte").grid.aggregate == "median_then_best"
+    with pytest.raises(ValueError, match="variant option paper: expected one of maelm, 3ml"):
+        glue_config.get_config("rte,paper=bert")
+
+
+def _rows(table):
+    """Sweep rows from {setting: [score of seed 1, seed 2, ...]}."""
+    return [{"setting": name, "median": {"acc": float(np.median(scores))},
+             "per_seed": {str(i + 1): v for i, v in enumerate(scores)}}
+            for name, scores in table.items()]
+
+
+def test_the_two_aggregation_rules():
+    # Setting a has the best median (70); setting b wins seeds 2 and 4 by a lot.
+    rows = _rows({"a": [70, 70, 70, 70, 69], "b": [60, 90, 50, 95, 40]})
+    seeds = ["1", "2", "3", "4", "5"]
+    maelm = sweep.aggregate(rows, seeds, "acc", "median_then_best")
+    assert (maelm["score"], maelm["best_setting"]) == (70, "a")
+    threeml = sweep.aggregate(rows, seeds, "acc", "best_then_median")
+    # Bests per seed: 70, 90, 70, 95, 69 -> median 70.
+    assert threeml["score"] == 70 and threeml["best_setting"] == "a"
+    assert [p["setting"] for p in threeml["best_per_seed"].values()] == ["a", "b", "a", "b", "a"]
+    rows = _rows({"a": [70] * 5, "b": [90, 95, 60, 60, 60], "c": [60, 60, 90, 60, 60]})
+    # Bests: 90, 95, 90, 70, 70 -> 90, above the best median (a's 70).
+    assert sweep.aggregate(rows, seeds, "acc", "best_then_median")["score"] == 90
+    assert sweep.aggregate(rows, seeds, "acc", "median_then_best")["score"] == 70
+
+
 def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
     c = tiny_sweep_config
     c.sweep = False

@@ -5,8 +5,11 @@
 
 The variant is the task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli; GLUE's
 spellings such as SST-2 work too), optionally followed by ",large" for the large++
-learning rates. A single run uses one point of Table 5's grid (below); add
---config.sweep=True to run the whole grid x 5 seeds and report medians, as the paper.
+learning rates and ",3ml" for the 3ML paper's recipe (its Table 5 grid, weight decay 0.1,
+and its aggregation: each seed's best setting, then the median of the five bests).
+A single run uses one point of the grid (below); add --config.sweep=True to run the whole
+grid x 5 seeds and aggregate them as the paper does (MAE-LM: the median of each setting,
+then the best setting).
 RoBERTa and 3ML start RTE, MRPC and STS-B from the MNLI model: --config.init_from=<the
 MNLI fine-tuning workdir> (its encoder, a new head). --config.data.source=tfds reads a
 prepared glue/<task> (ArrayRecord) instead of the TSV files.
@@ -15,29 +18,31 @@ The workdir gets results.json (dev metrics in percent; MNLI as m/accuracy, mm/ac
 predictions/<TASK>.tsv for GLUE's server (when the test split is there) and a checkpoint.
 """
 
+from maelm_jax import variants
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import glue
 
 
 def get_config(arg: str | None = None):
-    task_name, _, size = (arg or "sst2").partition(",")
-    size = size or "base"
+    task_name, options = variants.parse(arg, None, "sst2", {
+        "size": config_lib.MODEL_SIZES, "paper": config_lib.PAPERS})
     task = glue.get_task(task_name)
     c = config_lib.finetune_defaults()
     c.task = task.tfds_config  # the canonical short name: sst2, mnli, ...
     c.data.source = "files"
     c.data.data_dir = ""  # the GLUE directory (<dir>/SST-2/train.tsv, ...) or a task's own
     c.data.max_seq_len = 0  # 0 = min(512, the encoder's positions); Table 5: 512
-    grid = config_lib.paper_grid(c.task, size)
+    grid = config_lib.paper_grid(c.task, options["size"], options["paper"])
     config_lib.set_grid(c, grid)
     c.grid.seeds = config_lib.PAPER_SEEDS
+    c.grid.aggregate = config_lib.PAPER_AGGREGATE[options["paper"]]
     # One point of the grid for a single run: the second learning rate, 32 (large tasks) or
     # 16 (small tasks) sequences per batch, 3 (large) or 10 (small) epochs, 6 % warmup.
     c.train.learning_rate = grid["learning_rate"][1]
     c.train.batch_size = grid["batch_size"][0]
     c.train.num_epochs = 10 if task.small else 3
     c.train.warmup_ratio = 0.06
-    c.train.weight_decay = 0.01
+    c.train.weight_decay = 0.01 if options["paper"] == "maelm" else config_lib.THREEML_WEIGHT_DECAY
     c.train.clip_norm = 0.0  # Table 5: no clipping
     c.model.dropout = 0.1
     c.model.attention_dropout = 0.1

@@ -12,15 +12,15 @@ prepared squad/v2.0 instead of the JSON files. Metrics are the official script's
 A single run uses one point of Table 6's grid; --config.sweep=True runs all of it.
 """
 
+from maelm_jax import variants
 from maelm_jax.finetune import config as config_lib
 
 VERSIONS = {"v2": "2.0", "v1": "1.1", "2.0": "2.0", "1.1": "1.1"}
 
 
 def get_config(arg: str | None = None):
-    version, _, size = (arg or "v2").partition(",")
-    if version not in VERSIONS:
-        raise ValueError(f"unknown variant {version!r}; expected v2 or v1 (optionally ',large')")
+    version, options = variants.parse(arg, tuple(VERSIONS), "v2",
+                                      {"size": config_lib.MODEL_SIZES})
     c = config_lib.finetune_defaults()
     c.task = "squad"
     c.squad.version = VERSIONS[version]
@@ -32,7 +32,7 @@ def get_config(arg: str | None = None):
     c.squad.n_best = 20
     c.squad.null_score_diff_threshold = 0.0
     c.data.max_seq_len = 0  # 0 = min(512, the encoder's positions); Table 6: 512
-    grid = config_lib.paper_grid("squad", size or "base")
+    grid = config_lib.paper_grid("squad", options["size"])
     config_lib.set_grid(c, grid)
     c.grid.seeds = config_lib.PAPER_SEEDS
     # One point of the grid for a single run.

@@ -1,8 +1,9 @@
 """The fine-tuning config: defaults, the MAE-LM paper's search spaces, and validation.
 
 `configs/finetune/glue.py` and `squad.py` start from `finetune_defaults()`. The search
-spaces are Tables 5 (GLUE) and 6 (SQuAD 2.0) of the MAE-LM paper, Appendix D; a single
-run uses one point of its grid, a sweep (`config.sweep = True`) runs all of it.
+spaces are Tables 5 (GLUE) and 6 (SQuAD 2.0) of the MAE-LM paper, Appendix D, and Table 5
+of the 3ML paper, Appendix B; a single run uses one point of its grid, a sweep
+(`config.sweep = True`) runs all of it and aggregates the seeds by its paper's rule.
 """
 
 from __future__ import annotations
@@ -39,7 +40,30 @@ SQUAD_GRID = {
     "batch_size": (16, 32),
     "warmup_ratio": (0.06, 0.10),
 }
-# The paper reports the median of five seeds for every setting.
+# 3ML Table 5 (borrowed from 24hBERT), with weight decay 0.1 and 6 % warmup.
+THREEML_SMALL_GRID = {
+    "num_epochs": (3, 5, 10),
+    "learning_rate": (1e-5, 3e-5, 5e-5, 8e-5),
+    "batch_size": (16, 32),
+    "warmup_ratio": (0.06,),
+}
+THREEML_LARGE_GRID = {  # QQP, MNLI, QNLI
+    "num_epochs": (3, 5),
+    "learning_rate": (5e-5, 8e-5),
+    "batch_size": (32,),
+    "warmup_ratio": (0.06,),
+}
+THREEML_WEIGHT_DECAY = 0.1
+# Whose fine-tuning recipe (grid and aggregation) a config follows.
+PAPERS = ("maelm", "3ml")
+# How a sweep turns grid x seeds into one figure:
+# * "median_then_best" (MAE-LM, Appendix D): each setting's median over the seeds, then
+#   the best setting's median;
+# * "best_then_median" (3ML, Appendix B): each seed's best over the settings, then the
+#   median of those bests.
+AGGREGATES = ("median_then_best", "best_then_median")
+PAPER_AGGREGATE = {"maelm": "median_then_best", "3ml": "best_then_median"}
+# Both papers report five seeds.
 PAPER_SEEDS = (1, 2, 3, 4, 5)
 
 
@@ -136,13 +160,22 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.grid.batch_size = (32,)
     c.grid.warmup_ratio = (0.06,)
     c.grid.seeds = PAPER_SEEDS
+    c.grid.aggregate = "median_then_best"  # AGGREGATES
     return c
 
 
-def paper_grid(task: str, size: str = "base") -> dict:
-    """The MAE-LM search space for a task: {"num_epochs": ..., "learning_rate": ..., ...}."""
+def paper_grid(task: str, size: str = "base", paper: str = "maelm") -> dict:
+    """A paper's search space for a task: {"num_epochs": ..., "learning_rate": ..., ...}.
+
+    MAE-LM's depends on the model size; 3ML gives one grid for GLUE (none for SQuAD).
+    """
     if size not in MODEL_SIZES:
         raise FinetuneConfigError(f"model size: expected one of {MODEL_SIZES}, got {size!r}")
+    if paper == "3ml":
+        if task in SQUAD_TASKS:
+            raise FinetuneConfigError("the 3ML paper fine-tunes on GLUE only; use the MAE-LM "
+                                      "grid for SQuAD")
+        return dict(THREEML_SMALL_GRID if glue.get_task(task).small else THREEML_LARGE_GRID)
     if task in SQUAD_TASKS:
         table = SQUAD_GRID
     else:
@@ -203,6 +236,7 @@ FIELDS: dict[str, schema.Field] = {
     "grid.warmup_ratio": schema.sequence_of(schema.number(0.0, 1.0, high_open=True),
                                             min_len=1, words="a tuple of numbers in [0, 1)"),
     "grid.seeds": schema.sequence_of(schema.integer(0), min_len=1),
+    "grid.aggregate": schema.choice(*AGGREGATES),
 }
 
 

@@ -1,7 +1,12 @@
 """Hyperparameter sweeps as the papers report them: every setting of the grid is run with
-every seed, and each setting's score is the median over its seeds (MAE-LM, Appendix D:
-"the medians of downstream task fine-tuning results under the same set of five different
-random seeds"); the best setting is the one with the best median.
+every seed, then the seeds are aggregated by one of two rules (`grid.aggregate`):
+
+* "median_then_best" (MAE-LM, Appendix D: "the medians of downstream task fine-tuning
+  results under the same set of five different random seeds"): each setting's median
+  over its seeds; the figure is the best setting's median.
+* "best_then_median" (3ML, Appendix B: "select the best values from each running and
+  finally choose the median of these five values"): each seed's best score over the
+  settings; the figure is the median of those bests. It is never below the first rule's.
 
 Runs go to ``<workdir>/runs/<setting>/seed_<s>/`` (each a complete fine-tuning workdir);
 a run whose results.json and config.json match is reused, so an interrupted sweep
@@ -104,21 +109,45 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
             "wall_seconds": sum(r["wall_seconds"] for r in per_seed),
         })
     primary = per_seed[0]["primary_metric"]
-    best = max(rows, key=lambda r: r["median"][primary])
     summary = {
         "task": per_seed[0]["task"],
         "primary_metric": primary,
         "select": config.train.select,
         "seeds": list(seeds),
-        "best_setting": best["setting"],
-        "best_median": best["median"],
+        "aggregate": config.grid.aggregate,
+        **aggregate(rows, [str(s) for s in seeds], primary, config.grid.aggregate),
         "settings": rows,
     }
     (workdir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     (workdir / TABLE_FILE).write_text(markdown_table(summary))
-    logging.info("sweep: best %s, median %s = %.2f", best["setting"], primary,
-                 best["median"][primary])
+    logging.info("sweep: %s %s = %.2f (best setting %s)", config.grid.aggregate, primary,
+                 summary["score"], summary["best_setting"])
     return summary
+
+
+def aggregate(rows: list[dict], seeds: list[str], primary: str, rule: str) -> dict:
+    """The sweep's figure by `rule` (config_lib.AGGREGATES), from rows holding each
+    setting's "median" metrics and "per_seed" primary scores. Returns "score" (the figure),
+    "best_setting" and "best_median" (the setting with the best median, or under
+    best_then_median the one most seeds chose, and its medians) and, for
+    best_then_median, "best_per_seed": {seed: {"setting", "score"}}."""
+    if rule == "median_then_best":
+        best = max(rows, key=lambda r: r["median"][primary])
+        return {"score": best["median"][primary], "best_setting": best["setting"],
+                "best_median": best["median"]}
+    if rule != "best_then_median":
+        raise ValueError(f"unknown aggregation rule {rule!r}")
+    per_seed = {}
+    for seed in seeds:
+        best = max(rows, key=lambda r: r["per_seed"][seed])
+        per_seed[seed] = {"setting": best["setting"], "score": best["per_seed"][seed]}
+    chosen = [per_seed[s]["setting"] for s in seeds]
+    # Ties go to the first setting in grid order.
+    mode = max((r for r in rows if r["setting"] in chosen),
+               key=lambda r: chosen.count(r["setting"]))
+    return {"score": _median([p["score"] for p in per_seed.values()]),
+            "best_setting": mode["setting"], "best_median": mode["median"],
+            "best_per_seed": per_seed}
 
 
 def _shown_metrics(summary: dict) -> list[str]:
@@ -136,11 +165,19 @@ def markdown_table(summary: dict) -> str:
     primary = summary["primary_metric"]
     header = (["setting", "lr", "batch", "epochs", "warmup"]
               + [f"median {m}" for m in metrics] + [f"seed {s}" for s in seeds])
+    if summary["aggregate"] == "best_then_median":
+        rule = (f"the median over {len(seeds)} seeds of each seed's best setting (3ML): "
+                f"**{summary['score']:.2f}**; per seed: " + ", ".join(
+                    f"{s}: {p['setting']} {p['score']:.2f}"
+                    for s, p in summary["best_per_seed"].items()))
+    else:
+        rule = (f"the best setting's median over {len(seeds)} seeds (MAE-LM): "
+                f"**{summary['score']:.2f}**")
     lines = [
-        f"# {summary['task']} sweep: median over {len(seeds)} seeds per setting",
+        f"# {summary['task']} sweep: {len(seeds)} seeds per setting",
         "",
         (f"Primary metric: {primary} (dev, {summary['select']} evaluation of each run). "
-         f"Best setting: **{summary['best_setting']}**."),
+         f"Figure: {rule}. Best setting: **{summary['best_setting']}**."),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
