@@ -70,6 +70,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # "normal" N(0, 0.02) as in both papers, or "local": a locality prior that lets small
     # laptop runs leave the unigram plateau early (layers.local_bias_init)
     c.model.rel_pos_init = "normal"
+    # Bucketing of relative distances, for the encoder and the decoder: "t5" (Raffel et al.,
+    # as both papers cite) or "maelm", the official MAE-LM code's (layers.BUCKET_FNS).
+    c.model.rel_pos_bucket_fn = "t5"
     c.model.dtype = "float32"  # compute dtype; parameters stay float32
     # MAE-LM Table 2 "misaligned position encoding": the encoder reads its kept tokens at
     # positions 0..n_enc-1 instead of their original ones (objective maelm only).
@@ -110,7 +113,10 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.num_steps = 125_000
     c.train.learning_rate = 5e-4  # peak, after linear warmup; then linear decay to 0
     c.train.warmup_steps = 10_000
-    c.train.weight_decay = 0.01  # not applied to biases or LayerNorm
+    c.train.weight_decay = 0.01
+    # "weights": kernels and embeddings only (biases and LayerNorm exempt, BERT's rule);
+    # "all": every parameter, as the papers' fairseq code does (their presets set it).
+    c.train.weight_decay_on = "weights"
     c.train.adam_b1 = 0.9
     c.train.adam_b2 = 0.98
     c.train.adam_eps = 1e-6
@@ -297,7 +303,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
     )
     encoder = encoder_lib.EncoderConfig(
         enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance,
-        m.rel_pos_init,
+        m.rel_pos_init, m.rel_pos_bucket_fn,
     )
     decoder = None
     if config.objective == "maelm":
@@ -319,6 +325,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
             rel_pos_buckets=d.rel_pos_buckets,
             rel_pos_max_distance=d.rel_pos_max_distance,
             rel_pos_init=d.rel_pos_init,
+            rel_pos_bucket_fn=m.rel_pos_bucket_fn,
             share_positions=d.share_positions,
             reset_masks=d.reset_masks,
         )

@@ -131,6 +131,7 @@ def encoder_fields(prefix: str = "model") -> dict[str, Field]:
         f"{prefix}.pre_ln": boolean(),
         f"{prefix}.rel_pos_buckets": integer(0),  # evenness: the kind's validate
         f"{prefix}.rel_pos_max_distance": integer(1),
+        f"{prefix}.rel_pos_bucket_fn": choice("t5", "maelm"),  # layers.BUCKET_FNS
         f"{prefix}.dtype": choice("float32", "bfloat16", "float16"),
     }
 
@@ -140,6 +141,7 @@ def optimizer_fields(prefix: str = "train") -> dict[str, Field]:
     return {
         f"{prefix}.learning_rate": number(0.0, low_open=True),
         f"{prefix}.weight_decay": number(0.0),
+        f"{prefix}.weight_decay_on": choice("weights", "all"),
         f"{prefix}.adam_b1": number(0.0, 1.0, high_open=True),
         f"{prefix}.adam_b2": number(0.0, 1.0, high_open=True),
         f"{prefix}.adam_eps": number(0.0, low_open=True),
@@ -159,6 +161,17 @@ def mesh_fields() -> dict[str, Field]:
 
 
 # ------------------------------------------------------------------- checks
+
+def over_defaults(defaults: dict, recorded: dict) -> dict:
+    """A recorded config (plain dicts, e.g. a run's config.json) over the defaults of its
+    kind, recursively: a field recorded before it existed counts at its default."""
+    out = dict(defaults)
+    for key, value in recorded.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            value = over_defaults(out[key], value)
+        out[key] = value
+    return out
+
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted name -> value for every leaf (a ConfigDict or dict is not a leaf)."""

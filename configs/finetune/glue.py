@@ -44,6 +44,7 @@ def get_config(arg: str | None = None):
     c.train.warmup_ratio = 0.06
     c.train.weight_decay = 0.01 if options["paper"] == "maelm" else config_lib.THREEML_WEIGHT_DECAY
     c.train.clip_norm = 0.0  # Table 5: no clipping
+    c.train.weight_decay_on = "all"  # every parameter, as the papers' fairseq code
     c.model.dropout = 0.1
     c.model.attention_dropout = 0.1
     return c

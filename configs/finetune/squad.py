@@ -42,4 +42,5 @@ def get_config(arg: str | None = None):
     c.train.warmup_ratio = 0.06
     c.train.eval_batch_size = 64
     c.train.clip_norm = 0.0
+    c.train.weight_decay_on = "all"  # every parameter, as the papers' fairseq code
     return c

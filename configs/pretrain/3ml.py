@@ -71,5 +71,6 @@ def get_config(arg: str | None = None):
     t.learning_rate = shape["lr"]
     t.adam_b1, t.adam_b2, t.adam_eps = 0.9, 0.98, 1e-6
     t.weight_decay = 0.01
+    t.weight_decay_on = "all"  # every parameter, as the papers' fairseq code
     t.clip_norm = 0.0
     return c

@@ -67,5 +67,6 @@ def get_config(arg: str | None = None):
     c.train.adam_b1, c.train.adam_b2, c.train.adam_eps = 0.9, 0.98, 1e-6
     c.train.clip_norm = 2.0
     c.train.weight_decay = 0.01
+    c.train.weight_decay_on = "all"  # every parameter, as the papers' fairseq code
     variants.apply(c, TABLE2[name])
     return c

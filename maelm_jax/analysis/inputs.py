@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import masking
+from maelm_jax import masking, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.data import packing, sources
@@ -33,14 +33,7 @@ _ENCODE_CHUNK = 256  # documents per tokenizer call
 def _merged(defaults: ml_collections.ConfigDict, recorded: dict) -> ml_collections.ConfigDict:
     """A run's recorded config over the defaults of its kind (a field recorded before it
     existed counts at its default)."""
-    def merge(base: dict, over: dict) -> dict:
-        out = dict(base)
-        for key, value in over.items():
-            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(
-                out.get(key), dict) else value
-        return out
-
-    return ml_collections.ConfigDict(merge(defaults.to_dict(), recorded))
+    return ml_collections.ConfigDict(schema.over_defaults(defaults.to_dict(), recorded))
 
 
 def run_config(recorded: dict) -> ml_collections.ConfigDict:

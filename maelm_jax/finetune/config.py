@@ -93,9 +93,13 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.model.pre_ln = False
     c.model.rel_pos_buckets = 32
     c.model.rel_pos_max_distance = 128
+    c.model.rel_pos_bucket_fn = "t5"  # "maelm": the official code's (layers.BUCKET_FNS)
     c.model.max_positions = 512
     c.model.dropout = 0.1  # Table 5 / 6
     c.model.attention_dropout = 0.1
+    # The GLUE head's two dropouts. The papers give one dropout (0.1); the official code's
+    # head (fairseq's --pooler-dropout) defaults to 0.
+    c.model.classifier_dropout = 0.1
     c.model.dtype = "float32"  # compute dtype; "bfloat16" on accelerators
 
     c.data = ml_collections.ConfigDict()
@@ -118,6 +122,9 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.train.learning_rate = 2e-5  # peak, after the warmup; then linear decay to 0
     c.train.warmup_ratio = 0.06  # Table 5: "warm-up proportion" of all steps
     c.train.weight_decay = 0.01
+    # "weights": kernels and embeddings only (biases and LayerNorm exempt, BERT's rule);
+    # "all": every parameter, as the papers' fairseq code does (their presets set it).
+    c.train.weight_decay_on = "weights"
     c.train.adam_b1 = 0.9
     c.train.adam_b2 = 0.98
     c.train.adam_eps = 1e-6
@@ -199,6 +206,7 @@ FIELDS: dict[str, schema.Field] = {
     "tokenizer_path": schema.path("a sentencepiece .model file, or empty"),
     **schema.encoder_fields("model"),
     "model.max_positions": schema.integer(1),
+    "model.classifier_dropout": schema.rate(),
     "data.source": schema.choice(*DATA_SOURCES),
     "data.data_dir": schema.path("the GLUE data directory"),
     "data.tfds_name": schema.text(),

@@ -61,11 +61,12 @@ class SequenceClassifier(nn.Module):
 
     encoder_cfg: encoder_lib.EncoderConfig
     num_outputs: int
+    head_dropout: float = 0.1  # config.model.classifier_dropout
 
     def setup(self):
         self.encoder = encoder_lib.Encoder(self.encoder_cfg)
         stack = self.encoder_cfg.stack
-        self.head = ClassificationHead(self.num_outputs, stack.dropout, stack.dtype)
+        self.head = ClassificationHead(self.num_outputs, self.head_dropout, stack.dtype)
 
     def __call__(self, tokens: jax.Array, key_mask: jax.Array,
                  deterministic: bool = True) -> jax.Array:

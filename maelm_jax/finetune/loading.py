@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import errors
+from maelm_jax import errors, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
@@ -67,13 +67,16 @@ def encoder_config_dict(cfg: encoder_lib.EncoderConfig) -> dict:
         "max_positions": cfg.max_positions,
         "rel_pos_buckets": cfg.rel_pos_buckets,
         "rel_pos_max_distance": cfg.rel_pos_max_distance,
+        "rel_pos_bucket_fn": cfg.rel_pos_bucket_fn,
     }
 
 
 # encoder.json's fields and their types.
 _ARCH_TYPES = {"num_layers": int, "d_model": int, "num_heads": int, "d_ff": int, "pre_ln": bool,
                "vocab_size": int, "max_positions": int, "rel_pos_buckets": int,
-               "rel_pos_max_distance": int}
+               "rel_pos_max_distance": int, "rel_pos_bucket_fn": str}
+# Fields added after the first release, with the value every older encoder.json meant.
+_ARCH_ADDED = {"rel_pos_bucket_fn": "t5"}
 
 
 def make_encoder_config(arch: dict, dropout: float, attention_dropout: float,
@@ -82,8 +85,10 @@ def make_encoder_config(arch: dict, dropout: float, attention_dropout: float,
     stack = layers.StackConfig(
         arch["num_layers"], arch["d_model"], arch["num_heads"], arch["d_ff"], dropout,
         attention_dropout, arch["pre_ln"], jnp.dtype(dtype))
-    return encoder_lib.EncoderConfig(stack, arch["vocab_size"], arch["max_positions"],
-                                     arch["rel_pos_buckets"], arch["rel_pos_max_distance"])
+    return encoder_lib.EncoderConfig(
+        stack, arch["vocab_size"], arch["max_positions"], arch["rel_pos_buckets"],
+        arch["rel_pos_max_distance"],
+        rel_pos_bucket_fn=arch.get("rel_pos_bucket_fn", _ARCH_ADDED["rel_pos_bucket_fn"]))
 
 
 def resolve_checkpoint(init_from: str) -> tuple[pathlib.Path, pathlib.Path]:
@@ -120,7 +125,7 @@ def _architecture(workdir: pathlib.Path, vocab_size: int) -> tuple[dict, str]:
     run_config = read_json(workdir / CONFIG_FILE)
     if run_config.get("mode") == "finetune":
         path = workdir / ENCODER_FILE
-        arch = read_json(path)
+        arch = {**_ARCH_ADDED, **read_json(path)}
         wrong = [k for k, kind in _ARCH_TYPES.items() if type(arch.get(k)) is not kind]
         if wrong:
             raise CheckpointError(f"config.init_from: {path}: field {wrong[0]!r} is missing or "
@@ -128,22 +133,13 @@ def _architecture(workdir: pathlib.Path, vocab_size: int) -> tuple[dict, str]:
         return arch, "fine-tuning"
     try:
         # Defaults first: a run recorded before a field existed still describes its model.
-        merged = _merge(pretrain_config.pretrain_defaults().to_dict(), run_config)
+        merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
+                                      run_config)
         cfg = pretrain_config.model_config(ml_collections.ConfigDict(merged), vocab_size).encoder
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.init_from: {workdir / CONFIG_FILE} is not a pretraining "
                               f"config ({type(e).__name__}: {e})") from None
     return encoder_config_dict(cfg), "pretraining"
-
-
-def _merge(defaults: dict, recorded: dict) -> dict:
-    """defaults updated by recorded, recursively (plain dicts)."""
-    out = dict(defaults)
-    for key, value in recorded.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            value = _merge(out[key], value)
-        out[key] = value
-    return out
 
 
 def find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Tokenizer:

@@ -60,9 +60,14 @@ def run_config(config: ml_collections.ConfigDict, setting: dict,
 
 
 def _finished(run_dir: pathlib.Path, c: ml_collections.ConfigDict) -> dict | None:
-    """The earlier results of exactly this run, if any."""
+    """The earlier results of exactly this run, if any. A run recorded before a config
+    field existed counts as run with that field at its default."""
     results, saved = run_dir / train.RESULTS_FILE, run_dir / loading.CONFIG_FILE
-    if results.is_file() and saved.is_file() and saved.read_text() == pretrain_config.to_json(c):
+    if not (results.is_file() and saved.is_file()):
+        return None
+    defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
+    recorded = schema.over_defaults(defaults, json.loads(saved.read_text()))
+    if recorded == json.loads(pretrain_config.to_json(c)):
         return json.loads(results.read_text())
     return None
 

@@ -91,7 +91,8 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
         return p.encoder_cfg, p.params, p.tokenizer, p.description
     tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
     arch = {k: m[k] for k in ("num_layers", "d_model", "num_heads", "d_ff", "pre_ln",
-                              "max_positions", "rel_pos_buckets", "rel_pos_max_distance")}
+                              "max_positions", "rel_pos_buckets", "rel_pos_max_distance",
+                              "rel_pos_bucket_fn")}
     if m.d_model % m.num_heads:
         raise config_lib.FinetuneConfigError(
             f"config.model.d_model: expected a multiple of model.num_heads={m.num_heads}, "
@@ -117,6 +118,7 @@ def optimizer_config(train: ml_collections.ConfigDict, num_steps: int) -> ml_col
         "warmup_steps": round(train.warmup_ratio * num_steps),
         "num_steps": num_steps,
         "weight_decay": train.weight_decay,
+        "weight_decay_on": train.weight_decay_on,
         "adam_b1": train.adam_b1,
         "adam_b2": train.adam_b2,
         "adam_eps": train.adam_eps,

@@ -53,6 +53,7 @@ class DecoderConfig:
     rel_pos_buckets: int = 0  # 0 = no relative position bias (the paper's decoder)
     rel_pos_max_distance: int = 128
     rel_pos_init: str = "normal"  # layers.REL_POS_INITS
+    rel_pos_bucket_fn: str = "t5"  # layers.BUCKET_FNS
     share_positions: bool = False  # use the encoder's absolute position table
     reset_masks: bool = False  # self kind: [MASK] embedding at the encoder's [MASK]s
 
@@ -98,7 +99,7 @@ class Decoder(nn.Module):
             positions = jnp.arange(L, dtype=jnp.int32)[None]
             bias = layers.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
-                name="relative_bias",
+                cfg.rel_pos_bucket_fn, name="relative_bias",
             )(positions, positions)  # [1, heads, L, L], broadcast over the batch
         return layers.TransformerStack(stack, name="stack")(x, bias, None, deterministic)
 
@@ -169,7 +170,7 @@ class CrossDecoder(nn.Module):
         if cfg.rel_pos_buckets:
             relative = layers.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
-                name="relative_bias",
+                cfg.rel_pos_bucket_fn, name="relative_bias",
             )
             self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)
         for i in range(stack.num_layers):

@@ -27,6 +27,7 @@ class EncoderConfig:
     rel_pos_buckets: int = 32  # 0 disables the relative position bias
     rel_pos_max_distance: int = 128
     rel_pos_init: str = "normal"  # layers.REL_POS_INITS; only matters before training
+    rel_pos_bucket_fn: str = "t5"  # layers.BUCKET_FNS
 
 
 class Encoder(nn.Module):
@@ -53,7 +54,7 @@ class Encoder(nn.Module):
         self.relative_bias = (
             layers.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
-                cfg.rel_pos_init,
+                cfg.rel_pos_init, cfg.rel_pos_bucket_fn,
             )
             if cfg.rel_pos_buckets
             else None

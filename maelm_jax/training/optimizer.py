@@ -6,7 +6,9 @@ import jax
 import ml_collections
 import optax
 
-# Parameter leaves that get weight decay; biases and LayerNorm scales/offsets do not.
+# Parameter leaves that get weight decay under weight_decay_on="weights"; biases and
+# LayerNorm scales/offsets do not. "all" decays every parameter, as fairseq (the papers'
+# code) does.
 _DECAYED_LEAVES = ("kernel", "query_kernel", "key_kernel", "value_kernel", "out_kernel",
                    "embedding", "rel_embedding")
 
@@ -43,7 +45,7 @@ def make_optimizer(
         b2=train.adam_b2,
         eps=train.adam_eps,
         weight_decay=train.weight_decay,
-        mask=weight_decay_mask,
+        mask=weight_decay_mask if train.get("weight_decay_on", "weights") == "weights" else None,
     )
     if train.clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(train.clip_norm), adamw), schedule
