@@ -54,6 +54,20 @@ def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
     assert (s2[:, 9:] <= -1e8).all() and (e2[:, 9:] <= -1e8).all()  # padding: never a span
 
 
+def test_classifier_dropout_is_the_heads_own():
+    """Encoder dropout 0: the outputs are random under training exactly when the head's
+    dropout (config.model.classifier_dropout) is above 0."""
+    quiet = loading.make_encoder_config(ARCH, 0.0, 0.0, "float32")
+    tokens, mask = _padded(np.random.default_rng(0).integers(5, 64, (2, 6)).astype(np.int32), 8)
+    for head_dropout in (0.0, 0.5):
+        model = heads.SequenceClassifier(quiet, 2, head_dropout)
+        params = _jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
+        run = _jit(lambda key: model.apply({"params": params}, tokens, mask, False,
+                                           rngs={"dropout": key}))
+        a, b = run(jax.random.PRNGKey(1)), run(jax.random.PRNGKey(2))
+        assert np.allclose(a, b) == (head_dropout == 0.0)
+
+
 def test_encoder_params_have_the_pretraining_structure(encoder_cfg):
     tokens, mask = _padded(np.ones((1, 4), np.int32) * 7, 8)
     params = jax.eval_shape(heads.SequenceClassifier(encoder_cfg, 2).init,

@@ -1,5 +1,7 @@
 """Model properties the papers rely on."""
 
+import math
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ from maelm_jax.models import layers
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
 
-from tiny_config import tiny_config
+from tiny_config import TINY_VOCAB, tiny_config
 
 VOCAB = 97  # a size no other dimension has, to spot vocabulary-sized arrays
 
@@ -154,6 +156,48 @@ def test_t5_relative_buckets_match_reference(buckets, distance):
     assert got.min() == 0 and got.max() == buckets - 1
 
 
+def _official_maelm_bucket(rel: np.ndarray, num_buckets: int, max_distance: int,
+                           max_len: int) -> np.ndarray:
+    """The official MAE-LM code's bucketing (fairseq transformer_sentence_encoder.py,
+    relative_position_bucket, then shifted by the minimum over a max_len x max_len grid),
+    transcribed to numpy as an independent reference."""
+    def signed(r):
+        sign, half, n = np.sign(r), num_buckets // 2, np.abs(r)
+        max_exact = half // 2
+        with np.errstate(divide="ignore"):
+            large = max_exact + np.ceil(np.log(n / max_exact)
+                                        / math.log((max_distance - 1) / max_exact)
+                                        * (half - 1 - max_exact))
+        large = np.minimum(large, half - 1)
+        return (np.where(n < max_exact, n, large) * sign).astype(np.int64)
+
+    grid = np.arange(max_len)[None, :] - np.arange(max_len)[:, None]
+    return signed(rel) - signed(grid).min()
+
+
+@pytest.mark.parametrize("buckets, distance", [(32, 128), (64, 128), (128, 256)])
+def test_official_maelm_buckets_match_reference(buckets, distance):
+    rel = np.arange(-511, 512)
+    got = np.asarray(layers.maelm_relative_bucket(jnp.asarray(rel), buckets, distance))
+    np.testing.assert_array_equal(got, _official_maelm_bucket(rel, buckets, distance, 512))
+    # Symmetric around distance 0, num_buckets - 1 of them used; not T5's layout.
+    assert got.min() == 0 and got.max() == buckets - 2
+    np.testing.assert_array_equal(got - got[511], -(got[::-1] - got[511]))
+    assert not np.array_equal(got, np.asarray(layers.t5_relative_bucket(jnp.asarray(rel),
+                                                                        buckets, distance)))
+
+
+def test_bucket_fn_reaches_the_encoder():
+    c = tiny_config("maelm")
+    c.model.rel_pos_bucket_fn = "maelm"
+    config_lib.validate(c)
+    cfg = config_lib.model_config(c, TINY_VOCAB)
+    assert cfg.encoder.rel_pos_bucket_fn == "maelm" and cfg.decoder.rel_pos_bucket_fn == "maelm"
+    c.model.rel_pos_bucket_fn = "alibi"
+    with pytest.raises(config_lib.ConfigError, match="config.model.rel_pos_bucket_fn"):
+        config_lib.validate(c)
+
+
 def test_local_relative_bias_starts_attention_at_the_neighbours():
     heads = 4
     module = layers.RelativePositionBias(32, 128, heads, "local")
@@ -216,3 +260,17 @@ def test_weight_decay_skips_biases_and_layernorm():
     assert all(v for k, v in flat.items() if k.endswith("kernel']"))
     assert all(v for k, v in flat.items() if k.endswith("['embedding']"))
     assert not any(v for k, v in flat.items() if k.endswith("bias']") or "ln_" in k)
+
+
+@pytest.mark.parametrize("decay_on", ["weights", "all"])
+def test_weight_decay_on_all_parameters_moves_biases(decay_on):
+    """With a zero gradient only weight decay moves a parameter: a bias moves under "all"
+    (fairseq's rule) and stays under "weights"."""
+    c = tiny_config("maelm")
+    c.train.update(weight_decay=0.1, weight_decay_on=decay_on, learning_rate=0.1,
+                   warmup_steps=0)
+    tx, _ = optimizer.make_optimizer(c.train)
+    params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((2,))}}
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    assert float(jnp.abs(updates["dense"]["kernel"]).max()) > 0
+    assert (float(jnp.abs(updates["dense"]["bias"]).max()) > 0) == (decay_on == "all")
