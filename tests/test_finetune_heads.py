@@ -54,6 +54,21 @@ def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
     assert (s2[:, 9:] <= -1e8).all() and (e2[:, 9:] <= -1e8).all()  # padding: never a span
 
 
+def test_span_softmax_excludes_the_question_and_special_tokens():
+    # <s> q q </s></s> c c c </s> pad pad
+    tokens = jnp.asarray([[1, 9, 9, 2, 2, 7, 7, 7, 2, 0, 0]], jnp.int32)
+    mask = tokens != 0
+    allowed = np.asarray(heads.answer_positions(tokens, mask))[0]
+    np.testing.assert_array_equal(allowed, [1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0])
+    cfg = loading.make_encoder_config(ARCH, 0.0, 0.0, "float32")
+    for context_only, expected in ((True, allowed), (False, np.asarray(mask)[0])):
+        model = heads.SpanExtractor(cfg, context_only)
+        params = _jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
+        start, end = _jit(model.apply)({"params": params}, tokens, mask)
+        np.testing.assert_array_equal(np.asarray(start[0]) > -1e8, expected)
+        np.testing.assert_array_equal(np.asarray(end[0]) > -1e8, expected)
+
+
 def test_classifier_dropout_is_the_heads_own():
     """Encoder dropout 0: the outputs are random under training exactly when the head's
     dropout (config.model.classifier_dropout) is above 0."""

@@ -157,6 +157,9 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.squad.max_answer_len = 30  # tokens, for the predicted span
     c.squad.n_best = 20  # start / end candidates per window, and answers kept per question
     c.squad.null_score_diff_threshold = 0.0  # answer "" when null - best span > this
+    # The start/end softmax runs over the context and <s> (no answer) only, in training and
+    # inference, as the official SQuAD head does; False: over every real token.
+    c.squad.exclude_question = True
 
     # Sweep: grid x seeds, each run in <workdir>/runs/<setting>/seed_<s>; medians per
     # setting in <workdir>/sweep.json and sweep.md.
@@ -236,6 +239,7 @@ FIELDS: dict[str, schema.Field] = {
     "squad.max_answer_len": schema.integer(1),
     "squad.n_best": schema.integer(1),
     "squad.null_score_diff_threshold": schema.number(),
+    "squad.exclude_question": schema.boolean(),
     "sweep": schema.boolean(),
     "grid.num_epochs": schema.sequence_of(schema.integer(1), min_len=1),
     "grid.learning_rate": schema.sequence_of(schema.number(0.0, low_open=True), min_len=1,

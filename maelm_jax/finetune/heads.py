@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 
@@ -92,10 +93,22 @@ class SpanHead(nn.Module):
         return logits[..., 0], logits[..., 1]
 
 
+def answer_positions(tokens: jax.Array, key_mask: jax.Array) -> jax.Array:
+    """[B, n] bool: where a span may start or end in ``<s> question </s></s> context </s>``
+    windows: the context tokens, and position 0 (``<s>``, the no-answer span). The
+    question and the special tokens are excluded, as the official SQuAD head does."""
+    is_eos = tokens == tokenizer_lib.EOS_ID
+    # Context tokens come after the second </s> and are not </s> themselves.
+    context = (jnp.cumsum(is_eos, axis=1) >= 2) & ~is_eos & key_mask
+    return context.at[:, 0].set(True)
+
+
 class SpanExtractor(nn.Module):
     """Encoder + span head for extractive question answering."""
 
     encoder_cfg: encoder_lib.EncoderConfig
+    # config.squad.exclude_question: start/end softmax over answer_positions only
+    context_only: bool = True
 
     def setup(self):
         self.encoder = encoder_lib.Encoder(self.encoder_cfg)
@@ -103,10 +116,12 @@ class SpanExtractor(nn.Module):
 
     def __call__(self, tokens: jax.Array, key_mask: jax.Array,
                  deterministic: bool = True) -> tuple[jax.Array, jax.Array]:
-        """tokens [B, n], key_mask [B, n] -> (start, end) logits [B, n]; padding masked."""
+        """tokens [B, n], key_mask [B, n] -> (start, end) logits [B, n]; padding (and with
+        context_only the question and special tokens) masked."""
         hidden = self.encoder(tokens, positions_like(tokens), key_mask, deterministic)
         start, end = self.head(hidden)
-        return (jnp.where(key_mask, start, _MASKED_LOGIT), jnp.where(key_mask, end, _MASKED_LOGIT))
+        allowed = answer_positions(tokens, key_mask) if self.context_only else key_mask
+        return (jnp.where(allowed, start, _MASKED_LOGIT), jnp.where(allowed, end, _MASKED_LOGIT))
 
 
 # Losses as sums over the batch's real rows (weight 1) and the count of those rows, so the

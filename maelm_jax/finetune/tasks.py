@@ -160,7 +160,7 @@ class SquadTask:
                      len(self.dev_features))
 
     def model(self, encoder_cfg: encoder_lib.EncoderConfig) -> nn.Module:
-        return heads.SpanExtractor(encoder_cfg)
+        return heads.SpanExtractor(encoder_cfg, self.config.squad.exclude_question)
 
     def loss_sums(self, outputs, batch: dict) -> tuple[jax.Array, jax.Array]:
         start, end = outputs
