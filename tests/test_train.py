@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import sharding, tokenizer
+from maelm_jax import sharding, tokenizer, variants
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import loop, optimizer, steps
 
@@ -32,10 +32,25 @@ def _step_fn(c):
     return state, steps.jit_train_step(fn, setup, mesh)
 
 
-@pytest.mark.parametrize("objective, accum", [("maelm", 1), ("mlm", 2)])
-def test_train_step_compiles_once(objective, accum):
+# The preset families' model switches (3ML, MAE-LM Table 2, the fidelity switches), two at
+# a time so that each family compiles in one of the cases below.
+ABLATIONS = {
+    "cross": {"model.decoder.kind": "causal_cross", "model.misaligned_positions": True,
+              "model.rel_pos_bucket_fn": "maelm", "masking.mask_ratio": 0.4,
+              "masking.mask_frac": 0.8, "masking.random_frac": 0.1},
+    "reset": {"model.decoder.kind": "self", "masking.delta": 0.5,
+              "model.decoder.reset_masks": True, "train.weight_decay_on": "all"},
+}
+
+
+@pytest.mark.parametrize("objective, accum, ablation", [
+    ("maelm", 1, None), ("mlm", 2, None), ("maelm", 1, "cross"), ("maelm", 1, "reset")])
+def test_train_step_compiles_once(objective, accum, ablation):
     c = tiny_config(objective)
     c.train.grad_accum_steps = accum
+    if ablation:
+        variants.apply(c, ABLATIONS[ablation])
+        config_lib.validate(c)
     state, train_step = _step_fn(c)
     rng = np.random.default_rng(0)
     losses = []
