@@ -63,6 +63,12 @@ def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
     assert [r["label"] for r in result["rank"]["runs"]] == list(MODELS)
     assert result["pretraining"]["mlm"]["train_flops"] > 0
     assert result["pretraining"]["3ml_cross"]["train_flops"] > 0  # eq. (4)
+    # The control: the same encoder from random weights, fine-tuned alike.
+    assert result["controls"] == ["scratch"]
+    assert list(result["glue"]["scratch"]["RTE"]["per_seed"]) == ["1"]
+    scratch = json.loads((out / "finetune" / "scratch" / "RTE" / "config.json").read_text())
+    assert scratch["init_from"] == "" and scratch["model"]["d_model"] == 32
+    assert scratch["model"]["max_positions"] == 32
     configs = result["pretrain_config"]
     # One tokenizer and corpus, one budget and seed.
     for name in MODELS:
@@ -98,6 +104,7 @@ def test_the_report_and_plots_are_written(study):
     table = (out / report.MARKDOWN_FILE).read_text()
     rows = [line for line in table.splitlines() if re.match(r"\| (MLM|MAE-LM|3ML_\w+) \|", line)]
     assert [r.split(" | ")[0] for r in rows] == ["| MLM", "| 3ML_cross"]
+    assert any(line.startswith("| from scratch (control) |") for line in table.splitlines())
     assert "| RTE |" in table and "MRPC" not in table.split("\n\n")[2]
     assert json.loads((out / report.JSON_FILE).read_text())["glue"] == result["glue"]
 

@@ -56,6 +56,9 @@ def study_defaults() -> ml_collections.ConfigDict:
     c.finetune.learning_rate = 1e-3
     c.finetune.warmup_ratio = 0.06
     c.rank_tokens = 0  # tokens of held-out text per run (0: 100 x d_model)
+    # The control: the same encoder fine-tuned from random weights with the same settings,
+    # which says whether pretraining helped at all at this scale.
+    c.scratch = True
     return c
 
 
@@ -85,6 +88,7 @@ FIELDS: dict[str, schema.Field] = {
     "finetune.learning_rate": schema.number(0.0, low_open=True),
     "finetune.warmup_ratio": schema.number(0.0, 1.0),
     "rank_tokens": schema.integer(0),
+    "scratch": schema.boolean(),
 }
 
 

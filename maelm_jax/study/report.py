@@ -3,7 +3,8 @@
 * ``study.json``: everything the table and plots show, and each model's config.
 * ``study.md``: one row per model (pretraining eval loss and accuracy next to the unigram
   baseline, last-layer rank_tau with and without [MASK], the GLUE medians and their
-  average, wall time, training FLOPs), then each task's per-seed scores.
+  average, wall time, training FLOPs) and one for the from-scratch control, then each
+  task's per-seed scores.
 * ``loss_curves.png``: every model's train and eval loss against the step.
 * ``rank_layers.png``: the rank analysis's Fig. 1(a) plot, copied next to the table.
 * ``glue_medians.png``: a bar chart of the GLUE medians per task and model.
@@ -22,7 +23,8 @@ MARKDOWN_FILE = "study.md"
 LOSS_PLOT = "loss_curves.png"
 RANK_PLOT = "rank_layers.png"
 GLUE_PLOT = "glue_medians.png"
-_NAMES = {"mlm": "MLM", "maelm": "MAE-LM", "3ml_self": "3ML_self", "3ml_cross": "3ML_cross"}
+_NAMES = {"mlm": "MLM", "maelm": "MAE-LM", "3ml_self": "3ML_self", "3ml_cross": "3ML_cross",
+          "scratch": "from scratch (control)"}
 
 
 def read_metrics(workdir: pathlib.Path, split: str) -> list[dict]:
@@ -77,10 +79,15 @@ def markdown(result: dict) -> str:
         row += [_fmt(None if p.get("seconds") is None else p["seconds"] / 60, ".1f") + " min",
                 _fmt(p.get("train_flops"), ".3g")]
         lines.append("| " + " | ".join(row) + " |")
+    for n in result.get("controls", []):
+        scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
+        row = [_NAMES.get(n, n)] + ["—"] * 5 + [_fmt(s, ".1f") for s in scores]
+        row += [_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"), "—", "—"]
+        lines.append("| " + " | ".join(row) + " |")
     if tasks:
         lines += ["", "Per seed (dev, the task's metric):", ""]
         for t in tasks:
-            for n in names:
+            for n in names + result.get("controls", []):
                 entry = glue.get(n, {}).get(t)
                 if entry:
                     seeds = ", ".join(f"{v:.1f}" for v in entry["per_seed"].values())
@@ -124,8 +131,9 @@ def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
     tasks = sorted({t for per_task in glue.values() for t in per_task})
     if tasks:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        width = 0.8 / len(result["models"])
-        for i, n in enumerate(result["models"]):
+        shown = result["models"] + result.get("controls", [])
+        width = 0.8 / len(shown)
+        for i, n in enumerate(shown):
             values = [glue.get(n, {}).get(t, {}).get("median", np.nan) for t in tasks]
             ax.bar(np.arange(len(tasks)) + i * width, values, width, label=_NAMES.get(n, n))
         ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)

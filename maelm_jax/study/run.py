@@ -89,6 +89,23 @@ def _glue_tasks(config) -> list[str]:
     return found
 
 
+SCRATCH = "scratch"  # the control's name in study.json and under finetune/
+# The encoder fields a from-scratch fine-tuning copies from the pretraining config.
+_ARCH_FIELDS = ("num_layers", "d_model", "num_heads", "d_ff", "pre_ln", "rel_pos_buckets",
+                "rel_pos_max_distance", "rel_pos_bucket_fn")
+
+
+def scratch_config(config, task: str, pretrain: ml_collections.ConfigDict,
+                   tokenizer_path: str) -> ml_collections.ConfigDict:
+    """The control: the study's encoder, from random weights, fine-tuned alike."""
+    c = finetune_config(config, task, "")
+    c.tokenizer_path = tokenizer_path
+    for field in _ARCH_FIELDS:
+        c.model[field] = pretrain.model[field]
+    c.model.max_positions = pretrain.data.seq_len
+    return c
+
+
 def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigDict:
     """One model's fine-tuning on one task: a sweep of one setting over the study's seeds."""
     f = config.finetune
@@ -130,17 +147,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     rank = _rank(config, names, pretrained, root / "rank")
     glue: dict[str, dict[str, dict]] = {}
     for task in _glue_tasks(config):
-        for n in names:
-            out = root / "finetune" / n / task
-            c = finetune_config(config, task, pretrained[n]["workdir"])
-            summary = sweep.run_sweep(c, str(out))
+        runs = {n: finetune_config(config, task, pretrained[n]["workdir"]) for n in names}
+        if config.scratch:
+            runs[SCRATCH] = scratch_config(config, task, configs[names[0]], tok.model_path)
+        for n, c in runs.items():
+            summary = sweep.run_sweep(c, str(root / "finetune" / n / task))
             glue.setdefault(n, {})[task] = {
                 "metric": summary["primary_metric"],
                 "median": summary["best_median"][summary["primary_metric"]],
                 "per_seed": summary["settings"][0]["per_seed"],
                 "seconds": summary["settings"][0]["wall_seconds"],
             }
-    result = {"models": names, "pretraining": pretrained, "rank": rank, "glue": glue,
+    result = {"models": names, "controls": [SCRATCH] if SCRATCH in glue else [],
+              "pretraining": pretrained, "rank": rank, "glue": glue,
               "glue_dir": config.glue_dir, "seeds": list(config.seeds),
               "pretrain_config": {n: json.loads(pretrain_config.to_json(configs[n]))
                                   for n in names}}
