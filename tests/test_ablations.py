@@ -144,19 +144,18 @@ def test_reset_is_validated():
 
 
 def test_misaligned_positions_are_consecutive():
-    """The encoder output equals the encoder run directly on positions 0..n_enc-1."""
-    for misaligned in (False, True):
-        c = _no_dropout(tiny_config("maelm"))
-        c.model.misaligned_positions = misaligned
-        model, batch, params = _setup(c)
-        enc_out = np.asarray(_intermediates(model, params, batch)["encoder"]["__call__"][0])
-        enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)
-        consecutive = jnp.broadcast_to(jnp.arange(enc_tokens.shape[1]), enc_tokens.shape)
-        encoder = encoder_lib.Encoder(config_lib.model_config(c, TINY_VOCAB).encoder)
-        direct = lambda pos: np.asarray(encoder.apply({"params": params["encoder"]},
-                                                      enc_tokens, pos))
-        assert np.allclose(enc_out, direct(consecutive), atol=1e-5) == misaligned
-        assert np.allclose(enc_out, direct(batch.enc_index), atol=1e-5) != misaligned
+    """The encoder output equals the encoder run directly on positions 0..n_enc-1, not on
+    the original positions."""
+    c = _no_dropout(tiny_config("maelm"))
+    c.model.misaligned_positions = True
+    model, batch, params = _setup(c)
+    enc_out = np.asarray(_intermediates(model, params, batch)["encoder"]["__call__"][0])
+    enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)
+    consecutive = jnp.broadcast_to(jnp.arange(enc_tokens.shape[1]), enc_tokens.shape)
+    encoder = encoder_lib.Encoder(config_lib.model_config(c, TINY_VOCAB).encoder)
+    direct = jax.jit(lambda pos: encoder.apply({"params": params["encoder"]}, enc_tokens, pos))
+    np.testing.assert_allclose(enc_out, np.asarray(direct(consecutive)), atol=1e-5)
+    assert not np.allclose(enc_out, np.asarray(direct(batch.enc_index)), atol=1e-5)
 
 
 def test_misaligned_positions_need_maelm():
@@ -175,6 +174,11 @@ THREEML_VARIANTS = ("self_base", "self_large", "cross_base", "cross_large", "mlm
                     "mlm_large", "cross_large,mask=0.5", "mlm_large,mask=0.4,steps=1000")
 
 
+# One variant per model family is built (abstractly); every variant is validated.
+BUILT = {"base.py:maelm", "base.py:mlm", "base.py:enc_mask_reset", "base.py:dec_uni_cross",
+         "base.py:dec_4x512", "3ml.py:self_base", "3ml.py:cross_large", "large_plus.py"}
+
+
 @pytest.mark.parametrize("spec", [f"base.py:{v}" for v in BASE_VARIANTS]
                          + [f"3ml.py:{v}" for v in THREEML_VARIANTS]
                          + ["base_plus.py:misaligned", "large_plus.py", "quickstart.py:mlm"])
@@ -183,6 +187,9 @@ def test_every_preset_validates_and_builds(spec):
     config_lib.validate(c)
     model_cfg = config_lib.model_config(c, c.tokenizer.vocab_size)
     counts = config_lib.mask_counts(c)
+    assert flops.step_flops(c, c.tokenizer.vocab_size) > 0
+    if spec not in BUILT:
+        return
     # Built abstractly (shapes only, no memory) at batch 1.
     model = pretrain_lib.PretrainModel(model_cfg)
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
@@ -190,7 +197,6 @@ def test_every_preset_validates_and_builds(spec):
                                 i32(1, counts.k), jax.ShapeDtypeStruct((1, counts.k), jnp.float32))
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), batch)
     assert "encoder" in shapes["params"]
-    assert flops.step_flops(c, c.tokenizer.vocab_size) > 0
 
 
 def test_3ml_presets_follow_table_4():
