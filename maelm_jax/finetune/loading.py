@@ -188,6 +188,17 @@ def restore_params(step_dir: pathlib.Path, part: str | None = None,
     if not state_dir.is_dir():
         raise CheckpointError(f"{field}: {step_dir} has no '{STATE_ITEM}' item; it is "
                               f"not a maelm_jax checkpoint")
+    def damaged(e: Exception) -> CheckpointError:
+        return CheckpointError(f"{field}: {step_dir} cannot be restored ("
+                               f"{checkpoint_lib.failure_reason(e)}); it may be damaged: name "
+                               f"an older <workdir>/checkpoints/<step>")
+
+    # Digests first: a damaged metadata file must read as damage, not as another kind of
+    # checkpoint.
+    try:
+        checkpoint_lib.check_digests(step_dir.absolute())
+    except Exception as e:
+        raise damaged(e) from None
     tree = _tree_metadata(state_dir, field)
     params = tree.get("params") if isinstance(tree, dict) else None
     wanted = params.get(part) if isinstance(params, dict) and part else params
@@ -199,16 +210,13 @@ def restore_params(step_dir: pathlib.Path, part: str | None = None,
     # Numpy, not jax arrays: independent of the devices and sharding it was saved with.
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
     try:
-        checkpoint_lib.check_digests(step_dir.absolute())
         restored = ocp.PyTreeCheckpointer().restore(
             state_dir,
             args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
                                         partial_restore=True),
         )
     except Exception as e:  # orbax and tensorstore raise many types for damaged files
-        raise CheckpointError(f"{field}: {step_dir} cannot be restored ("
-                              f"{checkpoint_lib.failure_reason(e)}); it may be damaged: name "
-                              f"an older <workdir>/checkpoints/<step>") from None
+        raise damaged(e) from None
     return restored["params"][part] if part else restored["params"]
 
 
