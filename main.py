@@ -64,7 +64,9 @@ def _one_line(error: BaseException) -> str:
     text = str(error).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if "Traceback (most recent call last):" in text:
-        return f"{lines[0].split(':')[0]}: {lines[-1]}"
+        # The last line is "<module>.<ExceptionClass>: message"; keep the message.
+        message = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1])
+        return f"{lines[0].split(':')[0]}: {message}"
     return " ".join(lines)
 
 

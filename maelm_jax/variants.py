@@ -33,12 +33,12 @@ def _convert(key: str, text: str, default: Any) -> Any:
             return True
         if text.lower() in ("false", "0", "no"):
             return False
-        raise VariantError(f"variant option {key}: expected true or false, got {text!r}")
+        raise VariantError(f"variant option {key}: expected true or false, got {text}")
     try:
         return kind(text)
     except ValueError:
         raise VariantError(
-            f"variant option {key}: expected {kind.__name__}, got {text!r}") from None
+            f"variant option {key}: expected {kind.__name__}, got {text}") from None
 
 
 def parse(arg: str | None, names: Sequence[str] | None, default: str,
@@ -70,7 +70,7 @@ def parse(arg: str | None, names: Sequence[str] | None, default: str,
         if isinstance(allowed, tuple):
             if text not in allowed:
                 raise VariantError(f"variant option {key}: expected one of "
-                                   f"{', '.join(allowed)}, got {text!r}")
+                                   f"{', '.join(allowed)}, got {text}")
             values[key] = text
         else:
             values[key] = _convert(key, text, allowed)
