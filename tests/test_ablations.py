@@ -4,7 +4,6 @@ import pathlib
 import subprocess
 import sys
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +16,7 @@ from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import pretrain as pretrain_lib
 
 from conftest import subprocess_env
-from tiny_config import TINY_VOCAB, tiny_config
+from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PRETRAIN = REPO / "configs" / "pretrain"
@@ -25,13 +24,7 @@ PRETRAIN = REPO / "configs" / "pretrain"
 
 def _setup(c, batch_size=2, seed=0):
     config_lib.validate(c)
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
-    tokens = jnp.asarray(np.random.default_rng(seed).integers(
-        tokenizer.NUM_SPECIAL, TINY_VOCAB, (batch_size, c.data.seq_len)), jnp.int32)
-    batch = masking.apply_mask(jax.random.PRNGKey(seed), tokens, counts, TINY_VOCAB)
-    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
-    return model, batch, params
+    return tiny_model(c, batch_size, seed)
 
 
 def _no_dropout(c):

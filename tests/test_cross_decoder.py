@@ -1,6 +1,5 @@
 """3ML_cross (3ML Section 3, Fig. 2 right) and the decoder's dropout."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +10,7 @@ from maelm_jax import masking, sharding, tokenizer
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
 
-from tiny_config import TINY_VOCAB, tiny_config
+from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
 
 def _cross_config(**decoder_options):
@@ -28,13 +27,7 @@ def _cross_config(**decoder_options):
 
 
 def _setup(c, batch_size=4, seed=0):
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
-    tokens = jnp.asarray(np.random.default_rng(seed).integers(
-        tokenizer.NUM_SPECIAL, TINY_VOCAB, (batch_size, c.data.seq_len)), jnp.int32)
-    batch = masking.apply_mask(jax.random.PRNGKey(seed), tokens, counts, TINY_VOCAB)
-    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
-    return model, batch, params, counts
+    return (*tiny_model(c, batch_size, seed), config_lib.mask_counts(c))
 
 
 def test_split_puts_removed_masks_in_the_decoder_and_the_rest_in_the_encoder():

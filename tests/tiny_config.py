@@ -40,3 +40,23 @@ def tiny_config(objective: str = "maelm", tokenizer_path: str = ""):
     c.train.eval_batches = 2
     c.train.checkpoint_every = 10
     return c
+
+
+def tiny_model(c, batch_size: int = 2, seed: int = 0):
+    """(model, a masked batch of random tokens, initialised params) for a pretraining config."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from maelm_jax import config as config_lib
+    from maelm_jax import masking, tokenizer
+    from maelm_jax.models import pretrain as pretrain_lib
+
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    tokens = jnp.asarray(np.random.default_rng(seed).integers(
+        tokenizer.NUM_SPECIAL, TINY_VOCAB, (batch_size, c.data.seq_len)), jnp.int32)
+    batch = masking.apply_mask(jax.random.PRNGKey(seed), tokens, counts, TINY_VOCAB)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
+    return model, batch, params

@@ -115,12 +115,9 @@ def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
                 ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], style,
                         color=colour, label=f"{_NAMES.get(n, n)} {split}")
     ax.set_xlabel("step")
-    ax.set_ylabel("masked-token loss")
+    ax.set_ylabel("masked-token loss (nats)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(root / LOSS_PLOT, dpi=120)
-    plt.close(fig)
-    written.append(root / LOSS_PLOT)
+    written.append(_save(plt, fig, root / LOSS_PLOT))
 
     rank_plot = root / "rank" / RANK_PLOT
     if rank_plot.is_file():
@@ -138,13 +135,18 @@ def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
             ax.bar(np.arange(len(tasks)) + i * width, values, width, label=_NAMES.get(n, n))
         ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
         ax.set_xticklabels(tasks)
-        ax.set_ylabel("dev median")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(root / GLUE_PLOT, dpi=120)
-        plt.close(fig)
-        written.append(root / GLUE_PLOT)
+        ax.set_ylabel("dev median (accuracy, MCC or Spearman, x100)")
+        # Below the axes: inside, the legend hides the tallest bars.
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3)
+        written.append(_save(plt, fig, root / GLUE_PLOT))
     return written
+
+
+def _save(plt, fig, path: pathlib.Path) -> pathlib.Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def write(root: pathlib.Path, result: dict) -> list[pathlib.Path]:
