@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--encoder_layers", type=int, default=4)
     p.add_argument("--d_model", type=int, default=768)
     p.add_argument("--num_heads", type=int, default=12)
+    p.add_argument("--d_ff", type=int, default=0,
+                   help="FFN width of the encoder and MAE-LM's decoder; 0 = 4 x d_model")
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--decoder_layers", type=int, default=4,
@@ -89,7 +91,7 @@ def make_config(args: argparse.Namespace, objective: str) -> ml_collections.Conf
     config.tokenizer.vocab_size = args.vocab_size
     m = config.model
     m.num_layers, m.d_model, m.num_heads = args.encoder_layers, args.d_model, args.num_heads
-    m.d_ff = 4 * args.d_model
+    m.d_ff = args.d_ff or 4 * args.d_model
     m.dropout = m.attention_dropout = args.dropout
     d_de = args.decoder_d_model or args.d_model
     # Keep the encoder's head size in the decoder (3ML's half width halves the heads).
@@ -97,7 +99,7 @@ def make_config(args: argparse.Namespace, objective: str) -> ml_collections.Conf
     m.decoder.num_layers = args.decoder_layers
     m.decoder.d_model = d_de
     m.decoder.num_heads = d_de // head_dim if d_de % head_dim == 0 else 1
-    m.decoder.d_ff = 4 * d_de
+    m.decoder.d_ff = args.d_ff if d_de == args.d_model and args.d_ff else 4 * d_de
     if objective.startswith("3ml"):
         # 3ML Table 4: 40 %, 80-10-10, 2 layers at half width, dropout on the whole model.
         config.masking.update(mask_ratio=0.4, mask_frac=0.8, random_frac=0.1)

@@ -198,6 +198,71 @@ def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer,
     assert np.isfinite(m[6]["loss"])
 
 
+class _Watched:
+    """A step metric that records, at every read-back to the host, how many steps had been
+    dispatched by then."""
+
+    def __init__(self, value, reads, dispatched):
+        self.value, self.reads, self.dispatched = value, reads, dispatched
+
+    def _read(self):
+        self.reads.append(len(self.dispatched))
+        return np.asarray(jax.device_get(self.value))
+
+    def copy_to_host_async(self):
+        self.value.copy_to_host_async()
+
+    def __array__(self, dtype=None, copy=None):
+        return self._read() if dtype is None else self._read().astype(dtype)
+
+    def __float__(self):
+        return float(self._read())
+
+    def __int__(self):
+        return int(self._read())
+
+    def __bool__(self):
+        return bool(self._read())
+
+    def item(self):
+        return self._read().item()
+
+
+def test_steps_between_logs_never_read_back_from_the_device(
+        tmp_path, tiny_tokenizer, monkeypatch):
+    """Between logging (and eval and checkpoint) steps the loop only dispatches: every read
+    of a step's metrics, and every fetch of any device array, happens at such a step."""
+    from jax._src import array as array_impl
+
+    dispatched, reads = [], []
+    real_step = steps.jit_train_step
+
+    def watched(*args, **kwargs):
+        train_step = real_step(*args, **kwargs)
+
+        def step(state, tokens):
+            state, metrics = train_step(state, tokens)
+            dispatched.append(None)
+            return state, {k: _Watched(v, reads, dispatched) for k, v in metrics.items()}
+
+        return step
+
+    monkeypatch.setattr(steps, "jit_train_step", watched)
+    value = array_impl.ArrayImpl._value
+    monkeypatch.setattr(array_impl.ArrayImpl, "_value", property(
+        lambda self: (reads.append(len(dispatched)), value.fget(self))[1]))
+    c = _config(tmp_path, tiny_tokenizer, num_steps=8, log_every=4, eval_every=8,
+                checkpoint_every=100)
+    loop.train_and_evaluate(c, str(tmp_path / "run"))
+    assert len(dispatched) == 8
+    # Orbax saves a fresh run's first step too (which also shows early that saving works).
+    saved = {int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()}
+    assert saved == {1, 8}
+    during = set(reads) - {0}  # 0: setup before the first step
+    assert during <= {4, 8} | saved, f"read back from the device after steps {sorted(during)}"
+    assert sorted(train_metrics(tmp_path / "run")) == [4, 8]
+
+
 def test_step_never_applies_a_nonfinite_update():
     from test_train import _step_fn  # the loop's own compiled step
 

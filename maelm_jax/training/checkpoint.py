@@ -92,6 +92,10 @@ class Checkpointer:
             tmp.write_text(json.dumps(digests, indent=0, sort_keys=True))
             tmp.replace(step_dir / DIGEST_FILE)
 
+    def due(self, step: int) -> bool:
+        """Whether the save interval asks for a checkpoint at `step`."""
+        return self.manager.should_save(step)
+
     def reached_preemption(self, step: int) -> bool:
         """JAX's preemption sync point (TPU maintenance events): all hosts agree to save."""
         return self.manager.reached_preemption(step)

@@ -236,16 +236,26 @@ def _show_fill_mask(config, workdir: pathlib.Path, tok, data, params) -> None:
 def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, writer,
                 mesh, rules, start, unigram_accuracy: float) -> tuple[dict[str, float], Any]:
     """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
-    non-finite and preemption policies. Returns (the last eval's metrics, the state)."""
+    non-finite and preemption policies. Returns (the last eval's metrics, the state).
+
+    Between logging, eval and checkpoint steps nothing is read back from the device: the
+    host dispatches step after step while the accelerator runs them. Step metrics pile up
+    on the device and are fetched together at the next of those steps, which is also when
+    the non-finite flags are checked (the step itself already dropped any non-finite
+    update, so checking late loses nothing, and a checkpoint is never saved past an
+    unchecked step).
+    """
     t = config.train
-    throughput = _Throughput(start, t.batch_size * config.data.seq_len, t.num_steps)
-    window: list[dict] = []
+    tokens_per_step = t.batch_size * config.data.seq_len
+    throughput = _Throughput(start, tokens_per_step, t.num_steps)
+    unchecked: list[tuple[int, dict]] = []  # (step, metrics on device) not yet fetched
+    window: list[dict] = []  # fetched metrics since the last log
     eval_metrics: dict[str, float] = {}
     skipped = 0
     with sharding.activate(mesh, rules), _StopRequest() as stop:
         for step in range(start + 1, t.num_steps + 1):
             state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
-            window.append(step_metrics)
+            unchecked.append((step, step_metrics))
             if step == start + 1:
                 # Keep compilation out of the first window's steps/s and ETA.
                 jax.block_until_ready(state)
@@ -253,31 +263,29 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
                     "compiled and ran the first step in %.1fs",
                     time.perf_counter() - throughput.time,
                 )
-                throughput = _Throughput(step, t.batch_size * config.data.seq_len, t.num_steps)
-            if float(step_metrics["nonfinite"]):
-                if t.nonfinite == "stop":
-                    ckpt.wait()
-                    raise NonFiniteError(
-                        f"step {step}: non-finite loss or gradients; stopped, the last good "
-                        f"checkpoint is step {ckpt.latest_step()} (config.train.nonfinite="
-                        "'skip' skips such updates instead)")
-                skipped += 1
-                logging.warning("step %d: non-finite loss or gradients, update skipped "
-                                "(%d so far)", step, skipped)
-            if step % t.log_every == 0 or step == t.num_steps:
-                fetched = jax.device_get(window)
-                means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+                throughput = _Throughput(step, tokens_per_step, t.num_steps)
+            last = step == t.num_steps
+            log = step % t.log_every == 0 or last
+            run_eval = step % t.eval_every == 0 or last
+            preempted = stop.received or ckpt.reached_preemption(step)
+            save = last or preempted or ckpt.due(step)
+            if log or run_eval or save:
+                fetched = _fetch_checked(unchecked, t.nonfinite, ckpt)
+                skipped += sum(m["nonfinite"] > 0 for m in fetched)
+                window += fetched
+                unchecked = []
+            if log:
+                means = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
                 means["perplexity"] = metrics_lib.perplexity(means["loss"])
                 means["skipped_updates"] = skipped
                 writer.write("train", step, {**means, **throughput.measure(step)})
                 window = []
-            if step % t.eval_every == 0 or step == t.num_steps:
+            if run_eval:
                 eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)
                 eval_metrics["unigram_accuracy"] = unigram_accuracy
                 writer.write("eval", step, eval_metrics)
-            preempted = stop.received or ckpt.reached_preemption(step)
-            ckpt.save(step, state, {"step": step, "data_position": step},
-                      force=step == t.num_steps or preempted)
+            if save:
+                ckpt.save(step, state, {"step": step, "data_position": step}, force=True)
             if preempted:
                 ckpt.wait()
                 logging.warning("preempted: saved a checkpoint at step %d; run the same "
@@ -285,3 +293,20 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
                 break
     ckpt.wait()
     return eval_metrics, state
+
+
+def _fetch_checked(unchecked: list[tuple[int, dict]], policy: str, ckpt) -> list[dict]:
+    """Fetches the metrics of the steps not yet checked, in one transfer, and applies the
+    non-finite policy to them: "stop" raises NonFiniteError naming the first bad step,
+    "skip" warns for each (the step has already dropped its update)."""
+    fetched = jax.device_get([m for _, m in unchecked])
+    for (step, _), metrics in zip(unchecked, fetched):
+        if metrics["nonfinite"] > 0:
+            if policy == "stop":
+                ckpt.wait()
+                raise NonFiniteError(
+                    f"step {step}: non-finite loss or gradients; stopped, the last good "
+                    f"checkpoint is step {ckpt.latest_step()} (config.train.nonfinite="
+                    "'skip' skips such updates instead)")
+            logging.warning("step %d: non-finite loss or gradients, update skipped", step)
+    return fetched

@@ -1,0 +1,66 @@
+"""Smoke tests: benchmarks/peer_hf.py runs end to end at tiny sizes, as a script."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import subprocess_env
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--encoder_layers=1", "--d_model=32", "--num_heads=2", "--d_ff=64",
+        "--vocab_size=128", "--seq_len=16", "--batch_size=2", "--steps=1", "--repeats=1"]
+
+
+def run_script(*flags: str, pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    # Nothing is timed for real here: compile fast rather than well (a third of the time).
+    env["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath + os.pathsep + env["PYTHONPATH"]
+    # Run from outside the repository: the script must make its own imports work.
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "peer_hf.py"), *TINY, *flags],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def run_ok(*flags: str) -> list[str]:
+    result = run_script(*flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("fp32 jitted 2048x2048 matmul: ") and "GFLOP/s" in line
+               for line in lines), result.stdout
+    assert any("XLA" in line and "CPUs" in line for line in lines), result.stdout
+    for side in ("mlm", "maelm"):
+        assert any(line.startswith(f"{side} ") for line in lines), result.stdout
+    return lines
+
+
+def test_peer_script_runs_without_peer():
+    lines = run_ok("--peer=none")
+    assert "peer: skipped (--peer=none)" in lines
+    assert not any(line.startswith(("peer ", "mlm / peer")) for line in lines)
+
+
+def test_peer_script_runs_with_hf():
+    pytest.importorskip("torch", reason="torch is optional: pip install -r requirements-bench.txt")
+    pytest.importorskip("transformers",
+                        reason="transformers is optional: pip install -r requirements-bench.txt")
+    lines = run_ok("--peer=hf", "--threads=1")
+    assert any(line.startswith("torch ") and "get_num_threads() = 1" in line for line in lines)
+    assert any(line.startswith("peer ") for line in lines), lines
+    for side, target in (("mlm", "1.5x"), ("maelm", "1.2x")):
+        ratio = [line for line in lines if line.startswith(f"{side} / peer: ")]
+        assert len(ratio) == 1 and f"target >= {target}" in ratio[0], lines
+        assert ratio[0].endswith(("meets)", "misses)")), ratio
+
+
+def test_peer_script_says_what_to_install(tmp_path):
+    # A torch that fails to import, as where it is not installed.
+    (tmp_path / "torch.py").write_text("raise ImportError(\"No module named 'torch'\")\n")
+    result = run_script("--peer=hf", pythonpath=str(tmp_path))
+    assert result.returncode != 0
+    assert "pip install -r requirements-bench.txt" in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr
