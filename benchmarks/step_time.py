@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1,
                    help="encoder dropout and attention dropout (the papers' 0.1); the "
                         "decoder never drops out")
+    p.add_argument("--prng_impl", default="threefry2x32",
+                   help="PRNG implementation of masks and dropout (config.train.prng_impl)")
     p.add_argument("--steps", type=int, default=2, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps after compiling")
     p.add_argument("--repeats", type=int, default=5,
@@ -89,6 +91,7 @@ def make_config(args: argparse.Namespace, objective: str) -> ml_collections.Conf
     config.data.seq_len = args.seq_len
     config.train.batch_size = args.batch_size
     config.tokenizer.vocab_size = args.vocab_size
+    config.train.prng_impl = args.prng_impl
     m = config.model
     m.num_layers, m.d_model, m.num_heads = args.encoder_layers, args.d_model, args.num_heads
     m.d_ff = args.d_ff or 4 * args.d_model
@@ -130,12 +133,13 @@ class Bench:
         tx, schedule = optimizer_lib.make_optimizer(config.train)
         mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
         rules = sharding.rules_from_config(config.sharding_rules)
-        setup = steps_lib.state_setup(model, tx, config.seed, self.counts, mesh, rules)
+        impl = config.train.prng_impl
+        setup = steps_lib.state_setup(model, tx, config.seed, self.counts, mesh, rules, impl)
         self.state = setup.init()
         self.tokens = jax.device_put(tokens, sharding.batch_sharding(mesh))
         train_step = jax.jit(
             steps_lib.make_train_step(model, tx, schedule, self.counts, args.vocab_size,
-                                      config.train.grad_accum_steps),
+                                      config.train.grad_accum_steps, impl),
             in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
             out_shardings=(setup.shardings, sharding.replicated(mesh)),
             donate_argnums=0)

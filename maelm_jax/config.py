@@ -20,6 +20,7 @@ from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import steps as steps_lib
 
 
 class ConfigError(errors.UserError):
@@ -74,6 +75,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # as both papers cite) or "maelm", the official MAE-LM code's (layers.BUCKET_FNS).
     c.model.rel_pos_bucket_fn = "t5"
     c.model.dtype = "float32"  # compute dtype; parameters stay float32
+    # Attention kernel of the encoder and decoder (layers.ATTENTION_IMPLS): "auto" takes
+    # cuDNN's fused attention on GPUs at half precision and our einsums elsewhere.
+    c.model.attention_impl = "auto"
     # MAE-LM Table 2 "misaligned position encoding": the encoder reads its kept tokens at
     # positions 0..n_enc-1 instead of their original ones (objective maelm only).
     c.model.misaligned_positions = False
@@ -123,6 +127,12 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.clip_norm = 2.0  # global-norm clipping; 0 disables
     c.train.nonfinite = "stop"  # a non-finite loss/gradient: "stop" (keep the last good
     #                              checkpoint) or "skip" the update and count it
+    # The PRNG implementation of masks and dropout (steps.PRNG_IMPLS; the trade-offs are
+    # in maelm_jax/training/steps.py and the README's Performance section).
+    c.train.prng_impl = "threefry2x32"
+    # Peak dense TFLOP/s of one device, for the MFU in the train logs; 0 looks the device
+    # kind up in maelm_jax/mfu.py (no MFU for a kind it does not list, such as CPUs).
+    c.train.peak_tflops_per_device = 0.0
     c.train.log_every = 100
     c.train.eval_every = 2000
     c.train.eval_batches = 20
@@ -158,6 +168,7 @@ FIELDS: dict[str, schema.Field] = {
     "masking.delta": schema.number(0.0, 1.0),
     **schema.encoder_fields("model"),
     "model.activation_dropout": schema.rate(),
+    "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
     **schema.stack_fields("model.decoder"),
     "model.decoder.pre_ln": schema.boolean(),
     "model.decoder.rel_pos_buckets": schema.integer(0),
@@ -177,6 +188,8 @@ FIELDS: dict[str, schema.Field] = {
     "train.warmup_steps": schema.integer(0),
     **schema.optimizer_fields("train"),
     "train.nonfinite": schema.choice("stop", "skip"),
+    "train.prng_impl": schema.choice(*steps_lib.PRNG_IMPLS),
+    "train.peak_tflops_per_device": schema.number(0.0),
     "train.log_every": schema.integer(1),
     "train.eval_every": schema.integer(1),
     "train.eval_batches": schema.integer(1),
@@ -300,6 +313,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
         m.pre_ln,
         dtype,
         activation_dropout=m.activation_dropout,
+        attention_impl=layers.resolve_attention_impl(m.attention_impl, dtype),
     )
     encoder = encoder_lib.EncoderConfig(
         enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance,
@@ -317,6 +331,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
             attention_dropout=d.attention_dropout,
             pre_ln=d.pre_ln,
             dtype=dtype,
+            attention_impl=layers.resolve_attention_impl(m.attention_impl, dtype),
         )
         decoder = decoder_lib.DecoderConfig(
             dec_stack,

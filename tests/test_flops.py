@@ -5,6 +5,8 @@ import pytest
 from maelm_jax import config as config_lib
 from maelm_jax import flops
 
+from tiny_config import TINY_VOCAB, tiny_config
+
 # --- building blocks, by hand --------------------------------------------------------------
 
 def test_msa_by_hand():
@@ -169,3 +171,30 @@ def test_3ml_cross_equation_4():
     assert flops.step_flops(config, vocab) == 2 * 2 * (
         12 * _paper_blk(n_en, 768) + 2 * flops.cross_block(n_en, n_de, 768, 3072)
         + 2 * k * (768 * 768 + 768 * vocab))
+
+
+def test_peak_tflops_by_device_kind_dtype_and_override():
+    from maelm_jax import mfu
+
+    assert mfu.peak_tflops("TPU v4", "float32") == 275.0
+    assert mfu.peak_tflops("TPU v5 lite", "bfloat16") == 197.0  # not v5p's 459
+    assert mfu.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.0
+    assert mfu.peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.0
+    assert mfu.peak_tflops("NVIDIA A100-SXM4-40GB", "float32") == 156.0  # TF32
+    assert mfu.peak_tflops("cpu", "float32") is None
+    assert mfu.peak_tflops("cpu", "float32", override=0.2) == 0.2
+
+
+def test_utilisation_is_model_flops_times_steps_per_second_over_devices():
+    from maelm_jax import mfu
+
+    c = tiny_config("maelm")
+    c.train.peak_tflops_per_device = 2.0
+    util = mfu.Utilisation(c, TINY_VOCAB, num_devices=4, device_kind="cpu")
+    model_flops = flops.step_flops(c, TINY_VOCAB) * 3 // 2  # 3 x forward, not the paper's 2
+    assert util.flops_per_step == model_flops
+    out = util.measure(steps_per_sec=10.0)
+    assert out["tflops_per_device"] == pytest.approx(model_flops * 10 / 4 / 1e12)
+    assert out["mfu"] == pytest.approx(out["tflops_per_device"] / 2.0)
+    c.train.peak_tflops_per_device = 0.0
+    assert "mfu" not in mfu.Utilisation(c, TINY_VOCAB, 4, "cpu").measure(10.0)

@@ -16,7 +16,7 @@ from maelm_jax.models import layers
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
 
-from tiny_config import TINY_VOCAB, tiny_config
+from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
 VOCAB = 97  # a size no other dimension has, to spot vocabulary-sized arrays
 
@@ -274,3 +274,49 @@ def test_weight_decay_on_all_parameters_moves_biases(decay_on):
     updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
     assert float(jnp.abs(updates["dense"]["kernel"]).max()) > 0
     assert (float(jnp.abs(updates["dense"]["bias"]).max()) > 0) == (decay_on == "all")
+
+
+@pytest.mark.parametrize("key_mask_kind", ["keys", "causal"])
+def test_fused_attention_matches_the_einsum_path(key_mask_kind):
+    """jax.nn.dot_product_attention (XLA's implementation here) with the relative bias and
+    the key mask passed in gives the einsum path's output."""
+    B, n, D, H = 2, 12, 32, 4
+    x = jax.random.normal(jax.random.PRNGKey(0), (B, n, D))
+    bias = 0.5 * jax.random.normal(jax.random.PRNGKey(1), (B, H, n, n))
+    if key_mask_kind == "keys":
+        key_mask = jnp.arange(n)[None, :] < jnp.array([[n], [n - 5]])
+    else:
+        key_mask = jnp.tril(jnp.ones((1, n, n), bool))
+    outputs = {}
+    for impl in ("einsum", "xla"):
+        cfg = layers.StackConfig(1, D, H, 4 * D, attention_impl=impl)
+        attn = layers.MultiHeadAttention(cfg)
+        params = attn.init(jax.random.PRNGKey(2), x, x, bias, key_mask, True)
+        outputs[impl] = attn.apply(params, x, x, bias, key_mask, True)
+    np.testing.assert_allclose(outputs["xla"], outputs["einsum"], atol=2e-5, rtol=1e-5)
+
+
+def test_attention_impl_auto_resolves_per_backend():
+    assert layers.resolve_attention_impl("auto", jnp.bfloat16, "gpu") == "cudnn"
+    assert layers.resolve_attention_impl("auto", jnp.float32, "gpu") == "einsum"
+    assert layers.resolve_attention_impl("auto", jnp.bfloat16, "tpu") == "einsum"
+    assert layers.resolve_attention_impl("auto", jnp.bfloat16, "cpu") == "einsum"
+    assert layers.resolve_attention_impl("xla", jnp.float32, "cpu") == "xla"
+
+
+def test_fused_attention_model_matches_and_keeps_einsum_for_dropout():
+    """A whole MAE-LM forward with attention_impl="xla" equals the einsum one; in training
+    with attention dropout the einsum path (which has dropout) runs."""
+    c = tiny_config("maelm")
+    c.model.attention_dropout = 0.5
+    c.model.attention_impl = "einsum"
+    plain, batch, params = tiny_model(c)
+    c.model.attention_impl = "xla"
+    fused = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    np.testing.assert_allclose(fused.apply({"params": params}, batch, deterministic=True),
+                               plain.apply({"params": params}, batch, deterministic=True),
+                               atol=1e-4, rtol=1e-4)
+    rngs = {"dropout": jax.random.PRNGKey(3)}
+    np.testing.assert_array_equal(
+        fused.apply({"params": params}, batch, deterministic=False, rngs=rngs),
+        plain.apply({"params": params}, batch, deterministic=False, rngs=rngs))

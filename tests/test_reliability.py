@@ -252,7 +252,7 @@ def test_steps_between_logs_never_read_back_from_the_device(
     monkeypatch.setattr(array_impl.ArrayImpl, "_value", property(
         lambda self: (reads.append(len(dispatched)), value.fget(self))[1]))
     c = _config(tmp_path, tiny_tokenizer, num_steps=8, log_every=4, eval_every=8,
-                checkpoint_every=100)
+                checkpoint_every=100, peak_tflops_per_device=0.5)
     loop.train_and_evaluate(c, str(tmp_path / "run"))
     assert len(dispatched) == 8
     # Orbax saves a fresh run's first step too (which also shows early that saving works).
@@ -260,7 +260,11 @@ def test_steps_between_logs_never_read_back_from_the_device(
     assert saved == {1, 8}
     during = set(reads) - {0}  # 0: setup before the first step
     assert during <= {4, 8} | saved, f"read back from the device after steps {sorted(during)}"
-    assert sorted(train_metrics(tmp_path / "run")) == [4, 8]
+    logged = train_metrics(tmp_path / "run")
+    assert sorted(logged) == [4, 8]
+    # Utilisation from the model's FLOPs and the window's steps/s, against the given peak.
+    assert logged[8]["tflops_per_device"] > 0
+    assert logged[8]["mfu"] == pytest.approx(logged[8]["tflops_per_device"] / 0.5)
 
 
 def test_step_never_applies_a_nonfinite_update():

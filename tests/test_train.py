@@ -27,8 +27,10 @@ def _step_fn(c):
     model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
     tx, schedule = optimizer.make_optimizer(c.train)
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    state, setup = steps.create_state(model, tx, c.seed, counts, mesh)
-    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps)
+    impl = c.train.prng_impl
+    state, setup = steps.create_state(model, tx, c.seed, counts, mesh, prng_impl=impl)
+    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps,
+                               impl)
     return state, steps.jit_train_step(fn, setup, mesh)
 
 
@@ -63,9 +65,12 @@ def test_train_step_compiles_once(objective, accum, ablation):
     assert np.all(np.isfinite(losses))
 
 
-def test_same_step_same_masks_and_dropout():
+@pytest.mark.parametrize("impl", steps.PRNG_IMPLS)
+def test_same_step_same_masks_and_dropout(impl):
     """A step's randomness is a function of (seed, step) only: what resumption needs."""
     c = tiny_config("maelm")
+    c.model.dropout = 0.1
+    c.train.prng_impl = impl
     state, train_step = _step_fn(c)
     tokens = jnp.asarray(
         np.random.default_rng(0).integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32

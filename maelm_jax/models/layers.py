@@ -49,6 +49,7 @@ class StackConfig:
     pre_ln: bool = False  # post-LN (BERT/RoBERTa, MAE-LM) unless set
     dtype: Dtype = jnp.float32  # compute dtype
     activation_dropout: float = 0.0  # on the MLP's hidden units; 0 in fairseq RoBERTa/MAE-LM
+    attention_impl: str = "einsum"  # one of ATTENTION_IMPLS, resolved (never "auto")
 
     @property
     def head_dim(self) -> int:
@@ -182,6 +183,24 @@ class RelativePositionBias(nn.Module):
         return jnp.transpose(table[buckets], (0, 3, 1, 2))
 
 
+# How attention is computed. "einsum": our own two einsums and a float32 softmax, the
+# reference. "xla" / "cudnn": jax.nn.dot_product_attention with that implementation (cuDNN's
+# fused kernel needs a GPU and bfloat16 or float16). "auto": "cudnn" on GPUs at half
+# precision, "einsum" elsewhere (on CPU and TPU XLA compiles both alike). Attention dropout
+# in training, and the attention diagnostics that read the probabilities, always take the
+# einsum path: the fused call has neither.
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
+
+
+def resolve_attention_impl(name: str, dtype: Dtype, backend: Optional[str] = None) -> str:
+    """ATTENTION_IMPLS' "auto" for this backend (jax.default_backend() unless given)."""
+    if name != "auto":
+        return name
+    backend = backend or jax.default_backend()
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if backend == "gpu" and half else "einsum"
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with an additive bias and a boolean key mask."""
 
@@ -218,22 +237,36 @@ class MultiHeadAttention(nn.Module):
         k = project("key", context)
         v = project("value", context)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "kv"))
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-        logits = logits / jnp.sqrt(Dh)
-        if bias is not None:
-            logits = logits + bias
-        if key_mask is not None:
-            mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
-            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(logits, axis=-1)
-        # Sown (a no-op unless "intermediates" is mutable) for the attention diagnostics.
-        self.sow("intermediates", "probs", probs)
-        probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(cfg.dtype), v)
+        if key_mask is not None:  # [B or 1, 1 (heads), n or 1, m]
+            key_mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
+        fused = (cfg.attention_impl in ("xla", "cudnn")
+                 and (deterministic or cfg.attention_dropout == 0.0)
+                 and not self.is_mutable_collection("intermediates"))
+        if fused:
+            out = jax.nn.dot_product_attention(
+                q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=key_mask,
+                scale=1.0 / float(Dh) ** 0.5, implementation=cfg.attention_impl)
+        else:
+            dropout = nn.Dropout(cfg.attention_dropout, deterministic=deterministic)
+            out = self._einsum_attention(q, k, v, bias, key_mask, dropout)
         w_out = self.param("out_kernel", normal_init(("heads", "kv", "embed")),
                            (H, Dh, cfg.d_model), jnp.float32)
         b_out = self.param("out_bias", zeros_init(("embed",)), (cfg.d_model,), jnp.float32)
         return jnp.einsum("bqhd,hde->bqe", out, w_out.astype(cfg.dtype)) + b_out.astype(cfg.dtype)
+
+    def _einsum_attention(self, q, k, v, bias, key_mask, dropout: nn.Dropout) -> jax.Array:
+        """q [B, n, H, Dh], k and v [B, m, H, Dh] -> [B, n, H, Dh]; float32 logits and softmax."""
+        cfg = self.cfg
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        logits = logits / jnp.sqrt(cfg.head_dim)
+        if bias is not None:
+            logits = logits + bias
+        if key_mask is not None:
+            logits = jnp.where(key_mask, logits, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(logits, axis=-1)
+        # Sown (a no-op unless "intermediates" is mutable) for the attention diagnostics.
+        self.sow("intermediates", "probs", probs)
+        return jnp.einsum("bhqk,bkhd->bqhd", dropout(probs).astype(cfg.dtype), v)
 
 
 class FeedForward(nn.Module):

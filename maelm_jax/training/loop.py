@@ -18,7 +18,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, errors, fill_mask, masking, schema, sharding
+from maelm_jax import distributed, errors, fill_mask, masking, mfu, schema, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -152,7 +152,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     model = pretrain_lib.PretrainModel(config_lib.model_config(config, tok.vocab_size))
     tx, schedule = optimizer_lib.make_optimizer(t)
-    setup = steps.state_setup(model, tx, config.seed, counts, mesh, rules)
+    setup = steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
     n_params = sum(x.size for x in jax.tree.leaves(setup.abstract.params))
     logging.info("%s model: %.2fM parameters", config.objective, n_params / 1e6)
 
@@ -174,9 +174,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         # Recorded once the run can go on (a run refused above leaves the old record).
         workdir_lib.write_config(config, workdir)
     writer = metrics_lib.MetricWriter(workdir, resume_step=start, enabled=distributed.is_leader())
+    device_kind = jax.devices()[0].device_kind
+    utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size, device_kind)
+    if utilisation.peak:
+        logging.info("MFU against %.1f peak TFLOP/s per device (%s, %s)", utilisation.peak,
+                     device_kind, config.model.dtype)
+    else:
+        logging.info("no peak FLOP/s known for device kind %r: logging TFLOP/s per device "
+                     "without MFU (config.train.peak_tflops_per_device sets one)", device_kind)
 
     train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, schedule, counts, tok.vocab_size, t.grad_accum_steps),
+        steps.make_train_step(model, tx, schedule, counts, tok.vocab_size, t.grad_accum_steps,
+                             t.prng_impl),
         setup,
         mesh,
     )
@@ -209,7 +218,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     try:
         metrics, state = _train_loop(config, state, train_step, eval_step, eval_data, batches,
-                                     ckpt, writer, mesh, rules, start, unigram_accuracy)
+                                     ckpt, writer, utilisation, mesh, rules, start,
+                                     unigram_accuracy)
         if t.fill_mask_examples and int(state.step) == t.num_steps:
             _show_fill_mask(config, workdir, tok, data, jax.device_get(state.params))
         return metrics
@@ -234,7 +244,8 @@ def _show_fill_mask(config, workdir: pathlib.Path, tok, data, params) -> None:
 
 
 def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, writer,
-                mesh, rules, start, unigram_accuracy: float) -> tuple[dict[str, float], Any]:
+                utilisation, mesh, rules, start,
+                unigram_accuracy: float) -> tuple[dict[str, float], Any]:
     """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
     non-finite and preemption policies. Returns (the last eval's metrics, the state).
 
@@ -278,7 +289,9 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
                 means = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
                 means["perplexity"] = metrics_lib.perplexity(means["loss"])
                 means["skipped_updates"] = skipped
-                writer.write("train", step, {**means, **throughput.measure(step)})
+                rates = throughput.measure(step)
+                rates.update(utilisation.measure(rates["steps_per_sec"]))
+                writer.write("train", step, {**means, **rates})
                 window = []
             if run_eval:
                 eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)

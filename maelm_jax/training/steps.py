@@ -2,7 +2,9 @@
 
 Masks and dropout come from keys folded from (seed, step, micro-batch), so a step's
 randomness does not depend on what ran before it: a resumed run draws the same masks.
-Gradients are accumulated as sums over micro-batches and divided once by the number of
+Those keys use the PRNG implementation `prng_impl` (config.train.prng_impl, one of
+PRNG_IMPLS); parameter initialisation and evaluation masks always use threefry, so they
+are the same whichever is chosen. Gradients are accumulated as sums over micro-batches and divided once by the number of
 predicted tokens in the global batch, which is the paper's loss exactly.
 """
 
@@ -19,6 +21,26 @@ from jax.sharding import Mesh, PartitionSpec
 
 from maelm_jax import masking, sharding
 from maelm_jax.models import pretrain as pretrain_lib
+
+
+# JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
+# bits on every backend and sharding, and the most work per random bit (it is computed
+# with integer arithmetic on the vector units). rbg: XLA's RngBitGenerator for the bits,
+# threefry for splitting and folding, so keys derive as well as threefry's; much cheaper
+# on TPU and GPU, but the bits may differ between backends and XLA versions. unsafe_rbg:
+# RngBitGenerator for splitting and folding too: the cheapest, and keys derived from keys
+# are of lower statistical quality (fine for dropout, the usual choice for large TPU runs).
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def train_key_data(seed: int, prng_impl: str = "threefry2x32") -> jax.Array:
+    """The raw key data a run's masks and dropout derive from (TrainState.rng): uint32 [2]
+    for threefry2x32, [4] for the rbg kinds."""
+    if prng_impl == "threefry2x32":
+        # The second half of split(PRNGKey(seed)), as before the field existed: resumed
+        # runs and old checkpoints draw the same masks.
+        return jax.random.split(jax.random.PRNGKey(seed))[1]
+    return jax.random.key_data(jax.random.key(seed, impl=prng_impl))
 
 
 @flax.struct.dataclass
@@ -55,12 +77,14 @@ def state_setup(
     counts: masking.MaskCounts,
     mesh: Mesh,
     rules: tuple = sharding.DEFAULT_RULES,
+    prng_impl: str = "threefry2x32",
 ) -> StateSetup:
     """Shardings of every state leaf from the parameters' logical axes and the rules.
 
     Parameters take the logical axes the modules annotate them with.
     """
-    init_key, train_key = jax.random.split(jax.random.PRNGKey(seed))
+    init_key = jax.random.split(jax.random.PRNGKey(seed))[0]
+    train_key = train_key_data(seed, prng_impl)
 
     def init() -> TrainState:
         params = nn.meta.unbox(model.init(init_key, _dummy_batch(counts))["params"])
@@ -101,10 +125,11 @@ def create_state(
     counts: masking.MaskCounts,
     mesh: Mesh | None = None,
     rules: tuple = sharding.DEFAULT_RULES,
+    prng_impl: str = "threefry2x32",
 ) -> tuple[TrainState, StateSetup]:
     """The initial state on `mesh` (default: the first device alone) and its setup."""
     mesh = mesh if mesh is not None else sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    setup = state_setup(model, tx, seed, counts, mesh, rules)
+    setup = state_setup(model, tx, seed, counts, mesh, rules, prng_impl)
     return setup.init(), setup
 
 
@@ -115,8 +140,11 @@ def make_train_step(
     counts: masking.MaskCounts,
     vocab_size: int,
     grad_accum_steps: int,
+    prng_impl: str = "threefry2x32",
 ) -> Callable:
-    """Returns train_step(state, tokens [batch, L] int32) -> (state, metrics)."""
+    """Returns train_step(state, tokens [batch, L] int32) -> (state, metrics).
+
+    `prng_impl` must be the one the state's `rng` was made with (state_setup's)."""
 
     def micro_loss(params, tokens, key):
         mask_key, dropout_key = jax.random.split(key)
@@ -134,7 +162,8 @@ def make_train_step(
         # Row r goes to micro-batch r % A: each device's contiguous rows split evenly over
         # the micro-batches, so accumulation needs no communication.
         micro = tokens.reshape(B // grad_accum_steps, grad_accum_steps, L).swapaxes(0, 1)
-        step_key = jax.random.fold_in(state.rng, state.step)
+        step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng, impl=prng_impl),
+                                      state.step)
 
         def accumulate(carry, xs):
             grads, sums = carry

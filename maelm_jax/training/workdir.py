@@ -35,6 +35,8 @@ _RESUMABLE_CHANGES = (
     "mesh",
     "sharding_rules",
     "model.dtype",
+    "model.attention_impl",
+    "train.peak_tflops_per_device",
 )
 
 
