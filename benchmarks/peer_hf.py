@@ -80,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hidden and attention dropout, both sides (our decoder has none)")
     p.add_argument("--decoder_layers", type=int, default=None,
                    help="MAE-LM decoder layers at full width; default max(1, encoder_layers // 3)")
+    p.add_argument("--prng_impl", default="threefry2x32",
+                   help="our masks' and dropout's PRNG (config.train.prng_impl)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per side first")
     p.add_argument("--repeats", type=int, default=5,
@@ -190,7 +192,8 @@ def main(argv=None) -> int:
     print(f"encoder {args.encoder_layers} x {args.d_model} ({args.num_heads} heads, "
           f"FFN {args.d_ff}), MAE-LM decoder {args.decoder_layers} x {args.d_model}, "
           f"L={args.seq_len}, batch={args.batch_size}, |V|={args.vocab_size}, "
-          f"dropout {args.dropout}; {args.repeats} x {args.steps} timed steps per side")
+          f"dropout {args.dropout} (our PRNG {args.prng_impl}); "
+          f"{args.repeats} x {args.steps} timed steps per side")
 
     tokens = step_time.random_tokens(args)
     benches = {}

@@ -78,6 +78,13 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # Attention kernel of the encoder and decoder (layers.ATTENTION_IMPLS): "auto" takes
     # cuDNN's fused attention on GPUs at half precision and our einsums elsewhere.
     c.model.attention_impl = "auto"
+    # nn.scan over the layers of the encoder and of a self decoder: compile time and program
+    # size no longer grow with depth; parameters gain a leading "layers" axis (checkpoints
+    # of either layout restore into both).
+    c.model.scan_layers = False
+    # What each layer (encoder and decoder) keeps for the backward pass, the rest being
+    # recomputed (layers.REMAT_POLICIES): "none", "full", "dots", "dots_no_batch".
+    c.model.remat_policy = "none"
     # MAE-LM Table 2 "misaligned position encoding": the encoder reads its kept tokens at
     # positions 0..n_enc-1 instead of their original ones (objective maelm only).
     c.model.misaligned_positions = False
@@ -169,6 +176,8 @@ FIELDS: dict[str, schema.Field] = {
     **schema.encoder_fields("model"),
     "model.activation_dropout": schema.rate(),
     "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
+    "model.scan_layers": schema.boolean(),
+    "model.remat_policy": schema.choice(*layers.REMAT_POLICIES),
     **schema.stack_fields("model.decoder"),
     "model.decoder.pre_ln": schema.boolean(),
     "model.decoder.rel_pos_buckets": schema.integer(0),
@@ -314,6 +323,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
         dtype,
         activation_dropout=m.activation_dropout,
         attention_impl=layers.resolve_attention_impl(m.attention_impl, dtype),
+        scan_layers=m.scan_layers,
+        remat_policy=m.remat_policy,
     )
     encoder = encoder_lib.EncoderConfig(
         enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance,
@@ -332,6 +343,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
             pre_ln=d.pre_ln,
             dtype=dtype,
             attention_impl=layers.resolve_attention_impl(m.attention_impl, dtype),
+            scan_layers=m.scan_layers,
+            remat_policy=m.remat_policy,
         )
         decoder = decoder_lib.DecoderConfig(
             dec_stack,

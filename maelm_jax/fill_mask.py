@@ -95,10 +95,12 @@ class FillMasker:
                                     "fill-mask needs a pretraining workdir (its decoder and "
                                     "LM head)")
             tok = loading.find_tokenizer(run_dir, "")
-            params = loading.restore_params(step_dir, field="--workdir")
+            config = inputs.run_config(recorded)
+            params = loading.restore_params(step_dir, field="--workdir",
+                                            stacked=config.model.scan_layers)
         except loading.CheckpointError as e:
             raise FillMaskError(str(e).replace("config.init_from", "--workdir")) from None
-        return cls(inputs.run_config(recorded), tok, params)
+        return cls(config, tok, params)
 
     def _apply(self, n: int):
         """The model for texts of n pieces. MAE-LM's self-attention decoder spans the whole

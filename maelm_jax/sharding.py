@@ -40,6 +40,7 @@ DEFAULT_RULES = (
     ("vocab", "tensor"),
     ("positions", None),
     ("rel_buckets", None),
+    ("layers", None),  # the stacked layers of model.scan_layers
     ("act_embed", None),
     ("act_heads", "tensor"),
     ("act_mlp", "tensor"),

@@ -1,7 +1,10 @@
 """Memory per device of a pretraining config on a mesh, before booking the hardware.
 
     python scripts/plan_memory.py --config=configs/pretrain/base.py --mesh=16,1,1 \
-        --batch_size=2048 --grad_accum_steps=4
+        --batch_size=2048 --grad_accum_steps=4 [--remat_policies=all --scan_layers]
+
+With --remat_policies (a comma-separated list of model.remat_policy values, or "all") the
+step is compiled once per policy and the activations column shows what each saves.
 
 Parameters and optimiser state come from `jax.eval_shape` and the sharding rules (exact);
 activations and temporaries come from XLA's memory analysis of the compiled train step.
@@ -30,6 +33,10 @@ def parse_args(argv):
     p.add_argument("--grad_accum_steps", type=int, default=None)
     p.add_argument("--seq_len", type=int, default=None)
     p.add_argument("--dtype", default=None, help="compute dtype, e.g. bfloat16")
+    p.add_argument("--remat_policies", default=None,
+                   help="comma-separated model.remat_policy values to compare, or 'all' "
+                        "(default: the config's)")
+    p.add_argument("--scan_layers", action="store_true", help="set model.scan_layers")
     p.add_argument("--no_compile", action="store_true",
                    help="only parameters and optimiser state (no XLA compilation)")
     return p.parse_args(argv)
@@ -64,6 +71,7 @@ def main(argv):
 
     from maelm_jax import config as config_lib
     from maelm_jax import sharding
+    from maelm_jax.models import layers
     from maelm_jax.models import pretrain as pretrain_lib
     from maelm_jax.training import optimizer, steps
 
@@ -80,8 +88,20 @@ def main(argv):
         c.data.seq_len = args.seq_len
     if args.dtype:
         c.model.dtype = args.dtype
+    if args.scan_layers:
+        c.model.scan_layers = True
     c.mesh.shape = mesh_shape
     config_lib.validate(c)
+    if args.remat_policies == "all":
+        policies = list(layers.REMAT_POLICIES)
+    elif args.remat_policies:
+        policies = [x.strip() for x in args.remat_policies.split(",") if x.strip()]
+        unknown = sorted(set(policies) - set(layers.REMAT_POLICIES))
+        if unknown:
+            sys.exit(f"plan_memory.py: --remat_policies: unknown {', '.join(unknown)}; "
+                     f"expected 'all' or some of {', '.join(layers.REMAT_POLICIES)}")
+    else:
+        policies = [c.model.remat_policy]
 
     mesh = sharding.make_mesh(c.mesh.shape, jax.devices()[:devices])
     sharding.check_batch(mesh, c.train.batch_size, c.train.grad_accum_steps)
@@ -95,7 +115,8 @@ def main(argv):
 
     print(f"{args.config}: {c.objective}, {n_params / 1e6:.1f}M parameters, vocab {vocab}, "
           f"L={c.data.seq_len}, batch {c.train.batch_size} (accumulation "
-          f"{c.train.grad_accum_steps}), compute {c.model.dtype}")
+          f"{c.train.grad_accum_steps}), compute {c.model.dtype}, "
+          f"scan_layers={c.model.scan_layers}")
     print(f"mesh {dict(mesh.shape)} = {mesh.size} devices; encoder length {counts.n_enc}, "
           f"{counts.k} predicted per sequence")
     params = per_device_bytes(setup.abstract.params)
@@ -104,20 +125,24 @@ def main(argv):
     print(f"  optimiser state           {gib(opt)} per device")
     if args.no_compile:
         return
-    train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, schedule, counts, vocab, c.train.grad_accum_steps),
-        setup,
-        mesh,
-    )
     batch = jax.ShapeDtypeStruct((c.train.batch_size, c.data.seq_len), np.int32,
                                  sharding=sharding.batch_sharding(mesh))
-    with sharding.activate(mesh, rules):
-        compiled = train_step.lower(setup.abstract, batch).compile()
-    mem = compiled.memory_analysis()
-    temp = mem.temp_size_in_bytes
-    print(f"  activations + temporaries {gib(temp)} per device (compiled step)")
-    print(f"  total                     {gib(params + opt + temp)} per device "
-          f"(arguments {gib(mem.argument_size_in_bytes)}, outputs aliased with them)")
+    for policy in policies:
+        c.model.remat_policy = policy
+        model = pretrain_lib.PretrainModel(config_lib.model_config(c, vocab))
+        train_step = steps.jit_train_step(
+            steps.make_train_step(model, tx, schedule, counts, vocab, c.train.grad_accum_steps),
+            setup,
+            mesh,
+        )
+        with sharding.activate(mesh, rules):
+            compiled = train_step.lower(setup.abstract, batch).compile()
+        mem = compiled.memory_analysis()
+        temp = mem.temp_size_in_bytes
+        print(f"  remat_policy={policy}:")
+        print(f"    activations + temporaries {gib(temp)} per device (compiled step)")
+        print(f"    total                     {gib(params + opt + temp)} per device "
+              f"(arguments {gib(mem.argument_size_in_bytes)}, outputs aliased with them)")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ _MASKED_LOGIT = -1e9
 
 
 def positions_like(tokens: jax.Array) -> jax.Array:
-    """Fine-tuning feeds whole sequences: positions 0..n-1 ([B, n] int32)."""
-    B, n = tokens.shape
-    return jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (B, n))
+    """Fine-tuning feeds whole sequences: positions 0..n-1, one row for the batch ([1, n]
+    int32; the encoder computes the relative bias once)."""
+    return jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
 
 
 class ClassificationHead(nn.Module):

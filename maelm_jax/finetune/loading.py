@@ -29,6 +29,7 @@ import numpy as np
 from maelm_jax import config as pretrain_config
 from maelm_jax import errors, schema
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.models import layer_layout
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.training import workdir as workdir_lib
@@ -177,9 +178,10 @@ def restore_encoder_params(step_dir: pathlib.Path) -> Any:
 
 
 def restore_params(step_dir: pathlib.Path, part: str | None = None,
-                   field: str = "config.init_from") -> Any:
+                   field: str = "config.init_from", stacked: bool = False) -> Any:
     """The checkpoint's params (or only params[part]) as numpy arrays, without the optimiser
-    state. `field` is the setting that named the checkpoint, for error messages."""
+    state, with the layers per layer or `stacked` (models/layer_layout.py) whichever way
+    they were saved. `field` is the setting that named the checkpoint, for error messages."""
     import orbax.checkpoint as ocp
 
     from maelm_jax.training import checkpoint as checkpoint_lib
@@ -217,7 +219,8 @@ def restore_params(step_dir: pathlib.Path, part: str | None = None,
         )
     except Exception as e:  # orbax and tensorstore raise many types for damaged files
         raise damaged(e) from None
-    return restored["params"][part] if part else restored["params"]
+    return layer_layout.to_layout(restored["params"][part] if part else restored["params"],
+                                  stacked)
 
 
 def check_encoder_params(params: Any, expected: Any, where: str, tokenizer_path: str) -> None:

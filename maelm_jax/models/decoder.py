@@ -173,10 +173,13 @@ class CrossDecoder(nn.Module):
                 cfg.rel_pos_bucket_fn, name="relative_bias",
             )
             self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)
+        # Cross-attention decoders are shallow (3ML: 2 layers) and are not scanned; they
+        # rematerialise like the stacks do.
+        layer_cls = layers.remat_layer(layers.CrossTransformerLayer, stack.remat_policy,
+                                       scanned=False, deterministic_argnum=5)
         for i in range(stack.num_layers):
-            x = layers.CrossTransformerLayer(
-                stack, CROSS_SELF_ATTENTION[cfg.kind], name=f"layer_{i}"
-            )(x, context, self_bias, cross_bias, deterministic)
+            x = layer_cls(stack, CROSS_SELF_ATTENTION[cfg.kind], name=f"layer_{i}")(
+                x, context, self_bias, cross_bias, deterministic)
         if stack.pre_ln:
             x = layers.layer_norm("ln_final", stack.dtype)(x)
         return x

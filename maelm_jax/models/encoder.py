@@ -68,7 +68,9 @@ class Encoder(nn.Module):
         key_mask: Optional[jax.Array] = None,
         deterministic: bool = True,
     ) -> jax.Array:
-        """tokens, positions [B, n] int32; key_mask [B, n] bool (True = real token) or None.
+        """tokens [B, n] int32; positions [B, n] int32, or [1, n] when every row has the same
+        (then the relative bias is computed once for the batch); key_mask [B, n] bool
+        (True = real token) or None.
 
         Returns hidden states [B, n, d_model].
         """

@@ -50,6 +50,8 @@ class StackConfig:
     dtype: Dtype = jnp.float32  # compute dtype
     activation_dropout: float = 0.0  # on the MLP's hidden units; 0 in fairseq RoBERTa/MAE-LM
     attention_impl: str = "einsum"  # one of ATTENTION_IMPLS, resolved (never "auto")
+    scan_layers: bool = False  # nn.scan over the layers (TransformerStack; see below)
+    remat_policy: str = "none"  # one of REMAT_POLICIES
 
     @property
     def head_dim(self) -> int:
@@ -385,8 +387,56 @@ class CrossTransformerLayer(nn.Module):
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
 
+# What a layer keeps for the backward pass (jax.checkpoint policies); the rest is
+# recomputed. "none": no rematerialisation, everything is kept. "full": only the layer's
+# input, the whole layer is recomputed (least memory, about one more forward). "dots":
+# the matmul outputs (recomputes the cheap element-wise work: LayerNorm, GELU, softmax,
+# dropout). "dots_no_batch": only the matmuls against weights (recomputes attention's
+# score and weighted-sum matmuls too), MaxText's usual choice for large models.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def remat_layer(layer_cls: type, policy: str, scanned: bool, deterministic_argnum: int = 4
+                ) -> type:
+    """`layer_cls` rematerialised per `policy` (REMAT_POLICIES), or as it is for "none".
+
+    Its __call__'s argument `deterministic` (position `deterministic_argnum`, self being 0)
+    is static. Inside nn.scan the
+    rematerialised graph cannot be merged with the forward's (XLA's CSE), so prevent_cse
+    is off there as jax.checkpoint advises.
+    """
+    if policy == "none":
+        return layer_cls
+    return nn.remat(layer_cls, policy=REMAT_POLICIES[policy], prevent_cse=not scanned,
+                    static_argnums=(deterministic_argnum,))
+
+
+class _ScannedLayer(nn.Module):
+    """One TransformerLayer as an nn.scan body: (x, bias, key_mask) -> (x, x or None)."""
+
+    cfg: StackConfig
+    deterministic: bool
+    collect: bool  # also return each layer's output (for the hidden-state analysis)
+
+    @nn.compact
+    def __call__(self, x, bias, key_mask):
+        layer_cls = remat_layer(TransformerLayer, self.cfg.remat_policy, scanned=True)
+        x = layer_cls(self.cfg, name="layer")(x, bias, key_mask, self.deterministic)
+        return x, (x if self.collect else None)
+
+
 class TransformerStack(nn.Module):
-    """`num_layers` Transformer layers; pre-LN stacks end with a final LayerNorm."""
+    """`num_layers` Transformer layers; pre-LN stacks end with a final LayerNorm.
+
+    With cfg.scan_layers the layers run under nn.scan: one layer is traced and compiled
+    whatever the depth, and its parameters are stacked on a leading "layers" axis
+    (models/layer_layout.py converts between the two layouts).
+    """
 
     cfg: StackConfig
 
@@ -398,12 +448,32 @@ class TransformerStack(nn.Module):
         key_mask: Optional[jax.Array],
         deterministic: bool,
     ) -> jax.Array:
-        for i in range(self.cfg.num_layers):
-            x = TransformerLayer(self.cfg, name=f"layer_{i}")(x, bias, key_mask, deterministic)
-            if self.cfg.pre_ln and i == self.cfg.num_layers - 1:
-                x = layer_norm("ln_final", self.cfg.dtype)(x)
-            # Each layer's output, for the effective-rank analysis (a no-op unless the
-            # collection is mutable). Pre-LN: the residual stream the next layer reads, and
-            # for the last layer the stack's output after ln_final.
+        cfg = self.cfg
+        # Each layer's output is sown for the effective-rank analysis (a no-op unless the
+        # collection is mutable). Pre-LN: the residual stream the next layer reads, and for
+        # the last layer the stack's output after ln_final.
+        if cfg.scan_layers:
+            collect = self.is_mutable_collection(HIDDEN_STATES)
+            scan = nn.scan(
+                _ScannedLayer,
+                variable_axes={"params": 0, "intermediates": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, outputs = scan(cfg, deterministic, collect, name="scan")(x, bias, key_mask)
+            if cfg.pre_ln:
+                x = layer_norm("ln_final", cfg.dtype)(x)
+            if collect:
+                for i in range(cfg.num_layers - 1):
+                    self.sow(HIDDEN_STATES, "layers", outputs[i])
+                self.sow(HIDDEN_STATES, "layers", x)
+            return x
+        layer_cls = remat_layer(TransformerLayer, cfg.remat_policy, scanned=False)
+        for i in range(cfg.num_layers):
+            x = layer_cls(cfg, name=f"layer_{i}")(x, bias, key_mask, deterministic)
+            if cfg.pre_ln and i == cfg.num_layers - 1:
+                x = layer_norm("ln_final", cfg.dtype)(x)
             self.sow(HIDDEN_STATES, "layers", x)
         return x

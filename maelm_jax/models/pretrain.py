@@ -71,8 +71,8 @@ class PretrainModel(nn.Module):
             enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)  # [B, n_enc]
             enc_positions = batch.enc_index
             if self.cfg.misaligned_positions:
-                enc_positions = jnp.broadcast_to(
-                    jnp.arange(enc_tokens.shape[1], dtype=jnp.int32), enc_tokens.shape)
+                # One row for the whole batch: the relative bias is then computed once.
+                enc_positions = jnp.arange(enc_tokens.shape[1], dtype=jnp.int32)[None]
             hidden = self.encoder(enc_tokens, enc_positions, deterministic=deterministic)
             shared_positions = (
                 self.encoder.position_table() if self.cfg.decoder.share_positions else None
@@ -85,8 +85,9 @@ class PretrainModel(nn.Module):
                 hidden, batch.enc_index, mask_embedding, shared_positions, deterministic, reset
             )  # [B, L, D_dec]
         else:
-            B, L = batch.inputs.shape
-            positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+            L = batch.inputs.shape[1]
+            # One row for the whole batch: the relative bias is then computed once, [1, H, L, L].
+            positions = jnp.arange(L, dtype=jnp.int32)[None]
             hidden = self.encoder(batch.inputs, positions, deterministic=deterministic)
         predicted = masking.gather_tokens(hidden, batch.pred_index)  # [B, k, D]
         return self.lm_head(predicted, self.encoder.attend)

@@ -28,6 +28,7 @@ from absl import logging
 import orbax.checkpoint as ocp
 
 from maelm_jax import distributed, errors
+from maelm_jax.models import layer_layout
 
 DAMAGED_SUFFIX = ".damaged"
 DIGEST_FILE = "digests.json"  # in each finished step: relative path -> [size, sha256]
@@ -123,13 +124,33 @@ class Checkpointer:
         """Restores onto `target`'s structure, shapes and shardings (arrays or
         jax.ShapeDtypeStruct); without a target optax states would come back as lists."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        # A checkpoint of the other layer layout (model.scan_layers changed, or one written
+        # before the option) restores in its own layout, then converts.
+        saved = layer_layout.is_stacked(self._state_metadata(step))
+        wanted = layer_layout.is_stacked(abstract)
+        convert = None not in (saved, wanted) and saved != wanted
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                state=ocp.args.StandardRestore(
+                    layer_layout.to_layout(abstract, saved) if convert else abstract),
+                meta=ocp.args.JsonRestore(),
             ),
         )
-        return restored.state, restored.meta
+        state = restored.state
+        if convert:
+            shardings = jax.tree.map(lambda x: x.sharding, abstract)
+            state = jax.device_put(layer_layout.to_layout(state, wanted), shardings)
+        return state, restored.meta
+
+    def _state_metadata(self, step: int) -> Any:
+        """The saved state's tree of metadata (nested dicts), or None if unreadable."""
+        try:
+            meta = self.manager.item_metadata(step)
+        except Exception:  # unreadable metadata: the restore below reports it
+            return None
+        meta = meta.get("state") if hasattr(meta, "get") else getattr(meta, "state", None)
+        return getattr(meta, "tree", meta)
 
     def restore_latest(self, target: Any) -> tuple[int, Any, dict] | None:
         """(step, state, meta) of the newest checkpoint that restores and passes its checks
