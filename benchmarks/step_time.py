@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1,
                    help="encoder dropout and attention dropout (the papers' 0.1); the "
                         "decoder never drops out")
+    p.add_argument("--scan_layers", action="store_true", help="model.scan_layers")
+    p.add_argument("--remat_policy", default="none", help="model.remat_policy")
     p.add_argument("--prng_impl", default="threefry2x32",
                    help="PRNG implementation of masks and dropout (config.train.prng_impl)")
     p.add_argument("--steps", type=int, default=2, help="timed steps per measurement")
@@ -92,6 +94,8 @@ def make_config(args: argparse.Namespace, objective: str) -> ml_collections.Conf
     config.train.batch_size = args.batch_size
     config.tokenizer.vocab_size = args.vocab_size
     config.train.prng_impl = args.prng_impl
+    config.model.scan_layers = args.scan_layers
+    config.model.remat_policy = args.remat_policy
     m = config.model
     m.num_layers, m.d_model, m.num_heads = args.encoder_layers, args.d_model, args.num_heads
     m.d_ff = args.d_ff or 4 * args.d_model

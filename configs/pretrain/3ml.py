@@ -58,6 +58,9 @@ def get_config(arg: str | None = None):
     m.num_layers, m.d_model, m.num_heads, m.d_ff = shape["encoder"]
     m.dropout = m.attention_dropout = 0.1
     m.pre_ln = pre_ln
+    # Scanned layers; the large models recompute what the weight matmuls do not keep.
+    m.scan_layers = True
+    m.remat_policy = "dots_no_batch" if size == "large" else "none"
     m.rel_pos_buckets = 0
     d = m.decoder
     d.num_layers, d.d_model, d.num_heads, d.d_ff = shape["decoder"]

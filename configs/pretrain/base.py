@@ -49,6 +49,9 @@ def get_config(arg: str | None = None):
     c.data.seq_len = 512
     c.masking.mask_ratio = 0.15  # all [MASK], no 80-10-10 (Appendix C)
     c.model.num_layers = 12
+    # 12 layers and more: scanned, so compile time does not grow with depth. Base fits
+    # without rematerialisation at the paper's per-device batches.
+    c.model.scan_layers = True
     c.model.d_model = 768
     c.model.num_heads = 12
     c.model.d_ff = 3072

@@ -22,4 +22,7 @@ def get_config(arg: str | None = None):
     c.train.num_steps = 1_000_000
     c.train.learning_rate = 1e-4
     c.train.clip_norm = 1.0
+    # 24 x 1024: keep only the weight matmuls' outputs and recompute the rest, the usual
+    # trade for a useful batch per device (scripts/plan_memory.py --remat_policies=all).
+    c.model.remat_policy = "dots_no_batch"
     return c

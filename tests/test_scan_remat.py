@@ -1,0 +1,109 @@
+"""Scanned and rematerialised layers: the same function as the per-layer stack, the same
+train step, one compilation, and checkpoints that restore across the two layouts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import flax.linen as nn
+
+from maelm_jax import config as config_lib
+from maelm_jax import sharding, tokenizer
+from maelm_jax.finetune import loading
+from maelm_jax.models import layer_layout, layers
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import checkpoint, optimizer, steps
+
+from tiny_config import TINY_VOCAB, tiny_config
+
+
+def _stack_outputs(cfg, params, x, deterministic=True):
+    stack = layers.TransformerStack(cfg)
+    out, state = stack.apply({"params": params}, x, None, None, deterministic,
+                             mutable=[layers.HIDDEN_STATES])
+    return out, state[layers.HIDDEN_STATES]["layers"]
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_scanned_stack_computes_the_per_layer_function(pre_ln):
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 32))
+    cfg = layers.StackConfig(3, 32, 4, 64, pre_ln=pre_ln)
+    params = nn.meta.unbox(layers.TransformerStack(cfg).init(
+        jax.random.PRNGKey(1), x, None, None, True)["params"])
+    scanned_cfg = layers.StackConfig(3, 32, 4, 64, pre_ln=pre_ln, scan_layers=True)
+    stacked = layer_layout.to_stacked({"stack": params})["stack"]
+    assert jax.tree.leaves(stacked["scan"])[0].shape[0] == 3
+    out, hidden = _stack_outputs(cfg, params, x)
+    scanned_out, scanned_hidden = _stack_outputs(scanned_cfg, stacked, x)
+    np.testing.assert_allclose(scanned_out, out, atol=1e-5)
+    # Every layer's output is sown alike (the rank analysis reads them), the last after
+    # ln_final for pre-LN.
+    assert len(scanned_hidden) == len(hidden) == 3
+    for a, b in zip(scanned_hidden, hidden):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    back = layer_layout.to_per_layer({"stack": stacked})["stack"]
+    jax.tree.map(np.testing.assert_array_equal, back, params)
+
+
+def _train_step(c):
+    counts = config_lib.mask_counts(c)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    tx, schedule = optimizer.make_optimizer(c.train)
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    state, setup = steps.create_state(model, tx, c.seed, counts, mesh)
+    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps)
+    return state, setup, steps.jit_train_step(fn, setup, mesh)
+
+
+@pytest.mark.parametrize("objective, policy", [("maelm", "full"), ("mlm", "dots_no_batch")])
+def test_scanned_rematerialised_step_matches_the_plain_one(objective, policy):
+    """Same initial parameters (converted), no dropout: the scanned, rematerialised step
+    gives the plain step's loss and new parameters, and compiles once."""
+    c = tiny_config(objective)
+    state, _, plain_step = _train_step(c)
+    c.model.scan_layers, c.model.remat_policy = True, policy
+    scanned_state, setup, scanned_step = _train_step(c)
+    assert layer_layout.is_stacked(setup.abstract.params)
+    spec = setup.logical_specs.params["encoder"]["stack"]["scan"]["layer"]["mlp"]["wi"]["kernel"]
+    assert spec[0] == "layers"
+    host = jax.device_get(state)
+    converted = jax.device_put(layer_layout.to_stacked(host), setup.shardings)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(
+        tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32)
+    new_plain, m_plain = plain_step(jax.device_put(host), tokens)
+    new_scanned, m_scanned = scanned_step(converted, tokens)
+    np.testing.assert_allclose(float(m_scanned["loss"]), float(m_plain["loss"]), rtol=1e-4)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4),
+                 jax.device_get(layer_layout.to_per_layer(new_scanned.params)),
+                 jax.device_get(new_plain.params))
+    for _ in range(2):
+        new_scanned, _ = scanned_step(new_scanned, tokens)
+    assert scanned_step._cache_size() == 1
+
+
+def test_checkpoints_restore_across_layouts_and_fine_tuning_reads_stacked(tmp_path):
+    c = tiny_config("maelm")
+    state, _, _ = _train_step(c)
+    old = checkpoint.Checkpointer(tmp_path / "per_layer", every=1, keep=1)
+    old.save(1, state, {"step": 1, "data_position": 1}, force=True)
+    old.wait()
+    c.model.scan_layers = True
+    _, setup, _ = _train_step(c)
+    restored, meta = old.restore(1, setup.abstract)  # a checkpoint from before scanning
+    old.close()
+    assert meta["step"] == 1 and layer_layout.is_stacked(restored)
+    word = restored.params["encoder"]["stack"]["scan"]["layer"]["mlp"]["wi"]["kernel"]
+    assert word.sharding == setup.shardings.params["encoder"]["stack"]["scan"]["layer"][
+        "mlp"]["wi"]["kernel"]
+    jax.tree.map(np.testing.assert_array_equal,
+                 jax.device_get(layer_layout.to_per_layer(restored)), jax.device_get(state))
+
+    new = checkpoint.Checkpointer(tmp_path / "stacked", every=1, keep=1)
+    new.save(1, restored, {"step": 1, "data_position": 1}, force=True)
+    new.wait()
+    new.close()
+    # Fine-tuning's encoder is per layer: it reads the stacked checkpoint converted.
+    encoder = loading.restore_encoder_params(tmp_path / "stacked" / "1")
+    assert not layer_layout.is_stacked({"encoder": encoder})
+    jax.tree.map(np.testing.assert_array_equal, encoder,
+                 jax.device_get(state.params["encoder"]))
