@@ -57,7 +57,6 @@ sys.path.insert(0, os.path.dirname(_BENCHMARKS))
 sys.path.insert(0, _BENCHMARKS)
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import step_time
@@ -161,19 +160,6 @@ class PeerBench:
             self.cpu.append(time.process_time() - cpu)
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """fp32 GFLOP/s of a jitted n x n matmul, the median of `repeats` after a warm-up."""
-    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    matmul = jax.jit(jnp.matmul)
-    matmul(x, x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(x, x).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.peer == "hf":
@@ -190,7 +176,7 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} CPUs (by default; not set here)")
     print(f"load average {os.getloadavg()[0]:.1f} before starting (other work on the "
           f"machine skews the timings, torch's most)")
-    print(f"fp32 jitted 2048x2048 matmul: {matmul_gflops():.1f} GFLOP/s (median of 5)")
+    print(f"fp32 jitted 2048x2048 matmul: {step_time.matmul_gflops():.1f} GFLOP/s (median of 5)")
     print(f"encoder {args.encoder_layers} x {args.d_model} ({args.num_heads} heads, "
           f"FFN {args.d_ff}), MAE-LM decoder {args.decoder_layers} x {args.d_model}, "
           f"L={args.seq_len}, batch={args.batch_size}, |V|={args.vocab_size}, "
@@ -207,17 +193,7 @@ def main(argv=None) -> int:
         b = benches["peer"] = PeerBench(args, tokens)
         print(f"  peer  RobertaForMaskedLM built in {b.build_seconds:.1f} s; "
               f"attention {b.attention}; {b.mask_ratio:.0%} masked per step, 80-10-10")
-    for b in benches.values():
-        if args.warmup:
-            b.run(args.warmup)
-            b.wall.clear()
-            b.cpu.clear()
-
-    order = list(benches)
-    for r in range(args.repeats):
-        # Rotate which side goes first so a slow phase of the machine is shared.
-        for side in order[r % len(order):] + order[:r % len(order)]:
-            benches[side].run(args.steps)
+    step_time.time_rotated(benches, args.warmup, args.repeats, args.steps)
 
     tokens_per_step = args.batch_size * args.seq_len
     print()

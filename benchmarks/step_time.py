@@ -177,11 +177,39 @@ def random_tokens(args: argparse.Namespace) -> np.ndarray:
                         (args.batch_size, args.seq_len)).astype(np.int32)
 
 
+def time_rotated(benches: dict, warmup: int, repeats: int, steps: int) -> None:
+    """Untimed warm-up steps for each, then `repeats` rounds of `steps` timed steps each,
+    rotating which goes first every round so that a slow phase of the machine is shared."""
+    for b in benches.values():
+        if warmup:
+            b.run(warmup)
+            b.wall.clear()
+            b.cpu.clear()
+    order = list(benches)
+    for r in range(repeats):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            benches[name].run(steps)
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of a jitted n x n matmul, the median of `repeats` after a warm-up: the
+    machine's speed, printed beside absolute times."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jax.numpy.float32)
+    matmul = jax.jit(jax.numpy.matmul)
+    matmul(x, x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(x, x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     tokens = random_tokens(args)
     print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s), "
-          f"{os.cpu_count()} CPUs)")
+          f"{os.cpu_count()} CPUs); fp32 jitted 2048x2048 matmul: {matmul_gflops():.1f} GFLOP/s")
     print(f"encoder {args.encoder_layers} x {args.d_model} ({args.num_heads} heads), "
           f"MAE-LM decoder {args.decoder_layers} x {args.decoder_d_model or args.d_model}, "
           f"3ML decoders 2 x {args.d_model // 2}, "
@@ -195,16 +223,8 @@ def main(argv=None) -> int:
         benches[objective] = b
         print(f"  {objective:9s} compiled in {b.compile_seconds:.1f} s; "
               f"{b.num_params / 1e6:.1f} M params; n_enc={b.counts.n_enc}, k={b.counts.k}")
-        if args.warmup:
-            b.run(args.warmup)
-            b.wall.clear()
-            b.cpu.clear()
 
-    order = list(args.objectives)
-    for r in range(args.repeats):
-        # Rotate which objective goes first so a slow phase of the machine is shared.
-        for objective in order[r % len(order):] + order[:r % len(order)]:
-            benches[objective].run(args.steps)
+    time_rotated(benches, args.warmup, args.repeats, args.steps)
 
     tokens_per_step = args.batch_size * args.seq_len
     print()
