@@ -60,7 +60,6 @@ import jax
 import numpy as np
 
 import step_time
-from maelm_jax import config as config_lib
 from maelm_jax import tokenizer
 
 TARGETS = {"mlm": 1.5, "maelm": 1.2}  # minimum throughput ratio ours / peer
