@@ -1,5 +1,6 @@
 """Packing into blocks of exactly L, reuse of prepared data, and the resumable loader."""
 
+import json
 import pathlib
 
 import numpy as np
@@ -56,6 +57,19 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
     mtime = meta.stat().st_mtime_ns
     again = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
     assert again.directory == data.directory and meta.stat().st_mtime_ns == mtime
+    # Mixing weights come from the config, never from the cache (whose key leaves them
+    # out): a second source and a new weight reuse the same blocks with the new mixture.
+    assert data.weights == {"main": 1.0}
+    c.data.sources.second = c.data.sources.main.to_dict()
+    c.data.sources.second.weight = 3.0
+    mixed = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    assert mixed.weights == {"main": 1.0, "second": 3.0}
+    c.data.sources.second.weight = 0.5
+    reused = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    assert reused.directory == mixed.directory and reused.weights["second"] == 0.5
+    assert "weight" not in json.loads((mixed.directory / "meta.json").read_text())["sources"][
+        "second"]
+    del c.data.sources["second"]
     # A changed corpus is prepared anew.
     _write_corpus(tmp_path / "corpus.txt", n_docs=200)
     assert pipeline.prepare_data(c, tmp_path, tiny_tokenizer).directory != data.directory

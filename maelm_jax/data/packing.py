@@ -162,7 +162,10 @@ class PreparedData:
     weights: dict[str, float]
 
     @classmethod
-    def load(cls, directory: pathlib.Path) -> "PreparedData":
+    def load(cls, directory: pathlib.Path,
+             weights: dict[str, float] | None = None) -> "PreparedData":
+        """The blocks in `directory`, mixed by `weights` (the config's; every source 1.0
+        when None). The cache never decides the mixture: its key leaves the weights out."""
         meta = json.loads((directory / "meta.json").read_text())
         dtype, L = np.dtype(meta["dtype"]), meta["seq_len"]
 
@@ -184,7 +187,7 @@ class PreparedData:
             L,
             open_split("train"),
             open_split("valid"),
-            {name: s["weight"] for name, s in meta["sources"].items()},
+            {name: float((weights or {}).get(name, 1.0)) for name in meta["sources"]},
         )
 
 
@@ -221,16 +224,18 @@ def prepare(
 ) -> PreparedData:
     """Packs every source (name -> (documents, weight)) unless already prepared.
 
-    Returns the memory-mapped blocks. Raises ValueError naming a source that yields no
+    Returns the memory-mapped blocks, mixed by the weights given here: the prepared blocks
+    do not depend on them, so a cache shared by runs of other mixtures serves them all. Raises ValueError naming a source that yields no
     training block, or when the validation split is empty.
     """
     fingerprint = data_fingerprint(
         source_fingerprints, tok.model_path, seq_len, validation_fraction
     )
+    weights = {name: weight for name, (_, weight) in sources.items()}
     final = cache_dir / fingerprint
     if (final / "meta.json").exists():
         logging.info("reusing prepared data in %s", final)
-        return PreparedData.load(final)
+        return PreparedData.load(final, weights)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir))
     try:
@@ -240,14 +245,14 @@ def prepare(
             "dtype": token_dtype(tok.vocab_size).str,
             "sources": {},
         }
-        for name, (documents, weight) in sources.items():
+        for name, (documents, _) in sources.items():
             stats = pack_source(documents, tok, seq_len, validation_fraction, tmp, name)
             if stats["train_blocks"] == 0:
                 raise errors.UserError(
                     f"config.data.sources.{name}: {stats['tokens']} tokens do not fill one "
                     f"training block of data.seq_len={seq_len}; add text or lower seq_len"
                 )
-            meta["sources"][name] = dict(stats, weight=weight)
+            meta["sources"][name] = stats
         if sum(s["valid_blocks"] for s in meta["sources"].values()) == 0:
             raise errors.UserError(
                 "config.data.validation_fraction: no validation block of "
@@ -257,4 +262,4 @@ def prepare(
         os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return PreparedData.load(final)
+    return PreparedData.load(final, weights)
