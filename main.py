@@ -61,7 +61,10 @@ class _ProjectInfoOnly(logging.Filter):
 
 def _one_line(error: BaseException) -> str:
     """The message alone: config_flags wraps a config file's own error in its traceback."""
-    text = str(error).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
+    text = str(error).strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # a quoted repr
+        text = text[1:-1]
+    text = text.replace("\\n", "\n").replace("\\'", "'")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if "Traceback (most recent call last):" in text:
         # The last line is "<module>.<ExceptionClass>: message"; keep the message.

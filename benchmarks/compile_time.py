@@ -24,13 +24,25 @@ import step_time  # noqa: E402
 TARGET = 1.5  # scanned deepest / scanned shallowest compile time
 
 
+def _depths(text: str) -> list[int]:
+    try:
+        depths = [int(d) for d in text.split(",")]
+    except ValueError:
+        depths = []
+    if len(depths) < 2 or min(depths) < 1:
+        raise argparse.ArgumentTypeError(f"expected two or more positive integers, got {text!r}")
+    return depths
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--depths", default="2,24", help="comma-separated encoder depths")
+    p.add_argument("--depths", default=[2, 24], type=_depths,
+                   help="comma-separated encoder depths (default 2,24)")
     p.add_argument("--objective", default="maelm", choices=step_time.OBJECTIVES)
-    p.add_argument("--remat_policy", default="none")
+    p.add_argument("--remat_policy", default="none",
+                   choices=tuple(step_time.layers.REMAT_POLICIES))
     args = p.parse_args(argv)
-    depths = [int(d) for d in args.depths.split(",")]
+    depths = args.depths
     base = step_time.parse_args([
         "--d_model=128", "--num_heads=2", "--seq_len=64", "--batch_size=4",
         "--vocab_size=1024", "--decoder_layers=2", f"--remat_policy={args.remat_policy}"])

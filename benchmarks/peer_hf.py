@@ -78,14 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hidden and attention dropout, both sides (our decoder has none)")
     p.add_argument("--decoder_layers", type=int, default=None,
                    help="MAE-LM decoder layers at full width; default max(1, encoder_layers // 3)")
-    p.add_argument("--scan_layers", action="store_true", help="model.scan_layers")
-    p.add_argument("--remat_policy", default="none", help="model.remat_policy")
-    p.add_argument("--prng_impl", default="threefry2x32",
-                   help="our masks' and dropout's PRNG (config.train.prng_impl)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per measurement")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps per side first")
-    p.add_argument("--repeats", type=int, default=5,
-                   help="measurements per side, alternated; the median is reported")
+    step_time.add_step_options(p, steps=3)
     p.add_argument("--threads", type=int, default=os.cpu_count(),
                    help="torch intra-op threads (XLA uses every core regardless)")
     p.add_argument("--peer", choices=("hf", "none"), default="hf",

@@ -41,12 +41,27 @@ import numpy as np
 from maelm_jax import config as config_lib
 from maelm_jax import flops as flops_lib
 from maelm_jax import sharding, tokenizer
+from maelm_jax.models import layers
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import steps as steps_lib
 
 OBJECTIVES = ("mlm", "maelm", "3ml_self", "3ml_cross")
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
+
+
+def add_step_options(p: argparse.ArgumentParser, steps: int) -> None:
+    """The options of how our step is built and timed, shared with peer_hf.py."""
+    p.add_argument("--scan_layers", action="store_true", help="model.scan_layers")
+    p.add_argument("--remat_policy", default="none", choices=tuple(layers.REMAT_POLICIES),
+                   help="model.remat_policy")
+    p.add_argument("--prng_impl", default="threefry2x32", choices=steps_lib.PRNG_IMPLS,
+                   help="PRNG of masks and dropout (config.train.prng_impl)")
+    p.add_argument("--steps", type=int, default=steps, help="timed steps per measurement")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps after compiling")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="measurements per objective or side, alternated; the median is "
+                        "reported")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,14 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1,
                    help="encoder dropout and attention dropout (the papers' 0.1); the "
                         "decoder never drops out")
-    p.add_argument("--scan_layers", action="store_true", help="model.scan_layers")
-    p.add_argument("--remat_policy", default="none", help="model.remat_policy")
-    p.add_argument("--prng_impl", default="threefry2x32",
-                   help="PRNG implementation of masks and dropout (config.train.prng_impl)")
-    p.add_argument("--steps", type=int, default=2, help="timed steps per measurement")
-    p.add_argument("--warmup", type=int, default=1, help="untimed steps after compiling")
-    p.add_argument("--repeats", type=int, default=5,
-                   help="measurements per objective, alternated; the median is reported")
+    add_step_options(p, steps=2)
     p.add_argument("--objectives", default=",".join(OBJECTIVES),
                    help=f"comma-separated, from {', '.join(OBJECTIVES)} (mlm always runs)")
     args = p.parse_args(argv)

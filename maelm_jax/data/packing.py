@@ -225,8 +225,9 @@ def prepare(
     """Packs every source (name -> (documents, weight)) unless already prepared.
 
     Returns the memory-mapped blocks, mixed by the weights given here: the prepared blocks
-    do not depend on them, so a cache shared by runs of other mixtures serves them all. Raises ValueError naming a source that yields no
-    training block, or when the validation split is empty.
+    do not depend on them, so a cache shared by runs of other mixtures serves them all.
+    Raises ValueError naming a source that yields no training block, or when the
+    validation split is empty.
     """
     fingerprint = data_fingerprint(
         source_fingerprints, tok.model_path, seq_len, validation_fraction

@@ -4,8 +4,9 @@ Masks and dropout come from keys folded from (seed, step, micro-batch), so a ste
 randomness does not depend on what ran before it: a resumed run draws the same masks.
 Those keys use the PRNG implementation `prng_impl` (config.train.prng_impl, one of
 PRNG_IMPLS); parameter initialisation and evaluation masks always use threefry, so they
-are the same whichever is chosen. Gradients are accumulated as sums over micro-batches and divided once by the number of
-predicted tokens in the global batch, which is the paper's loss exactly.
+are the same whichever is chosen. Gradients are accumulated as sums over micro-batches
+and divided once by the number of predicted tokens in the global batch, which is the
+paper's loss exactly.
 """
 
 from __future__ import annotations
