@@ -19,6 +19,7 @@ from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+from maelm_jax.models import relative_position
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import steps as steps_lib
 
@@ -69,10 +70,10 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.rel_pos_buckets = 32  # 0 disables the T5 relative position bias
     c.model.rel_pos_max_distance = 128
     # "normal" N(0, 0.02) as in both papers, or "local": a locality prior that lets small
-    # laptop runs leave the unigram plateau early (layers.local_bias_init)
+    # laptop runs leave the unigram plateau early (relative_position.local_bias_init)
     c.model.rel_pos_init = "normal"
     # Bucketing of relative distances, for the encoder and the decoder: "t5" (Raffel et al.,
-    # as both papers cite) or "maelm", the official MAE-LM code's (layers.BUCKET_FNS).
+    # as both papers cite) or "maelm", the official MAE-LM code's (relative_position.BUCKET_FNS).
     c.model.rel_pos_bucket_fn = "t5"
     c.model.dtype = "float32"  # compute dtype; parameters stay float32
     # Attention kernel of the encoder and decoder (layers.ATTENTION_IMPLS): "auto" takes
@@ -182,8 +183,8 @@ FIELDS: dict[str, schema.Field] = {
     "model.decoder.pre_ln": schema.boolean(),
     "model.decoder.rel_pos_buckets": schema.integer(0),
     "model.decoder.rel_pos_max_distance": schema.integer(1),
-    "model.decoder.rel_pos_init": schema.choice(*layers.REL_POS_INITS),
-    "model.rel_pos_init": schema.choice(*layers.REL_POS_INITS),
+    "model.decoder.rel_pos_init": schema.choice(*relative_position.REL_POS_INITS),
+    "model.rel_pos_init": schema.choice(*relative_position.REL_POS_INITS),
     "model.decoder.share_positions": schema.boolean(),
     "model.decoder.kind": schema.choice(*decoder_lib.KINDS),
     "model.decoder.reset_masks": schema.boolean(),

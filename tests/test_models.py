@@ -13,6 +13,7 @@ from maelm_jax import config as config_lib
 from maelm_jax import masking, tokenizer
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+from maelm_jax.models import relative_position
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
 
@@ -150,7 +151,7 @@ def _reference_bucket(relative: int, num_buckets: int, max_distance: int) -> int
 @pytest.mark.parametrize("buckets, distance", [(32, 128), (64, 128), (128, 256)])
 def test_t5_relative_buckets_match_reference(buckets, distance):
     rel = np.arange(-600, 601)
-    got = np.asarray(layers.t5_relative_bucket(jnp.asarray(rel), buckets, distance))
+    got = np.asarray(relative_position.t5_relative_bucket(jnp.asarray(rel), buckets, distance))
     want = np.array([_reference_bucket(int(r), buckets, distance) for r in rel])
     np.testing.assert_array_equal(got, want)
     assert got.min() == 0 and got.max() == buckets - 1
@@ -178,12 +179,12 @@ def _official_maelm_bucket(rel: np.ndarray, num_buckets: int, max_distance: int,
 @pytest.mark.parametrize("buckets, distance", [(32, 128), (64, 128), (128, 256)])
 def test_official_maelm_buckets_match_reference(buckets, distance):
     rel = np.arange(-511, 512)
-    got = np.asarray(layers.maelm_relative_bucket(jnp.asarray(rel), buckets, distance))
+    got = np.asarray(relative_position.maelm_relative_bucket(jnp.asarray(rel), buckets, distance))
     np.testing.assert_array_equal(got, _official_maelm_bucket(rel, buckets, distance, 512))
     # Symmetric around distance 0, num_buckets - 1 of them used; not T5's layout.
     assert got.min() == 0 and got.max() == buckets - 2
     np.testing.assert_array_equal(got - got[511], -(got[::-1] - got[511]))
-    assert not np.array_equal(got, np.asarray(layers.t5_relative_bucket(jnp.asarray(rel),
+    assert not np.array_equal(got, np.asarray(relative_position.t5_relative_bucket(jnp.asarray(rel),
                                                                         buckets, distance)))
 
 
@@ -200,7 +201,7 @@ def test_bucket_fn_reaches_the_encoder():
 
 def test_local_relative_bias_starts_attention_at_the_neighbours():
     heads = 4
-    module = layers.RelativePositionBias(32, 128, heads, "local")
+    module = relative_position.RelativePositionBias(32, 128, heads, "local")
     positions = jnp.arange(200)[None]
     params = module.init(jax.random.PRNGKey(0), positions, positions)
     bias = np.asarray(module.apply(params, positions, positions))[0]  # [heads, L, L]
@@ -216,7 +217,7 @@ def test_local_relative_bias_starts_attention_at_the_neighbours():
         assert np.all(np.diff(row[h, order]) <= 0)
     assert np.all(row[:-1, 101] < row[1:, 101])
     # The paper's initialisation is small and has no preference for neighbours.
-    normal = layers.RelativePositionBias(32, 128, heads)
+    normal = relative_position.RelativePositionBias(32, 128, heads)
     table = nn.meta.unbox(normal.init(jax.random.PRNGKey(0), positions, positions))
     assert float(jnp.abs(table["params"]["rel_embedding"]).max()) < 0.2
 

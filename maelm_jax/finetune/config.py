@@ -93,7 +93,7 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.model.pre_ln = False
     c.model.rel_pos_buckets = 32
     c.model.rel_pos_max_distance = 128
-    c.model.rel_pos_bucket_fn = "t5"  # "maelm": the official code's (layers.BUCKET_FNS)
+    c.model.rel_pos_bucket_fn = "t5"  # "maelm": the official code's bucketing
     c.model.max_positions = 512
     c.model.dropout = 0.1  # Table 5 / 6
     c.model.attention_dropout = 0.1

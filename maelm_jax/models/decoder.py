@@ -38,6 +38,7 @@ import flax.linen as nn
 
 from maelm_jax import masking
 from maelm_jax.models import layers
+from maelm_jax.models import relative_position
 
 
 KINDS = ("self", "cross", "causal_cross", "cross_only")
@@ -52,8 +53,8 @@ class DecoderConfig:
     kind: str = "self"  # KINDS: "self" (MAE-LM, 3ML_self), "cross" (3ML_cross), ...
     rel_pos_buckets: int = 0  # 0 = no relative position bias (the paper's decoder)
     rel_pos_max_distance: int = 128
-    rel_pos_init: str = "normal"  # layers.REL_POS_INITS
-    rel_pos_bucket_fn: str = "t5"  # layers.BUCKET_FNS
+    rel_pos_init: str = "normal"  # relative_position.REL_POS_INITS
+    rel_pos_bucket_fn: str = "t5"  # relative_position.BUCKET_FNS
     share_positions: bool = False  # use the encoder's absolute position table
     reset_masks: bool = False  # self kind: [MASK] embedding at the encoder's [MASK]s
 
@@ -97,7 +98,7 @@ class Decoder(nn.Module):
         bias = None
         if cfg.rel_pos_buckets:
             positions = jnp.arange(L, dtype=jnp.int32)[None]
-            bias = layers.RelativePositionBias(
+            bias = relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
                 cfg.rel_pos_bucket_fn, name="relative_bias",
             )(positions, positions)  # [1, heads, L, L], broadcast over the batch
@@ -168,7 +169,7 @@ class CrossDecoder(nn.Module):
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         self_bias = cross_bias = None
         if cfg.rel_pos_buckets:
-            relative = layers.RelativePositionBias(
+            relative = relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
                 cfg.rel_pos_bucket_fn, name="relative_bias",
             )

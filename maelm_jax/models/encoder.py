@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from maelm_jax.models import layers
+from maelm_jax.models import relative_position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +27,8 @@ class EncoderConfig:
     max_positions: int
     rel_pos_buckets: int = 32  # 0 disables the relative position bias
     rel_pos_max_distance: int = 128
-    rel_pos_init: str = "normal"  # layers.REL_POS_INITS; only matters before training
-    rel_pos_bucket_fn: str = "t5"  # layers.BUCKET_FNS
+    rel_pos_init: str = "normal"  # relative_position.REL_POS_INITS; only matters before training
+    rel_pos_bucket_fn: str = "t5"  # relative_position.BUCKET_FNS
 
 
 class Encoder(nn.Module):
@@ -52,7 +53,7 @@ class Encoder(nn.Module):
         self.ln_embed = layers.layer_norm("ln_embed", stack.dtype)
         self.dropout = nn.Dropout(stack.dropout)
         self.relative_bias = (
-            layers.RelativePositionBias(
+            relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
                 cfg.rel_pos_init, cfg.rel_pos_bucket_fn,
             )

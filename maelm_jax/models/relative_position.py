@@ -1,0 +1,117 @@
+"""Relative position bias from original (aligned) positions: the bucketing functions (T5's
+and the official MAE-LM code's), the bias table's initialisations, and the module the
+encoder and decoders share across their layers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import flax.linen as nn
+
+from maelm_jax.models.layers import normal_init
+
+
+def t5_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: int) -> jax.Array:
+    """T5's bidirectional bucketing of `relative` = key_pos - query_pos.
+
+    Half the buckets per sign; within a sign, exact buckets for small distances and
+    log-spaced buckets up to `max_distance` (everything farther shares the last one).
+    """
+    half = num_buckets // 2
+    bucket = (relative > 0).astype(jnp.int32) * half
+    distance = jnp.abs(relative)
+    max_exact = half // 2
+    is_small = distance < max_exact
+    # max(distance, 1) keeps log() finite where the small branch is chosen anyway.
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / jnp.log(
+        max_distance / max_exact
+    )
+    large = max_exact + (log_ratio * (half - max_exact)).astype(jnp.int32)
+    large = jnp.minimum(large, half - 1)
+    return bucket + jnp.where(is_small, distance, large)
+
+
+def maelm_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: int) -> jax.Array:
+    """The bucketing of the official MAE-LM code (fairseq's transformer_sentence_encoder).
+
+    Same number of buckets as T5's, laid out differently: a signed, symmetric bucket
+    (distance 0 in the middle, num_buckets - 1 of them used), exact below num_buckets / 4,
+    log-spaced above with ceil() and boundaries log((max_distance - 1) / max_exact) where
+    T5 uses floor() and log(max_distance / max_exact). The official code shifts the signed
+    buckets by the most negative one met within its maximum length; we shift by its
+    bound, num_buckets / 2 - 1, which is the same whenever the length reaches
+    max_distance (the papers' 512 vs 128).
+    """
+    half = num_buckets // 2
+    distance = jnp.abs(relative)
+    max_exact = half // 2
+    is_small = distance < max_exact
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / jnp.log(
+        (max_distance - 1) / max_exact
+    )
+    large = max_exact + jnp.ceil(log_ratio * (half - 1 - max_exact)).astype(jnp.int32)
+    large = jnp.minimum(large, half - 1)
+    signed = jnp.where(is_small, distance, large) * jnp.sign(relative)
+    return signed + half - 1
+
+
+# Relative-position bucketing by name: T5's (the papers cite Raffel et al.) or the official
+# MAE-LM code's.
+BUCKET_FNS = {"t5": t5_relative_bucket, "maelm": maelm_relative_bucket}
+
+
+# How a relative position bias table starts: "normal" is N(0, 0.02) like every other
+# weight (both papers); "local" is a locality prior (see local_bias_init).
+REL_POS_INITS = ("normal", "local")
+# The "local" prior's steepest slope is 2^-(LOCAL_SLOPE_EXPONENT / heads) per position and
+# its shallowest 2^-LOCAL_SLOPE_EXPONENT: at least one head is nearly uniform.
+LOCAL_SLOPE_EXPONENT = 4.0
+
+
+def local_bias_init(max_distance: int, bucket_fn: str = "t5"):
+    """A relative bias table [num_buckets, heads] that starts attention local: head h
+    (1-based) of H adds -s_h * d to the logit of a key d positions away (d = the smallest
+    distance in its bucket), s_h = 2^(-4 h / H), geometric slopes as in ALiBi.
+
+    Why: zero-mean bias and small weights make attention start uniform, and a small model
+    then sits on the unigram plateau until Adam, moving each bias entry about one learning
+    rate per step, has built up a preference for neighbours (ln L / lr steps: 1,400 at
+    L = 64, lr 3e-3). Started local, the table is still learned like any other weight.
+    """
+
+    def init(key, shape, dtype=jnp.float32):
+        del key
+        num_buckets, heads = shape
+        relative = jnp.arange(-max_distance, max_distance + 1)
+        buckets = BUCKET_FNS[bucket_fn](relative, num_buckets, max_distance)
+        distance = jnp.full((num_buckets,), float(max_distance)).at[buckets].min(
+            jnp.abs(relative).astype(jnp.float32))
+        slopes = 2.0 ** (-LOCAL_SLOPE_EXPONENT * jnp.arange(1, heads + 1) / heads)
+        return (-distance[:, None] * slopes[None, :]).astype(dtype)
+
+    return nn.with_logical_partitioning(init, ("rel_buckets", "heads"))
+
+
+class RelativePositionBias(nn.Module):
+    """Relative position bias from original (aligned) positions, shared by all layers."""
+
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    table_init: str = "normal"  # one of REL_POS_INITS
+    bucket_fn: str = "t5"  # one of BUCKET_FNS
+
+    @nn.compact
+    def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        """q_pos [B, n], k_pos [B, m] -> bias [B, heads, n, m] (float32)."""
+        table = self.param(
+            "rel_embedding",
+            (local_bias_init(self.max_distance, self.bucket_fn) if self.table_init == "local"
+             else normal_init(("rel_buckets", "heads"))),
+            (self.num_buckets, self.num_heads),
+            jnp.float32,
+        )
+        buckets = BUCKET_FNS[self.bucket_fn](
+            k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance
+        )
+        return jnp.transpose(table[buckets], (0, 3, 1, 2))
