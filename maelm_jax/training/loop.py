@@ -7,8 +7,6 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 from __future__ import annotations
 
 import pathlib
-import signal
-import threading
 import time
 from typing import Any
 
@@ -24,6 +22,7 @@ from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
+from maelm_jax.training import preemption
 from maelm_jax.training import steps
 from maelm_jax.training import workdir as workdir_lib
 
@@ -95,28 +94,6 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
 
 class NonFiniteError(errors.UserError):
     """A non-finite loss or gradient under train.nonfinite="stop"."""
-
-
-class _StopRequest:
-    """SIGTERM (a preemption notice from most schedulers) asks the loop to checkpoint and
-    exit at the end of the current step."""
-
-    def __init__(self):
-        self.received = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: saving a checkpoint after this step")
-        self.received = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -263,7 +240,7 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
     window: list[dict] = []  # fetched metrics since the last log
     eval_metrics: dict[str, float] = {}
     skipped = 0
-    with sharding.activate(mesh, rules), _StopRequest() as stop:
+    with sharding.activate(mesh, rules), preemption.StopRequest() as stop:
         for step in range(start + 1, t.num_steps + 1):
             state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
             unchecked.append((step, step_metrics))
