@@ -313,23 +313,19 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
     """The frozen model description the Flax modules take."""
     m = config.model
     dtype = jnp.dtype(m.dtype)
-    enc_stack = layers.StackConfig(
-        m.num_layers,
-        m.d_model,
-        m.num_heads,
-        m.d_ff,
-        m.dropout,
-        m.attention_dropout,
-        m.pre_ln,
-        dtype,
+    attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
+    encoder = encoder_lib.from_architecture(
+        encoder_lib.model_architecture(m, vocab_size=vocab_size,
+                                       max_positions=config.data.seq_len),
+        where="config.model",
+        dtype=dtype,
+        rel_pos_init=m.rel_pos_init,
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
         activation_dropout=m.activation_dropout,
-        attention_impl=layers.resolve_attention_impl(m.attention_impl, dtype),
+        attention_impl=attention_impl,
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
-    )
-    encoder = encoder_lib.EncoderConfig(
-        enc_stack, vocab_size, config.data.seq_len, m.rel_pos_buckets, m.rel_pos_max_distance,
-        m.rel_pos_init, m.rel_pos_bucket_fn,
     )
     decoder = None
     if config.objective == "maelm":
@@ -343,13 +339,13 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
             attention_dropout=d.attention_dropout,
             pre_ln=d.pre_ln,
             dtype=dtype,
-            attention_impl=layers.resolve_attention_impl(m.attention_impl, dtype),
+            attention_impl=attention_impl,
             scan_layers=m.scan_layers,
             remat_policy=m.remat_policy,
         )
         decoder = decoder_lib.DecoderConfig(
-            dec_stack,
-            config.data.seq_len,
+            stack=dec_stack,
+            seq_len=config.data.seq_len,
             kind=d.kind,
             rel_pos_buckets=d.rel_pos_buckets,
             rel_pos_max_distance=d.rel_pos_max_distance,
@@ -358,8 +354,9 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
             share_positions=d.share_positions,
             reset_masks=d.reset_masks,
         )
-    return pretrain_lib.PretrainConfig(
-        config.objective, encoder, decoder, misaligned_positions=m.misaligned_positions)
+    return pretrain_lib.PretrainConfig(objective=config.objective, encoder=encoder,
+                                       decoder=decoder,
+                                       misaligned_positions=m.misaligned_positions)
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax.finetune import heads, loading
+from maelm_jax.finetune import heads
 from maelm_jax.models import encoder as encoder_lib
 
 ARCH = {"num_layers": 1, "d_model": 16, "num_heads": 2, "d_ff": 32, "pre_ln": False,
@@ -28,7 +28,7 @@ def _padded(tokens, length):
 
 @pytest.fixture(scope="module")
 def encoder_cfg():
-    return loading.make_encoder_config(ARCH, 0.1, 0.1, "float32")
+    return encoder_lib.from_architecture(ARCH, dropout=0.1, attention_dropout=0.1)
 
 
 def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
@@ -60,7 +60,7 @@ def test_span_softmax_excludes_the_question_and_special_tokens():
     mask = tokens != 0
     allowed = np.asarray(heads.answer_positions(tokens, mask))[0]
     np.testing.assert_array_equal(allowed, [1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0])
-    cfg = loading.make_encoder_config(ARCH, 0.0, 0.0, "float32")
+    cfg = encoder_lib.from_architecture(ARCH)
     for context_only, expected in ((True, allowed), (False, np.asarray(mask)[0])):
         model = heads.SpanExtractor(cfg, context_only)
         params = _jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
@@ -72,7 +72,7 @@ def test_span_softmax_excludes_the_question_and_special_tokens():
 def test_classifier_dropout_is_the_heads_own():
     """Encoder dropout 0: the outputs are random under training exactly when the head's
     dropout (config.model.classifier_dropout) is above 0."""
-    quiet = loading.make_encoder_config(ARCH, 0.0, 0.0, "float32")
+    quiet = encoder_lib.from_architecture(ARCH)
     tokens, mask = _padded(np.random.default_rng(0).integers(5, 64, (2, 6)).astype(np.int32), 8)
     for head_dropout in (0.0, 0.5):
         model = heads.SequenceClassifier(quiet, 2, head_dropout)

@@ -41,8 +41,11 @@ def _model(objective="maelm", **overrides):
 def test_compacted_encoder_equals_full_encoder_with_attention_mask(pre_ln):
     """MAE-LM's encoder over the kept tokens equals a full-length encoder (same weights)
     whose removed positions are hidden from attention: removing [MASK] is exact."""
-    stack = layers.StackConfig(2, 32, 4, 64, dropout=0.1, pre_ln=pre_ln)
-    enc = encoder_lib.Encoder(encoder_lib.EncoderConfig(stack, VOCAB, 40, 8, 16))
+    stack = layers.StackConfig(num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.1,
+                               pre_ln=pre_ln)
+    enc = encoder_lib.Encoder(encoder_lib.EncoderConfig(
+        stack=stack, vocab_size=VOCAB, max_positions=40, rel_pos_buckets=8,
+        rel_pos_max_distance=16))
     counts = masking.MaskCounts.create(40, 0.3)
     b = _batch(counts)
     params = enc.init(jax.random.PRNGKey(0), b.inputs[:, :4], b.enc_index[:, :4])
@@ -290,7 +293,8 @@ def test_fused_attention_matches_the_einsum_path(key_mask_kind):
         key_mask = jnp.tril(jnp.ones((1, n, n), bool))
     outputs = {}
     for impl in ("einsum", "xla"):
-        cfg = layers.StackConfig(1, D, H, 4 * D, attention_impl=impl)
+        cfg = layers.StackConfig(num_layers=1, d_model=D, num_heads=H, d_ff=4 * D,
+                                 attention_impl=impl)
         attn = layers.MultiHeadAttention(cfg)
         params = attn.init(jax.random.PRNGKey(2), x, x, bias, key_mask, True)
         outputs[impl] = attn.apply(params, x, x, bias, key_mask, True)

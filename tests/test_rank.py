@@ -74,8 +74,9 @@ def _mask_gap_encoder(d=16, k=8, num_layers=2, vocab=64, seed=0):
     lies outside them: attention and MLP outputs are zero (each layer is the identity up to
     its LayerNorms), positions are zero and there is no relative bias, so every layer keeps
     the embedding's geometry. [MASK] rows add exactly one direction."""
-    stack = layers.StackConfig(num_layers, d, 2, 2 * d)
-    cfg = encoder_lib.EncoderConfig(stack, vocab, 32, rel_pos_buckets=0)
+    stack = layers.StackConfig(num_layers=num_layers, d_model=d, num_heads=2, d_ff=2 * d)
+    cfg = encoder_lib.EncoderConfig(stack=stack, vocab_size=vocab, max_positions=32,
+                                    rel_pos_buckets=0)
     tokens = jnp.zeros((1, 8), jnp.int32)
     params = nn.meta.unbox(encoder_lib.Encoder(cfg).init(jax.random.PRNGKey(0), tokens,
                                                          tokens)["params"])
@@ -224,7 +225,7 @@ def test_a_finetuned_workdir_reads_its_own_dev_set(tiny_run, tmp_path):
     c.train.batch_size = c.train.eval_batch_size = 8
     c.train.num_epochs, c.train.log_every = 1, 1
     c.mesh.shape, c.fast_compile, c.predict_test = (1, 1, 1), True, False
-    finetune_train.train_and_evaluate(c, str(tmp_path / "rte"))
+    finetune_train.run(c, str(tmp_path / "rte"))
     out = analysis_run.analyse(_config(str(tmp_path / "rte")), str(tmp_path / "rank"))
     run = out["runs"][0]
     assert run["kind"] == "fine-tuning" and run["task"] == "rte" and run["seq_len"] == 32

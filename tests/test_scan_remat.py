@@ -27,10 +27,11 @@ def _stack_outputs(cfg, params, x, deterministic=True):
 @pytest.mark.parametrize("pre_ln", [False, True])
 def test_scanned_stack_computes_the_per_layer_function(pre_ln):
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 32))
-    cfg = layers.StackConfig(3, 32, 4, 64, pre_ln=pre_ln)
+    cfg = layers.StackConfig(num_layers=3, d_model=32, num_heads=4, d_ff=64, pre_ln=pre_ln)
     params = nn.meta.unbox(layers.TransformerStack(cfg).init(
         jax.random.PRNGKey(1), x, None, None, True)["params"])
-    scanned_cfg = layers.StackConfig(3, 32, 4, 64, pre_ln=pre_ln, scan_layers=True)
+    scanned_cfg = layers.StackConfig(num_layers=3, d_model=32, num_heads=4, d_ff=64,
+                                     pre_ln=pre_ln, scan_layers=True)
     stacked = layer_layout.to_stacked({"stack": params})["stack"]
     assert jax.tree.leaves(stacked["scan"])[0].shape[0] == 3
     out, hidden = _stack_outputs(cfg, params, x)

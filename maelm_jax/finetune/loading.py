@@ -31,7 +31,6 @@ from maelm_jax import errors, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import layer_layout
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers
 from maelm_jax.training import workdir as workdir_lib
 
 CONFIG_FILE = "config.json"
@@ -53,43 +52,6 @@ class Pretrained:
     params: Any  # the encoder's parameter tree, numpy arrays
     tokenizer: tokenizer_lib.Tokenizer
     description: str  # e.g. "pretraining checkpoint <dir>/checkpoints/300"
-
-
-def encoder_config_dict(cfg: encoder_lib.EncoderConfig) -> dict:
-    """The architecture (what parameter shapes depend on), JSON-ready."""
-    s = cfg.stack
-    return {
-        "num_layers": s.num_layers,
-        "d_model": s.d_model,
-        "num_heads": s.num_heads,
-        "d_ff": s.d_ff,
-        "pre_ln": s.pre_ln,
-        "vocab_size": cfg.vocab_size,
-        "max_positions": cfg.max_positions,
-        "rel_pos_buckets": cfg.rel_pos_buckets,
-        "rel_pos_max_distance": cfg.rel_pos_max_distance,
-        "rel_pos_bucket_fn": cfg.rel_pos_bucket_fn,
-    }
-
-
-# encoder.json's fields and their types.
-_ARCH_TYPES = {"num_layers": int, "d_model": int, "num_heads": int, "d_ff": int, "pre_ln": bool,
-               "vocab_size": int, "max_positions": int, "rel_pos_buckets": int,
-               "rel_pos_max_distance": int, "rel_pos_bucket_fn": str}
-# Fields added after the first release, with the value every older encoder.json meant.
-_ARCH_ADDED = {"rel_pos_bucket_fn": "t5"}
-
-
-def make_encoder_config(arch: dict, dropout: float, attention_dropout: float,
-                        dtype: str) -> encoder_lib.EncoderConfig:
-    """EncoderConfig from an architecture dict plus the fine-tuning run's dropout and dtype."""
-    stack = layers.StackConfig(
-        arch["num_layers"], arch["d_model"], arch["num_heads"], arch["d_ff"], dropout,
-        attention_dropout, arch["pre_ln"], jnp.dtype(dtype))
-    return encoder_lib.EncoderConfig(
-        stack, arch["vocab_size"], arch["max_positions"], arch["rel_pos_buckets"],
-        arch["rel_pos_max_distance"],
-        rel_pos_bucket_fn=arch.get("rel_pos_bucket_fn", _ARCH_ADDED["rel_pos_bucket_fn"]))
 
 
 def resolve_checkpoint(init_from: str) -> tuple[pathlib.Path, pathlib.Path]:
@@ -121,17 +83,21 @@ def read_json(path: pathlib.Path) -> dict:
         raise CheckpointError(f"config.init_from: {path} is not valid JSON ({e})") from None
 
 
-def _architecture(workdir: pathlib.Path, vocab_size: int) -> tuple[dict, str]:
-    """(architecture dict, "pretraining" or "fine-tuning") from the workdir's files."""
+def _encoder_config(workdir: pathlib.Path, vocab_size: int, dropout: float,
+                    attention_dropout: float, dtype: str
+                    ) -> tuple[encoder_lib.EncoderConfig, str]:
+    """The encoder the workdir's files describe, with the fine-tuning run's dropout and dtype,
+    and the kind of run that wrote them: "pretraining" or "fine-tuning"."""
+    run = dict(dropout=dropout, attention_dropout=attention_dropout, dtype=dtype)
     run_config = read_json(workdir / CONFIG_FILE)
     if run_config.get("mode") == "finetune":
         path = workdir / ENCODER_FILE
-        arch = {**_ARCH_ADDED, **read_json(path)}
-        wrong = [k for k, kind in _ARCH_TYPES.items() if type(arch.get(k)) is not kind]
-        if wrong:
-            raise CheckpointError(f"config.init_from: {path}: field {wrong[0]!r} is missing or "
-                                  f"not a {_ARCH_TYPES[wrong[0]].__name__}")
-        return arch, "fine-tuning"
+        try:
+            cfg = encoder_lib.from_architecture(read_json(path),
+                                                where=f"config.init_from: {path}", **run)
+        except encoder_lib.ArchitectureError as e:
+            raise CheckpointError(str(e)) from None
+        return cfg, "fine-tuning"
     try:
         # Defaults first: a run recorded before a field existed still describes its model.
         merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
@@ -140,7 +106,8 @@ def _architecture(workdir: pathlib.Path, vocab_size: int) -> tuple[dict, str]:
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.init_from: {workdir / CONFIG_FILE} is not a pretraining "
                               f"config ({type(e).__name__}: {e})") from None
-    return encoder_config_dict(cfg), "pretraining"
+    # Through the record: only the architecture is pretraining's, the rest the run's.
+    return encoder_lib.from_architecture(encoder_lib.architecture(cfg), **run), "pretraining"
 
 
 def find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Tokenizer:
@@ -264,12 +231,11 @@ def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dt
     """Resolves, reads and checks the encoder a fine-tuning run starts from."""
     workdir, step_dir = resolve_checkpoint(init_from)
     tok = find_tokenizer(workdir, tokenizer_path)
-    arch, kind = _architecture(workdir, tok.vocab_size)
-    if arch["vocab_size"] != tok.vocab_size:
+    cfg, kind = _encoder_config(workdir, tok.vocab_size, dropout, attention_dropout, dtype)
+    if cfg.vocab_size != tok.vocab_size:
         raise CheckpointError(f"config.init_from: {workdir} was trained with a vocabulary of "
-                              f"{arch['vocab_size']} pieces but the tokenizer {tok.model_path} "
+                              f"{cfg.vocab_size} pieces but the tokenizer {tok.model_path} "
                               f"has {tok.vocab_size}; use the run's own tokenizer")
-    cfg = make_encoder_config(arch, dropout, attention_dropout, dtype)
     where = f"{kind} checkpoint {step_dir}"
     params = restore_encoder_params(step_dir)
     check_encoder_params(params, abstract_encoder_params(cfg), where, tok.model_path)
@@ -283,7 +249,8 @@ def save_finetuned(workdir: pathlib.Path, step: int, params: Any,
     tokenizer.model, so the workdir can be another run's init_from."""
     import orbax.checkpoint as ocp
 
-    (workdir / ENCODER_FILE).write_text(json.dumps(encoder_config_dict(encoder_cfg), indent=2))
+    record = encoder_lib.architecture(encoder_cfg)
+    (workdir / ENCODER_FILE).write_text(json.dumps(record, indent=2))
     if pathlib.Path(tokenizer.model_path).resolve() != (workdir / TOKENIZER_FILE).resolve():
         shutil.copyfile(tokenizer.model_path, workdir / TOKENIZER_FILE)
     manager = ocp.CheckpointManager(

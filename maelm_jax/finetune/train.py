@@ -34,6 +34,7 @@ from maelm_jax import schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
+from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import workdir as workdir_lib
@@ -90,15 +91,14 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
                                     config.tokenizer_path)
         return p.encoder_cfg, p.params, p.tokenizer, p.description
     tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
-    arch = {k: m[k] for k in ("num_layers", "d_model", "num_heads", "d_ff", "pre_ln",
-                              "max_positions", "rel_pos_buckets", "rel_pos_max_distance",
-                              "rel_pos_bucket_fn")}
     if m.d_model % m.num_heads:
         raise config_lib.FinetuneConfigError(
             f"config.model.d_model: expected a multiple of model.num_heads={m.num_heads}, "
             f"got {m.d_model}")
-    cfg = loading.make_encoder_config({**arch, "vocab_size": tok.vocab_size}, m.dropout,
-                                      m.attention_dropout, m.dtype)
+    arch = encoder_lib.model_architecture(m, vocab_size=tok.vocab_size,
+                                          max_positions=m.max_positions)
+    cfg = encoder_lib.from_architecture(arch, where="config.model", dtype=m.dtype,
+                                        dropout=m.dropout, attention_dropout=m.attention_dropout)
     return cfg, None, tok, "from scratch (no init_from)"
 
 

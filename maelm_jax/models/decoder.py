@@ -46,7 +46,7 @@ KINDS = ("self", "cross", "causal_cross", "cross_only")
 CROSS_SELF_ATTENTION = {"cross": "bidirectional", "causal_cross": "causal", "cross_only": "none"}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DecoderConfig:
     stack: layers.StackConfig
     seq_len: int

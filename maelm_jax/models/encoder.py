@@ -10,18 +10,23 @@ same original positions and shared by all layers (as in the official MAE-LM code
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
+from maelm_jax import errors
 from maelm_jax.models import layers
 from maelm_jax.models import relative_position
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EncoderConfig:
+    """The encoder's description. Its architecture (below) is what a checkpoint records;
+    build one from a record or a run config's model fields with from_architecture."""
+
     stack: layers.StackConfig
     vocab_size: int
     max_positions: int
@@ -29,6 +34,98 @@ class EncoderConfig:
     rel_pos_max_distance: int = 128
     rel_pos_init: str = "normal"  # relative_position.REL_POS_INITS; only matters before training
     rel_pos_bucket_fn: str = "t5"  # relative_position.BUCKET_FNS
+
+
+class ArchitectureError(errors.UserError):
+    """An architecture record that does not describe an encoder; the message names the
+    record and the field."""
+
+
+# The encoder's architecture: every field its parameter shapes and the function it computes
+# depend on, with the JSON type a record holds it as, in the order encoder.json lists them.
+# What a run may change without changing the model (dropout, compute dtype, attention
+# kernel, scan, remat, the relative bias's initialisation) is not part of it: each run gives
+# its own to from_architecture. Pretraining and fine-tuning configs name these fields alike
+# in their `model` section (MODEL_FIELDS), bar the two they take from elsewhere.
+ARCHITECTURE: dict[str, type] = {
+    "num_layers": int,
+    "d_model": int,
+    "num_heads": int,
+    "d_ff": int,
+    "pre_ln": bool,
+    "vocab_size": int,
+    "max_positions": int,
+    "rel_pos_buckets": int,
+    "rel_pos_max_distance": int,
+    "rel_pos_bucket_fn": str,
+}
+# Fields added after the first release, with the value every record written before meant.
+ADDED = {"rel_pos_bucket_fn": "t5"}
+# Fields whose values are one of a few names.
+_CHOICES = {"rel_pos_bucket_fn": tuple(relative_position.BUCKET_FNS)}
+# The architecture fields a run config's model section holds under the same names: the
+# vocabulary is the tokenizer's, and the positions are pretraining's data.seq_len or
+# fine-tuning's model.max_positions.
+MODEL_FIELDS = tuple(k for k in ARCHITECTURE if k not in ("vocab_size", "max_positions"))
+_STACK_FIELDS = frozenset(f.name for f in dataclasses.fields(layers.StackConfig))
+_TYPE_NAMES = {int: "an integer", bool: "true or false", str: "a string"}
+
+
+def architecture(cfg: EncoderConfig) -> dict[str, Any]:
+    """The encoder's architecture record (a fine-tuning workdir's encoder.json), JSON-ready."""
+    return {k: getattr(cfg.stack if k in _STACK_FIELDS else cfg, k) for k in ARCHITECTURE}
+
+
+def model_architecture(model: Mapping[str, Any], *, vocab_size: int,
+                       max_positions: int) -> dict[str, Any]:
+    """The architecture record a run config's model section describes (see MODEL_FIELDS)."""
+    return {**{k: model[k] for k in MODEL_FIELDS}, "vocab_size": vocab_size,
+            "max_positions": max_positions}
+
+
+def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "float32",
+                      rel_pos_init: str = "normal", **run: Any) -> EncoderConfig:
+    """The EncoderConfig an architecture record describes, with a run's own settings.
+
+    arch: a record as `architecture` writes it; fields added since the first release may be
+    absent (ADDED gives what such a record meant). where: names the record in the
+    ArchitectureError raised for a missing, mistyped or unknown field, e.g. the file.
+    dtype: the compute dtype (a name or a dtype). rel_pos_init: how a fresh relative bias is
+    initialised. run: the StackConfig fields outside the architecture (dropout,
+    attention_dropout, activation_dropout, attention_impl, scan_layers, remat_policy);
+    StackConfig's defaults for those not given.
+    """
+    arch = _checked(arch, where)
+    stack = layers.StackConfig(**{k: v for k, v in arch.items() if k in _STACK_FIELDS},
+                               dtype=jnp.dtype(dtype), **run)
+    return EncoderConfig(stack=stack, rel_pos_init=rel_pos_init,
+                         **{k: v for k, v in arch.items() if k not in _STACK_FIELDS})
+
+
+def _checked(arch: Any, where: str) -> dict[str, Any]:
+    """arch with ADDED's values for the fields it lacks, or an ArchitectureError."""
+    if not isinstance(arch, Mapping):
+        raise ArchitectureError(f"{where}: expected an object of the encoder's fields, got "
+                                f"{type(arch).__name__}")
+    # A field this code does not know may change what the model computes (a record from a
+    # newer version): refused rather than ignored.
+    unknown = sorted(set(arch) - set(ARCHITECTURE))
+    if unknown:
+        raise ArchitectureError(f"{where}: unknown field {unknown[0]!r}; expected only "
+                                f"{', '.join(ARCHITECTURE)}")
+    arch = {**ADDED, **arch}
+    for name, kind in ARCHITECTURE.items():
+        if name not in arch:
+            raise ArchitectureError(f"{where}: field {name!r} is missing")
+        value = arch[name]
+        # `type is`, not isinstance: true is an int to Python, never a layer count.
+        if type(value) is not kind:
+            raise ArchitectureError(f"{where}: field {name!r} must be {_TYPE_NAMES[kind]}, "
+                                    f"got {value!r}")
+        if name in _CHOICES and value not in _CHOICES[name]:
+            raise ArchitectureError(f"{where}: field {name!r} must be one of "
+                                    f"{', '.join(_CHOICES[name])}, got {value!r}")
+    return arch
 
 
 class Encoder(nn.Module):

@@ -36,7 +36,7 @@ def ones_init(axes: tuple[str, ...]):
     return nn.with_logical_partitioning(nn.initializers.ones_init(), axes)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StackConfig:
     """Architecture of one Transformer stack (encoder or decoder)."""
 

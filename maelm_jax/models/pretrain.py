@@ -30,7 +30,7 @@ from maelm_jax.models import heads, layers
 OBJECTIVES = ("maelm", "mlm")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PretrainConfig:
     objective: str
     encoder: encoder_lib.EncoderConfig

@@ -24,6 +24,7 @@ from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import pipeline
 from maelm_jax.finetune import config as finetune_config_lib
 from maelm_jax.finetune import glue, sweep
+from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report
 from maelm_jax.training import loop
@@ -90,9 +91,6 @@ def _glue_tasks(config) -> list[str]:
 
 
 SCRATCH = "scratch"  # the control's name in study.json and under finetune/
-# The encoder fields a from-scratch fine-tuning copies from the pretraining config.
-_ARCH_FIELDS = ("num_layers", "d_model", "num_heads", "d_ff", "pre_ln", "rel_pos_buckets",
-                "rel_pos_max_distance", "rel_pos_bucket_fn")
 
 
 def scratch_config(config, task: str, pretrain: ml_collections.ConfigDict,
@@ -100,7 +98,7 @@ def scratch_config(config, task: str, pretrain: ml_collections.ConfigDict,
     """The control: the study's encoder, from random weights, fine-tuned alike."""
     c = finetune_config(config, task, "")
     c.tokenizer_path = tokenizer_path
-    for field in _ARCH_FIELDS:
+    for field in encoder_lib.MODEL_FIELDS:  # the encoder's architecture
         c.model[field] = pretrain.model[field]
     c.model.max_positions = pretrain.data.seq_len
     return c
