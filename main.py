@@ -1,10 +1,12 @@
 """Entry point: python main.py --config=configs/<file>.py[:variant] --workdir=<dir>.
 
 Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning configs
-(configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train; the effective-rank
-analysis (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
+(configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train, or with
+`sweep = True` maelm_jax.finetune.sweep; the effective-rank analysis
+(configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
 (configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask; the laptop-scale
-study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run.
+study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run. Each
+mode's entry is picked here, so no module of maelm_jax has to import its caller.
 
 Any config field can be overridden with --config.<field>=<value>.
 """
@@ -21,9 +23,10 @@ from ml_collections import config_flags
 
 from maelm_jax import distributed, errors, fill_mask
 from maelm_jax.analysis import run as analysis_run
+from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.study import run as study_run
-from maelm_jax.training import loop
+from maelm_jax.training import loop, preemption
 
 FLAGS = flags.FLAGS
 # New fields are accepted while parsing, so `--config.data.sources.main.path=...` can
@@ -130,8 +133,10 @@ def main(argv):
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
         mode = FLAGS.config.get("mode", "pretrain")
-        if mode == "finetune":
-            finetune_train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+        if mode == "finetune" and FLAGS.config.get("sweep"):
+            finetune_sweep.run_sweep(FLAGS.config, FLAGS.workdir)
+        elif mode == "finetune":
+            finetune_train.run(FLAGS.config, FLAGS.workdir)
         elif mode == "rank":
             analysis_run.analyse(FLAGS.config, FLAGS.workdir)
         elif mode == "fill_mask":
@@ -140,6 +145,8 @@ def main(argv):
             study_run.run(FLAGS.config, FLAGS.workdir)
         else:
             loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+    except preemption.Preempted as e:  # a checkpoint is saved: not a failure
+        absl_logging.warning("%s", e)
     except errors.UserError as e:
         if FLAGS.debug:
             raise

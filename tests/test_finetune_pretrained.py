@@ -120,7 +120,7 @@ def _sst2_config(init_from, data_dir):
 def sst2_run(pretrained, tmp_path_factory):
     c = _sst2_config(str(pretrained), str(require_shared_data("glue")))
     workdir = tmp_path_factory.mktemp("sst2")
-    return workdir, train.train_and_evaluate(c, str(workdir))
+    return workdir, train.run(c, str(workdir))
 
 
 def test_sst2_from_the_tiny_checkpoint_beats_the_majority_class(sst2_run):
@@ -155,7 +155,7 @@ def test_a_finetuned_workdir_initialises_the_next_task(sst2_run, tmp_path):
     c.mesh.shape = (2, 1, 1)  # data parallel over 2 of the simulated devices
     c.fast_compile = True  # 5 steps: compiling dominates
     c.train.num_epochs, c.train.log_every = 1, 1
-    results = train.train_and_evaluate(c, str(tmp_path / "rte"))
+    results = train.run(c, str(tmp_path / "rte"))
     assert results["init_from"].startswith("fine-tuning checkpoint")
     assert results["num_steps"] == 5 and 0.0 <= results["dev"]["accuracy"] <= 100.0
     assert (tmp_path / "rte" / "predictions" / "RTE.tsv").is_file()

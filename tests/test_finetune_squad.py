@@ -196,7 +196,7 @@ def test_tiny_squad_v2_run_writes_official_metrics_and_predictions(tmp_path, tin
     c.train.batch_size = c.train.eval_batch_size = 32
     c.train.num_epochs, c.train.learning_rate = 1, 1e-3
     c.mesh.shape, c.fast_compile = (1, 1, 1), True
-    results = train.train_and_evaluate(c, str(tmp_path))
+    results = train.run(c, str(tmp_path))
     dev = results["dev"]
     for key in ("exact", "f1", "HasAns_exact", "NoAns_f1", "best_exact", "best_f1_thresh"):
         assert np.isfinite(dev[key]), key

@@ -49,7 +49,7 @@ def tiny_sweep_config(tmp_path, tiny_tokenizer):
 def test_sweep_reports_the_median_over_seeds_per_setting(tiny_sweep_config, tmp_path,
                                                          monkeypatch):
     workdir = tmp_path / "sweep"
-    summary = train.train_and_evaluate(tiny_sweep_config, str(workdir))
+    summary = sweep.run_sweep(tiny_sweep_config, str(workdir))
     assert [row["setting"] for row in summary["settings"]] == [
         "lr0.001_bs16_ep1_wu0.1", "lr0.003_bs16_ep1_wu0.1"]
     for row in summary["settings"]:
@@ -145,21 +145,21 @@ def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
     c.sweep = False
     c.train.select = "median"
     with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.train.select: expected"):
-        train.train_and_evaluate(c, str(tmp_path / "x"))
+        train.run(c, str(tmp_path / "x"))
     c.train.select = "best"
     c.data.max_seq_len = 64  # more than the encoder's 32 positions
     with pytest.raises(config_lib.FinetuneConfigError,
                        match=r"config.data.max_seq_len: expected at most the encoder's 32"):
-        train.train_and_evaluate(c, str(tmp_path / "x"))
+        train.run(c, str(tmp_path / "x"))
     c.data.max_seq_len, c.tokenizer_path = 32, ""
     with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.tokenizer_path: "):
-        train.train_and_evaluate(c, str(tmp_path / "x"))
+        train.run(c, str(tmp_path / "x"))
     c.task = "sst3"
     with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.task: expected a GLUE"):
-        train.train_and_evaluate(c, str(tmp_path / "x"))
+        train.run(c, str(tmp_path / "x"))
     pretraining_dir = tmp_path / "pre"
     pretraining_dir.mkdir()
     (pretraining_dir / "config.json").write_text(json.dumps({"mode": "pretrain"}))
     c.task, c.tokenizer_path = "sst2", "x.model"  # the workdir is checked first
     with pytest.raises(config_lib.FinetuneConfigError, match=r"holds a pretrain run"):
-        train.train_and_evaluate(c, str(pretraining_dir))
+        train.run(c, str(pretraining_dir))

@@ -352,7 +352,7 @@ def test_finetuning_from_the_wrong_kind_of_checkpoint_touches_nothing(tmp_path):
     c.data.data_dir = str(tmp_path)
     workdir = tmp_path / "ft"
     with pytest.raises(errors.UserError, match="config.init_from: .* neither a workdir"):
-        finetune_train.train_and_evaluate(c, str(workdir))
+        finetune_train.run(c, str(workdir))
     assert not workdir.exists()
     # Nor a pretraining workdir: fine-tuning refuses to write into one.
     run = tmp_path / "pre"
@@ -360,5 +360,5 @@ def test_finetuning_from_the_wrong_kind_of_checkpoint_touches_nothing(tmp_path):
     (run / "config.json").write_text(json.dumps({"mode": "pretrain"}))
     before = snapshot(run)
     with pytest.raises(errors.UserError, match="holds a pretrain"):
-        finetune_train.train_and_evaluate(c, str(run))
+        finetune_train.run(c, str(run))
     assert snapshot(run) == before

@@ -79,7 +79,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     f.data.max_seq_len, f.data.buckets = 32, (32,)
     f.train.batch_size, f.train.eval_batch_size, f.train.num_epochs = 16, 16, 1
     f.mesh.shape, f.fast_compile, f.predict_test = (1, 1, 1), True, False
-    results = finetune_train.train_and_evaluate(f, "runs/sst2")
+    results = finetune_train.run(f, "runs/sst2")
     assert results["num_steps"] == 2
     assert (tmp_path / "runs" / "sst2" / "results.json").is_file()
     # One checkpoint directory, relative, as init_from.
@@ -142,7 +142,7 @@ def test_workdir_with_unreadable_config_json_is_refused(tmp_path, tiny_tokenizer
     f.tokenizer_path, f.data.data_dir = tiny_tokenizer.model_path, str(tmp_path)
     before = snapshot(run)
     with pytest.raises(errors.UserError, match="config.json is not valid JSON"):
-        finetune_train.train_and_evaluate(f, str(run))
+        finetune_train.run(f, str(run))
     assert snapshot(run) == before
 
 
@@ -240,7 +240,7 @@ def test_out_of_range_finetuning_fields(tmp_path, tiny_tokenizer, field, value, 
     group, _, name = field.rpartition(".")
     c[group][name] = value
     with pytest.raises(errors.UserError, match=message) as info:
-        finetune_train.train_and_evaluate(c, str(tmp_path / "ft"))
+        finetune_train.run(c, str(tmp_path / "ft"))
     assert "\n" not in str(info.value)
     assert not (tmp_path / "ft").exists()
 

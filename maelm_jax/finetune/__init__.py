@@ -1,4 +1,5 @@
-"""Fine-tuning a pretrained encoder on GLUE and SQuAD: `train.train_and_evaluate`.
+"""Fine-tuning a pretrained encoder on GLUE and SQuAD: `train.run` (one run) and
+`sweep.run_sweep` (a grid of settings x seeds).
 
 Modules: config (defaults, validation), glue / squad (reading the benchmarks), data
 (RoBERTa-style encoding, static-shape batches), heads (the task models), loading (the

@@ -8,6 +8,8 @@ of the 3ML paper, Appendix B; a single run uses one point of its grid, a sweep
 
 from __future__ import annotations
 
+import pathlib
+
 import ml_collections
 
 from maelm_jax import errors, schema, sharding
@@ -135,6 +137,10 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # Which dev score a run reports: "best" over its evaluations (fairseq keeps the best
     # checkpoint by the dev metric, which is how RoBERTa and MAE-LM fine-tune) or "final".
     c.train.select = "best"
+    # Resume checkpoints (<workdir>/resume/<step>) are written at every evaluation but the
+    # last and every checkpoint_every steps (0: at evaluations only), so a run killed
+    # part-way continues from the latest; they are deleted when the run finishes.
+    c.train.checkpoint_every = 1000
 
     c.mesh = ml_collections.ConfigDict()
     # Sizes of the ('data', 'fsdp', 'tensor') mesh axes, as in pretraining; -1 takes the
@@ -227,6 +233,7 @@ FIELDS: dict[str, schema.Field] = {
     "train.log_every": schema.integer(1),
     "train.evals_per_epoch": schema.integer(1),
     "train.select": schema.choice(*SELECT),
+    "train.checkpoint_every": schema.integer(0),
     **schema.mesh_fields(),
     "fast_compile": schema.boolean(),
     "save_checkpoint": schema.boolean(),
@@ -256,6 +263,16 @@ def resolve_paths(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A copy whose paths (init_from, tokenizer, data, SQuAD files) are absolute against
     the current directory."""
     return schema.resolve_paths(c, FIELDS)
+
+
+def prepare(c: ml_collections.ConfigDict,
+            workdir: str) -> tuple[ml_collections.ConfigDict, pathlib.Path]:
+    """What every fine-tuning entry (a single run, a sweep) does first: validates `c` and
+    returns it with absolute paths, and the workdir as an absolute path. Relative paths
+    mean the current directory; they are made absolute once, here (orbax needs absolute
+    checkpoint paths, and config.json records them)."""
+    validate(c)
+    return resolve_paths(c), pathlib.Path(schema.absolute(str(workdir)))
 
 
 def _require(cond: bool, field: str, expected: str, got) -> None:

@@ -9,8 +9,11 @@ every seed, then the seeds are aggregated by one of two rules (`grid.aggregate`)
   settings; the figure is the median of those bests. It is never below the first rule's.
 
 Runs go to ``<workdir>/runs/<setting>/seed_<s>/`` (each a complete fine-tuning workdir);
-a run whose results.json and config.json match is reused, so an interrupted sweep
-resumes. The summary is ``<workdir>/sweep.json`` and the table ``<workdir>/sweep.md``.
+a run whose results.json and config.json match is reused and an unfinished one continues
+from its last resume checkpoint (train.py), so an interrupted sweep resumes. The summary
+is ``<workdir>/sweep.json`` and the table ``<workdir>/sweep.md``.
+
+`run_sweep` is main.py's entry when ``config.sweep`` is set; `train.run` is the single run.
 """
 
 from __future__ import annotations
@@ -78,9 +81,7 @@ def _median(values: list[float]) -> float:
 
 def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md)."""
-    config_lib.validate(config)
-    config = config_lib.resolve_paths(config)
-    workdir = pathlib.Path(schema.absolute(str(workdir)))
+    config, workdir = config_lib.prepare(config, workdir)
     workdir_lib.check_directory(workdir)
     mode = loading.workdir_mode(workdir)
     if mode not in (None, "finetune"):

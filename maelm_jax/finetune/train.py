@@ -1,23 +1,37 @@
-"""Fine-tuning, top to bottom: `train_and_evaluate(config, workdir)`.
+"""Fine-tuning, top to bottom: `run(config, workdir)`, one run. (A sweep, `config.sweep`,
+is sweep.run_sweep, which calls `run` per setting and seed; main.py picks between them.)
 
 config -> encoder (+ tokenizer) from init_from, or fresh -> task data, encoded once ->
 model = encoder + new head -> epochs of shuffled static-shape batches, evaluating on dev
 after each (fraction of an) epoch -> the selected evaluation's parameters give the
-predictions files and the checkpoint -> results.json. With `config.sweep`, runs the grid.
+predictions files and the checkpoint -> results.json.
 
 The workdir gets config.json, metrics.jsonl + tensorboard/, results.json,
 predictions/ (GLUE <TASK>.tsv test files; SQuAD predictions.json, null_odds.json), and,
 with save_checkpoint, checkpoints/<step>/ + encoder.json + tokenizer.model, so it can be
 another run's init_from (MNLI -> RTE, MRPC, STS-B).
+
+Until the run finishes, the workdir also holds resume/<step>/: orbax checkpoints of the
+whole train state, written at every evaluation but the last, every
+train.checkpoint_every steps and on SIGTERM. Running the same command again continues
+from the latest one exactly as if the run had not stopped: epoch e's data order is drawn
+from (seed, e) and dropout from (seed, step), and the checkpoint carries the evaluations
+so far, the best one's parameters (select="best") and the train metrics since the last
+log line. resume/ is deleted once results.json is written. A workdir holding a finished
+run, or an unfinished run of another config (a warning names the fields), starts over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
 import json
 import math
 import pathlib
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import flax
@@ -30,16 +44,21 @@ import optax
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import schema, sharding
+from maelm_jax import sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
+from maelm_jax.training import preemption
 from maelm_jax.training import workdir as workdir_lib
 
 RESULTS_FILE = "results.json"
+RESUME_DIR = "resume"  # <workdir>/resume/<step>: the unfinished run's checkpoints
+# The newest resume checkpoint, and the one before it in case the newest is damaged.
+_KEEP_RESUME = 2
 
 
 @flax.struct.dataclass
@@ -49,18 +68,31 @@ class FinetuneState:
     opt_state: Any
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Fine-tunes per `config` in `workdir` (or runs its sweep); returns the results."""
-    config_lib.validate(config)
-    # Relative paths mean the current directory; made absolute once, here (orbax needs
-    # absolute checkpoint paths).
-    config = config_lib.resolve_paths(config)
-    workdir = schema.absolute(str(workdir))
-    if config.sweep:
-        from maelm_jax.finetune import sweep  # sweep imports this module
+@flax.struct.dataclass
+class ResumeState:
+    """The arrays of a resume checkpoint."""
 
-        return sweep.run_sweep(config, workdir)
-    return run(config, workdir)
+    train: FinetuneState
+    # select="best": the best evaluation's parameters so far (before the first evaluation
+    # a stand-in, the current ones, which nothing reads); select="final": None.
+    best_params: Any
+
+    @property
+    def step(self) -> jax.Array:  # the Checkpointer checks it against the step it names
+        return self.train.step
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the loop carries besides the arrays; a resume checkpoint's JSON record."""
+
+    # Every evaluation so far: {"step", "epoch", <metric>: score, ...}.
+    evals: list[dict] = dataclasses.field(default_factory=list)
+    best: int | None = None  # the index in evals of the best by the primary metric
+    # Each step's train metrics since the last log line (on the device until fetched;
+    # host floats in a checkpoint), so a resumed run logs the same means.
+    window: list[dict] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0  # wall time of the earlier attempts of this run
 
 
 def _check_workdir(workdir: pathlib.Path, init_from: str) -> None:
@@ -78,9 +110,34 @@ def _check_workdir(workdir: pathlib.Path, init_from: str) -> None:
             f"another directory")
 
 
-def _reset_workdir(workdir: pathlib.Path) -> None:
+def _resumable(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> bool:
+    """Whether `workdir` holds an unfinished run that `config` continues: a resume
+    checkpoint, no results.json, and a config.json that differs from `config` at most in
+    fields that do not change what the run computes (workdir_lib.config_changes: the
+    mesh, the logging and checkpoint cadence, ...). An unfinished run of another config
+    is not continued; a warning names the fields."""
+    resume = workdir / RESUME_DIR
+    if (workdir / RESULTS_FILE).exists() or not (
+            resume.is_dir() and any(p.name.isdigit() for p in resume.iterdir())):
+        return False
+    defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
+    changed = workdir_lib.config_changes(workdir_lib.recorded_config(workdir) or {},
+                                         json.loads(pretrain_config.to_json(config)), defaults)
+    if changed:
+        shown = ", ".join(f"config.{k}" for k in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        logging.warning("%s holds an unfinished run with a different %s%s: starting over",
+                        workdir, shown, more)
+        return False
+    return True
+
+
+def _start_over(workdir: pathlib.Path) -> None:
+    """Removes what an earlier run left that this one could take for its own: results.json
+    (a finished run) and resume checkpoints. metrics.jsonl is emptied by the writer."""
     workdir.mkdir(parents=True, exist_ok=True)
-    loading.clear_finetuned(workdir)  # a fine-tuning run starts over; it does not resume
+    shutil.rmtree(workdir / RESUME_DIR, ignore_errors=True)
+    (workdir / RESULTS_FILE).unlink(missing_ok=True)
 
 
 def encoder_and_tokenizer(config: ml_collections.ConfigDict):
@@ -134,15 +191,27 @@ def make_mesh(shape) -> jax.sharding.Mesh:
     return sharding.make_mesh(shape, jax.devices()[: max(math.prod(shape), 1)])
 
 
-def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, length: int,
-               encoder_params: Any, mesh, rules,
-               compiler_options: dict | None = None) -> tuple[FinetuneState, FinetuneState]:
-    """Fresh parameters (the head's from `seed`), the encoder's replaced when given.
+@dataclasses.dataclass(frozen=True)
+class StateSetup:
+    """The train state's shapes and shardings, and how to build it fresh.
 
-    Returns (state, its shardings): every leaf's sharding follows its logical axes and
-    the rules (the optimiser moments inherit the parameters' axes), as in pretraining.
-    The steps take and return exactly these shardings, so each compiles once per shape.
+    Every leaf's sharding follows its logical axes and the rules (the optimiser moments
+    inherit the parameters' axes), as in pretraining. The steps take and return exactly
+    these shardings, so each compiles once per shape; a resume checkpoint restores
+    straight into them.
     """
+
+    abstract: FinetuneState  # jax.ShapeDtypeStruct leaves, each with its sharding
+    shardings: FinetuneState  # a NamedSharding per leaf
+    # encoder params (numpy, as loading.load_pretrained gives them) or None -> fresh state
+    init: Callable[[Any], FinetuneState]
+
+
+def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, length: int,
+                mesh, rules, compiler_options: dict | None = None) -> StateSetup:
+    """Fresh parameters come from `seed` (the head's; the encoder's too from scratch);
+    `init` replaces the encoder's when given. `length` is any sequence length the model
+    accepts (the parameters do not depend on it)."""
     tokens = jnp.zeros((1, length), jnp.int32)
     key_mask = jnp.ones((1, length), bool)
 
@@ -158,11 +227,17 @@ def init_state(model: nn.Module, tx: optax.GradientTransformation, seed: int, le
     with sharding.activate(mesh, rules):
         boxed = jax.eval_shape(init_boxed, None)
         shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
-        if encoder_params is not None:
-            encoder_params = jax.device_put(encoder_params, shardings.params["encoder"])
-        state = jax.jit(lambda e: nn.meta.unbox(init_boxed(e)), out_shardings=shardings,
-                        compiler_options=compiler_options)(encoder_params)
-    return state, shardings
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            nn.meta.unbox(boxed), shardings)
+
+    def init(encoder_params: Any) -> FinetuneState:
+        with sharding.activate(mesh, rules):
+            if encoder_params is not None:
+                encoder_params = jax.device_put(encoder_params, shardings.params["encoder"])
+            return jax.jit(lambda e: nn.meta.unbox(init_boxed(e)), out_shardings=shardings,
+                           compiler_options=compiler_options)(encoder_params)
+
+    return StateSetup(abstract, shardings, init)
 
 
 def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
@@ -204,13 +279,74 @@ def _eval_steps(steps_per_epoch: int, num_epochs: int, evals_per_epoch: int) -> 
             for epoch in range(num_epochs) for i in range(1, k + 1)}
 
 
+def train_batches(train: tasks.Split, batch_size: int, buckets, seed: int, num_epochs: int,
+                  start: int) -> Iterator[tuple[int, data.Batch]]:
+    """(epoch, batch) for each step after the first `start` steps, to the last epoch's end.
+
+    Epoch e's order is a permutation drawn from (seed, e) alone, so a resumed run draws
+    the orders again and skips the batches it has already trained on.
+    """
+    first, done = divmod(start, data.steps_per_epoch(len(train), batch_size))
+    for epoch in range(first, num_epochs):
+        batches = data.train_batches(train.sequences, train.targets, batch_size, buckets,
+                                     np.random.default_rng((seed, epoch)))
+        for batch in itertools.islice(batches, done if epoch == first else 0, None):
+            yield epoch, batch
+
+
+def _on_host(window: list[dict]) -> list[dict[str, float]]:
+    """Step metrics as Python floats, whether fetched now or restored from JSON, so log
+    means come out the same either way."""
+    return [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
+
+
+def _restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup: StateSetup, encoder_params,
+                     select: str, resume: bool) -> tuple[int, FinetuneState, Any, Progress]:
+    """(start step, state, best params on the host or None, progress): the latest resume
+    checkpoint's when `resume`, else a fresh state at step 0."""
+    if resume:
+        target = ResumeState(setup.abstract,
+                             setup.abstract.params if select == "best" else None)
+        restored = ckpt.restore_latest(target)
+        if restored is not None:
+            step, saved, meta = restored
+            progress = Progress(**{f.name: meta[f.name] for f in dataclasses.fields(Progress)})
+            best_params = (jax.device_get(saved.best_params)
+                           if select == "best" and progress.best is not None else None)
+            logging.info("resuming from %s/%d", ckpt.directory, step)
+            return step, saved.train, best_params, progress
+    return 0, setup.init(encoder_params), None, Progress()
+
+
+def _save(ckpt: checkpoint_lib.Checkpointer, step: int, state: FinetuneState, best_params,
+          select: str, progress: Progress, seconds: float) -> None:
+    """Starts writing resume/<step> (asynchronously); `seconds`: this attempt's so far."""
+    progress.window = _on_host(progress.window)
+    if select == "best" and best_params is None:
+        best_params = state.params  # the stand-in: no evaluation yet
+    meta = {"step": step, **dataclasses.asdict(progress),
+            "seconds": progress.seconds + seconds}
+    ckpt.save(step, ResumeState(state, best_params if select == "best" else None), meta,
+              force=True)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """One fine-tuning run. Returns the results (also written to results.json)."""
+    """One fine-tuning run; returns the results (also written to results.json).
+
+    An unfinished run of the same config in `workdir` continues from its latest resume
+    checkpoint; anything else there is replaced (see the module docstring). On SIGTERM,
+    saves a resume checkpoint and raises preemption.Preempted.
+    """
     started = time.perf_counter()
-    config_lib.validate(config)
-    config = config_lib.resolve_paths(config)
-    workdir = pathlib.Path(schema.absolute(str(workdir)))
+    config, workdir = config_lib.prepare(config, workdir)
+    if config.sweep:
+        raise config_lib.FinetuneConfigError(
+            "config.sweep: expected False for a single run (sweep.run_sweep runs the grid)")
     _check_workdir(workdir, config.init_from)
+    if jax.process_count() > 1:
+        # Batches are built whole on the host; several processes would each need their share.
+        raise config_lib.FinetuneConfigError("fine-tuning runs in one process (on all of its "
+                                             "devices); start it without multi-process flags")
 
     # Checkpoint, tokenizer and data are checked before the workdir is touched.
     encoder_cfg, encoder_params, tok, source = encoder_and_tokenizer(config)
@@ -220,16 +356,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if len(task.train) == 0:
         raise config_lib.FinetuneConfigError(f"config.data: {task.name} has no usable training "
                                              f"example")
-    _reset_workdir(workdir)
+    resume = _resumable(workdir, config)
+    if not resume:
+        _start_over(workdir)
+    loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
     (workdir / loading.CONFIG_FILE).write_text(pretrain_config.to_json(config))
     t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
 
-    if jax.process_count() > 1:
-        # Batches are built whole on the host; several processes would each need their share.
-        raise config_lib.FinetuneConfigError("fine-tuning runs in one process (on all of its "
-                                             "devices); start it without multi-process flags")
     mesh = make_mesh(config.mesh.shape)
     rules = sharding.rules_from_config(config.sharding_rules)
     sharding.check_batch(mesh, t.batch_size, 1)
@@ -241,65 +376,80 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     num_steps = steps_per_epoch * t.num_epochs
     tx, schedule = optimizer_lib.make_optimizer(optimizer_config(t, num_steps))
     options = {"xla_backend_optimization_level": 0} if config.fast_compile else None
-    state, state_shardings = init_state(model, tx, config.seed, buckets[0], encoder_params,
-                                        mesh, rules, options)
+    setup = state_setup(model, tx, config.seed, buckets[0], mesh, rules, options)
     replicated = sharding.replicated(mesh)
     train_step = jax.jit(make_train_step(model, task, tx, schedule, config.seed),
-                         in_shardings=(state_shardings, batch_sharding),
-                         out_shardings=(state_shardings, replicated), donate_argnums=0,
+                         in_shardings=(setup.shardings, batch_sharding),
+                         out_shardings=(setup.shardings, replicated), donate_argnums=0,
                          compiler_options=options)
     eval_step = jax.jit(make_eval_step(model, task),
-                        in_shardings=(state_shardings.params, batch_sharding),
+                        in_shardings=(setup.shardings.params, batch_sharding),
                         out_shardings=replicated, compiler_options=options)
-
-    def put(batch: data.Batch) -> dict:
-        return batch.arrays()  # numpy; the steps' in_shardings place it
 
     def run_eval_with(params) -> tasks.RunEval:
         def run_eval(sequences, targets) -> tasks.BatchOutputs:
             with sharding.activate(mesh, rules):
-                return [(b.rows, jax.device_get(eval_step(params, put(b))))
+                # Batches are numpy; the step's in_shardings place them.
+                return [(b.rows, jax.device_get(eval_step(params, b.arrays())))
                         for b in data.eval_batches(sequences, targets, t.eval_batch_size,
                                                    buckets)]
         return run_eval
 
-    writer = metrics_lib.MetricWriter(workdir)
-    eval_at = _eval_steps(steps_per_epoch, t.num_epochs, t.evals_per_epoch)
-    rng = np.random.default_rng(config.seed)
-    evals: list[dict] = []
-    best, best_params = None, None
-    window: list[dict] = []
-    window_start, step = time.perf_counter(), 0
-    with sharding.activate(mesh, rules):
-        for epoch in range(t.num_epochs):
-            for batch in data.train_batches(task.train.sequences, task.train.targets,
-                                            t.batch_size, buckets, rng):
-                state, step_metrics = train_step(state, put(batch))
-                step += 1
-                window.append(step_metrics)
-                if step == 1:  # keep compilation out of the first window's examples/s
+    # Saves are forced: the loop decides when (the interval argument is unused).
+    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / RESUME_DIR, 1,
+                                                        _KEEP_RESUME)) as ckpt:
+        start, state, best_params, progress = _restore_or_init(
+            ckpt, setup, encoder_params, t.select, resume)
+        eval_at = _eval_steps(steps_per_epoch, t.num_epochs, t.evals_per_epoch)
+        # examples/s counts the steps after `timed_from`, over the time since `clock`.
+        timed_from, clock = start, time.perf_counter()
+        with (contextlib.closing(metrics_lib.MetricWriter(workdir, resume_step=start)) as writer,
+              sharding.activate(mesh, rules), preemption.StopRequest() as stop):
+            for step, (epoch, batch) in enumerate(
+                    train_batches(task.train, t.batch_size, buckets, config.seed,
+                                  t.num_epochs, start), start=start + 1):
+                state, step_metrics = train_step(state, batch.arrays())
+                progress.window.append(step_metrics)
+                log = step % t.log_every == 0 or step == num_steps
+                if step == start + 1:
                     jax.block_until_ready(state)
                     logging.info("compiled and ran the first step in %.1fs",
-                                 time.perf_counter() - window_start)
-                    window, window_start = [], time.perf_counter()
-                if window and (step % t.log_every == 0 or step == num_steps):
-                    fetched = jax.device_get(window)
-                    means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-                    elapsed = time.perf_counter() - window_start
-                    means["examples_per_sec"] = len(window) * t.batch_size / max(elapsed, 1e-9)
+                                 time.perf_counter() - clock)
+                    if not log:  # keep compilation out of examples/s, unless it is all
+                        timed_from, clock = step, time.perf_counter()
+                if log:
+                    window = _on_host(progress.window)
+                    means = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+                    elapsed = max(time.perf_counter() - clock, 1e-9)
+                    means["examples_per_sec"] = (step - timed_from) * t.batch_size / elapsed
                     writer.write("train", step, {**means, "epoch": epoch + 1})
-                    window, window_start = [], time.perf_counter()
+                    progress.window, timed_from, clock = [], step, time.perf_counter()
                 if step in eval_at:
                     scores = task.score(run_eval_with(state.params))
                     writer.write("dev", step, scores)
-                    evals.append({"step": step, "epoch": step / steps_per_epoch, **scores})
+                    progress.evals.append({"step": step, "epoch": step / steps_per_epoch,
+                                           **scores})
+                    best = None if progress.best is None else progress.evals[progress.best]
                     if best is None or scores[task.primary_metric] > best[task.primary_metric]:
-                        best = evals[-1]
+                        progress.best = len(progress.evals) - 1
                         if t.select == "best":
                             best_params = jax.device_get(state.params)  # a host copy
-    writer.close()
-    selected = best if t.select == "best" else evals[-1]
-    params = (jax.device_put(best_params, state_shardings.params) if t.select == "best"
+                if step == num_steps:
+                    break  # the results follow at once: nothing to resume from
+                stopping = stop.received or ckpt.reached_preemption(step)
+                if stopping or step in eval_at or (
+                        t.checkpoint_every and step % t.checkpoint_every == 0):
+                    _save(ckpt, step, state, best_params, t.select, progress,
+                          time.perf_counter() - started)
+                if stopping:
+                    ckpt.wait()
+                    raise preemption.Preempted(
+                        f"preempted: saved a checkpoint at step {step} in {ckpt.directory}; "
+                        "run the same command to continue")
+
+    best = progress.evals[progress.best]
+    selected = best if t.select == "best" else progress.evals[-1]
+    params = (jax.device_put(best_params, setup.shardings.params) if t.select == "best"
               else state.params)
     written = task.write_outputs(workdir, run_eval_with(params))
     if config.save_checkpoint:
@@ -312,8 +462,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "select": t.select,
         "dev": dict(selected),
         "best": best,
-        "final": evals[-1],
-        "evals": evals,
+        "final": progress.evals[-1],
+        "evals": progress.evals,
         "init_from": source,
         "train_examples": len(task.train),
         "num_steps": num_steps,
@@ -322,9 +472,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "hyperparameters": {k: t[k] for k in ("learning_rate", "batch_size", "num_epochs",
                                               "warmup_ratio")},
         "files": written,
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": progress.seconds + time.perf_counter() - started,
     }
     (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=2))
+    shutil.rmtree(workdir / RESUME_DIR, ignore_errors=True)  # finished: nothing to resume
     logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", task.name, task.primary_metric,
                  selected[task.primary_metric], t.select, selected["step"],
                  results["wall_seconds"])

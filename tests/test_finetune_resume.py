@@ -1,0 +1,237 @@
+"""An interrupted fine-tuning run continues from its last resume checkpoint and ends
+exactly where an uninterrupted run ends: the same dev scores, metrics.jsonl lines and
+selected parameters. Interrupted in-process (an exception, SIGTERM) and for real (main.py
+killed with SIGKILL); a finished run, or an unfinished one of another config, starts over.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from conftest import REPO_ROOT, subprocess_env
+
+from configs.finetune import glue as glue_config
+from maelm_jax.finetune import tasks, train
+from maelm_jax.training import preemption
+
+WORDS = {1: ["good", "great", "fine", "lovely", "fun"], 0: ["bad", "awful", "poor", "dull"]}
+
+# A tiny encoder on local SST-2-style files; applied in-process or as --config flags.
+TINY = {
+    "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64,
+    "model.rel_pos_buckets": 8, "model.rel_pos_max_distance": 16, "model.max_positions": 32,
+    "data.max_seq_len": 32, "data.buckets": (32,), "mesh.shape": (1, 1, 1),
+    "fast_compile": True, "predict_test": False, "train.learning_rate": 1e-3,
+    "train.batch_size": 8, "train.eval_batch_size": 16,
+}
+
+
+def _write_sst2(directory, n, seed):
+    rng = np.random.default_rng(seed)
+    rows = ["sentence\tlabel"]
+    for label in rng.integers(2, size=n):
+        rows.append(f"the film was {rng.choice(WORDS[int(label)])} and long\t{label}")
+    (directory / ("train.tsv" if seed == 0 else "dev.tsv")).write_text("\n".join(rows) + "\n")
+
+
+@pytest.fixture
+def settings(tmp_path, tiny_tokenizer):
+    """TINY plus the data: 48 train examples = 6 steps of 8 per epoch, 16 dev examples."""
+    data = tmp_path / "glue" / "SST-2"
+    data.mkdir(parents=True)
+    _write_sst2(data, 48, 0)
+    _write_sst2(data, 16, 1)
+    return {**TINY, "tokenizer_path": tiny_tokenizer.model_path,
+            "data.data_dir": str(tmp_path / "glue")}
+
+
+def _config(settings, **changes):
+    c = glue_config.get_config("sst2")
+    for name, value in {**settings, **changes}.items():
+        *sections, field = name.split(".")
+        node = c
+        for section in sections:
+            node = node[section]
+        node[field] = value
+    return c
+
+
+def _flags(settings, **changes):
+    return [f"--config.{name}={value}" for name, value in {**settings, **changes}.items()]
+
+
+def _outcome(workdir):
+    """What must not depend on interruptions: results.json (without the wall time and the
+    file paths), metrics.jsonl (without examples/s) and the selected parameters."""
+    results = json.loads((workdir / "results.json").read_text())
+    metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    for record in metrics:
+        record.pop("examples_per_sec", None)
+    state = ocp.PyTreeCheckpointer().restore(
+        workdir / "checkpoints" / str(results["dev"]["step"]) / "state")
+    for key in ("wall_seconds", "files"):
+        results.pop(key)
+    return results, metrics, state["params"]
+
+
+def _resume_steps(workdir):
+    return sorted(int(p.name) for p in (workdir / "resume").iterdir() if p.name.isdigit())
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+class Scripted:
+    """Replaces GLUE's primary dev score with scripted values, one per evaluation, so the
+    best evaluation is known (`calls`: the evaluations already made by this run)."""
+
+    def __init__(self, monkeypatch, values):
+        self.values, self.calls = values, 0
+        real = tasks.GlueTask.score
+
+        def score(task, run_eval):
+            scores = real(task, run_eval)
+            scores[task.primary_metric] = self.values[self.calls]
+            self.calls += 1
+            return scores
+
+        monkeypatch.setattr(tasks.GlueTask, "score", score)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _spy(monkeypatch, starts, interrupt_at=None, how=None):
+    """Records each run's start step; `how` ("raise" or "sigterm") interrupts the first run
+    that asks for step `interrupt_at`'s batch."""
+    real, pending = train.train_batches, [how]
+
+    def batches(*args):
+        starts.append(args[-1])
+        for step, item in enumerate(real(*args), start=args[-1] + 1):
+            if step == interrupt_at and pending == ["raise"]:
+                pending.clear()
+                raise Interrupt(step)
+            if step == interrupt_at and pending == ["sigterm"]:
+                pending.clear()
+                os.kill(os.getpid(), signal.SIGTERM)  # handled by the loop's StopRequest
+            yield item
+
+    monkeypatch.setattr(train, "train_batches", batches)
+
+
+# Two epochs of 6 steps, evaluated every 3 (steps 3, 6, 9, 12), logged every 4; resume
+# checkpoints at the evaluations but the last (3, 6, 9). The scripted best is step 3's.
+RUN = {"train.num_epochs": 2, "train.evals_per_epoch": 2, "train.log_every": 4,
+       "train.checkpoint_every": 0}
+SCORES = [80.0, 60.0, 70.0, 65.0]
+
+
+@pytest.mark.parametrize("select, how, at, saved", [
+    ("best", "raise", 9, [3, 6]),  # resumes at 6; the best (step 3) params from the checkpoint
+    ("final", "sigterm", 7, [6, 7]),  # SIGTERM during step 7 saves step 7 and stops
+])
+def test_an_interrupted_run_resumes_exactly(settings, tmp_path, monkeypatch, select, how, at,
+                                            saved):
+    scores = Scripted(monkeypatch, SCORES)
+    c = _config(settings, **RUN, **{"train.select": select})
+    train.run(c, str(tmp_path / "whole"))
+    whole = _outcome(tmp_path / "whole")
+    assert whole[0]["dev"]["step"] == (3 if select == "best" else 12)
+
+    starts, workdir = [], tmp_path / "interrupted"
+    scores.calls = 0
+    _spy(monkeypatch, starts, at, how)
+    with pytest.raises(preemption.Preempted if how == "sigterm" else Interrupt):
+        train.run(c, str(workdir))
+    assert _resume_steps(workdir) == saved and not (workdir / "results.json").exists()
+    scores.calls = 2  # steps 3 and 6 were evaluated before the interruption
+    train.run(c, str(workdir))
+    assert starts == [0, saved[-1]]
+    assert not (workdir / "resume").exists()  # finished: nothing left to resume
+    results, metrics, params = _outcome(workdir)
+    assert results == whole[0]
+    assert metrics == whole[1]  # no line twice, the train means over the interruption too
+    assert all(np.array_equal(a, b) for a, b in zip(_leaves(params), _leaves(whole[2]),
+                                                    strict=True))
+
+
+def test_a_finished_run_or_another_configs_unfinished_run_starts_over(settings, tmp_path,
+                                                                      monkeypatch):
+    starts, workdir = [], tmp_path / "run"
+    _spy(monkeypatch, starts, 9, "raise")
+    with pytest.raises(Interrupt):
+        train.run(_config(settings, **RUN), str(workdir))
+    assert _resume_steps(workdir) == [3, 6]
+    # Another learning rate: the unfinished run's checkpoints do not fit it.
+    c = _config(settings, **RUN, **{"train.learning_rate": 3e-3})
+    first = train.run(c, str(workdir))
+    assert starts == [0, 0]
+    again = train.run(c, str(workdir))  # finished: run again from step 0
+    assert starts == [0, 0, 0]
+    for results in (first, again):
+        results.pop("wall_seconds")
+    assert first == again
+    steps = [(r["split"], r["step"]) for r in map(
+        json.loads, (workdir / "metrics.jsonl").read_text().splitlines())]
+    assert len(steps) == len(set(steps)) == 3 + 4  # train at 4, 8, 12; dev at 3, 6, 9, 12
+
+
+def test_main_killed_with_sigkill_continues_where_it_stopped(settings, tmp_path):
+    """A real kill: main.py fine-tunes 120 steps with resume checkpoints every 20 and is
+    killed once the first one is complete; the same command finishes the run."""
+    data = tmp_path / "glue" / "SST-2"
+    _write_sst2(data, 480, 0)  # 60 steps per epoch
+    run = {"train.num_epochs": 2, "train.log_every": 10, "train.checkpoint_every": 20,
+           "train.select": "final"}
+    cmd = [sys.executable, "main.py", "--config=configs/finetune/glue.py:sst2",
+           *_flags(settings, **run)]
+    killed, log = tmp_path / "killed", tmp_path / "killed.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
+                                env=subprocess_env(), stderr=stderr)
+    deadline = time.monotonic() + 120
+    while not ((killed / "resume").is_dir() and _resume_steps(killed)):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "results.json").exists()  # killed before the end
+    resumed = subprocess.run(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
+                             env=subprocess_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {killed}/resume/" in resumed.stderr
+
+    train.run(_config(settings, **run), str(tmp_path / "whole"))  # in-process, uninterrupted
+    results, metrics, params = _outcome(killed)
+    whole = _outcome(tmp_path / "whole")
+    assert [e["step"] for e in results["evals"]] == [60, 120]
+    # One device in the subprocess, eight in this one: equal to within float rounding.
+    _assert_close(results, whole[0])
+    _assert_close(metrics, whole[1])
+    _assert_close(_leaves(params), _leaves(whole[2]))
+
+
+def _assert_close(got, want, where="", atol=1e-6):
+    """Equal structure and text, numbers within atol."""
+    if isinstance(want, dict):
+        assert sorted(got) == sorted(want), where
+        for key in want:
+            _assert_close(got[key], want[key], f"{where}.{key}", atol)
+    elif isinstance(want, list):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            _assert_close(a, b, f"{where}[{i}]", atol)
+    elif isinstance(want, (float, np.ndarray)):
+        assert np.allclose(got, want, rtol=0, atol=atol), where
+    else:
+        assert got == want, where

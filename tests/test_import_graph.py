@@ -1,0 +1,84 @@
+"""No module of maelm_jax imports a module that imports it, directly or through others:
+each mode's entry point is picked by main.py, so no module needs its caller."""
+
+import ast
+import pathlib
+
+from conftest import REPO_ROOT
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports anywhere in its source (at the top or
+    inside a function: a lazy import is still a dependency). `from a.b import c` counts
+    as importing a.b.c when that is a module, else a.b."""
+    paths = {_module_name(p, root): p for p in (root / package).rglob("*.py")}
+    graph = {}
+    for module, path in paths.items():
+        package_parts = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, `level - 1` steps up
+                    parent = package_parts[: len(package_parts) - node.level + 1]
+                    base = ".".join(parent + ([node.module] if node.module else []))
+                for alias in node.names:
+                    name = f"{base}.{alias.name}"
+                    imported.add(name if name in paths else base)
+        graph[module] = {name for name in imported if name in paths and name != module}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A list [a, b, ..., a] of modules each importing the next, or None (depth-first)."""
+    done, path = set(), []
+
+    def visit(module):
+        path.append(module)
+        for dependency in sorted(graph[module]):
+            if dependency in path:
+                return path[path.index(dependency):] + [dependency]
+            if dependency not in done:
+                cycle = visit(dependency)
+                if cycle:
+                    return cycle
+        done.add(path.pop())
+        return None
+
+    for module in sorted(graph):
+        if module not in done:
+            cycle = visit(module)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_module_imports_one_that_imports_it():
+    graph = import_graph(REPO_ROOT, "maelm_jax")
+    assert "maelm_jax.finetune.train" in graph["maelm_jax.finetune.sweep"]  # the graph is real
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_check_finds_a_lazy_relative_cycle(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("VALUE = 1\n")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a  # lazy\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.c"] == {"pkg.a"} and graph["pkg.sub.b"] == {"pkg.a"}
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]
+    # A name that is not a module is imported from its package.
+    (pkg / "sub" / "b.py").write_text("from . import VALUE\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.sub.b"] == {"pkg.sub"} and find_cycle(graph) is None
