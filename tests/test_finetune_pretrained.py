@@ -14,6 +14,7 @@ from tiny_config import tiny_config
 from configs.finetune import glue as glue_config
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import loading, train
+from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import loop
 
 
@@ -100,6 +101,48 @@ def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
     broken = _copy_run(pretrained, tmp_path, lambda c: c.update(model="tiny"))
     with pytest.raises(loading.CheckpointError, match="is not a pretraining config"):
         loading.load_pretrained(str(broken), 0.1, 0.1, "float32")
+
+
+def _finetuning_run(pretrained, tmp_path, record):
+    """A fine-tuning workdir with this encoder.json over the pretraining checkpoints (they
+    hold params["encoder"] as a fine-tuning checkpoint does)."""
+    run = tmp_path / "finetuned"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"mode": "finetune"}))
+    (run / "encoder.json").write_text(json.dumps(record))
+    (run / "checkpoints").symlink_to(pretrained / "checkpoints")
+    return run
+
+
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
+def test_records_written_before_a_field_existed_still_load(pretrained, tmp_path,
+                                                           tiny_tokenizer):
+    # A pretraining config.json from before the encoder's later fields.
+    later = ("rel_pos_bucket_fn", "rel_pos_init", "activation_dropout", "attention_impl",
+             "scan_layers", "remat_policy", "misaligned_positions")
+    old_run = _copy_run(pretrained, tmp_path,
+                        lambda c: [c["model"].pop(k) for k in later])
+    p = loading.load_pretrained(str(old_run), 0.1, 0.1, "float32")
+    assert p.encoder_cfg.rel_pos_bucket_fn == "t5"
+    # A fine-tuning run's encoder.json as the first release wrote it.
+    record = encoder_lib.architecture(p.encoder_cfg)
+    del record["rel_pos_bucket_fn"]
+    run = _finetuning_run(pretrained, tmp_path, record)
+    old = loading.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
+    assert old.description.startswith("fine-tuning checkpoint")
+    assert old.encoder_cfg == p.encoder_cfg
+
+
+def test_a_wrong_encoder_json_field_is_named(pretrained, tmp_path, tiny_tokenizer):
+    with open(pretrained / "config.json") as f:
+        model = json.load(f)["model"]
+    record = {**encoder_lib.model_architecture(model, vocab_size=tiny_tokenizer.vocab_size,
+                                               max_positions=64), "d_model": "32"}
+    run = _finetuning_run(pretrained, tmp_path, record)
+    with pytest.raises(loading.CheckpointError,
+                       match=rf"^config.init_from: {run}/encoder.json: field 'd_model' must "
+                             rf"be an integer, got '32'$"):
+        loading.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
 
 
 def _sst2_config(init_from, data_dir):
