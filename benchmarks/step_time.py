@@ -42,8 +42,7 @@ from maelm_jax import config as config_lib
 from maelm_jax import flops as flops_lib
 from maelm_jax import sharding, tokenizer
 from maelm_jax.models import layers
-from maelm_jax.models import pretrain as pretrain_lib
-from maelm_jax.training import optimizer as optimizer_lib
+from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import steps as steps_lib
 
 OBJECTIVES = ("mlm", "maelm", "3ml_self", "3ml_cross")
@@ -132,7 +131,7 @@ def make_config(args: argparse.Namespace, objective: str) -> ml_collections.Conf
 class Bench:
     """One objective's compiled train step, its state and its FLOPs per step.
 
-    Built as the training loop builds it (maelm_jax/training/loop.py): state and step
+    Built by `training.setup.build`, as the training loop builds it: state and step
     sharded over a mesh (here one device), the state donated, traced under the rules.
     """
 
@@ -141,23 +140,12 @@ class Bench:
         self.objective = objective
         self.counts = config_lib.mask_counts(config)
         self.flops = flops_lib.step_flops(config, args.vocab_size)
-        model = pretrain_lib.PretrainModel(config_lib.model_config(config, args.vocab_size))
-        tx, schedule = optimizer_lib.make_optimizer(config.train)
-        mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-        rules = sharding.rules_from_config(config.sharding_rules)
-        impl = config.train.prng_impl
-        setup = steps_lib.state_setup(model, tx, config.seed, self.counts, mesh, rules, impl)
-        self.state = setup.init()
-        self.tokens = jax.device_put(tokens, sharding.batch_sharding(mesh))
-        train_step = jax.jit(
-            steps_lib.make_train_step(model, tx, schedule, self.counts, args.vocab_size,
-                                      config.train.grad_accum_steps, impl),
-            in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
-            out_shardings=(setup.shardings, sharding.replicated(mesh)),
-            donate_argnums=0)
+        trainer = setup_lib.build(config, args.vocab_size,
+                                  sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+        self.state = trainer.init()
+        self.tokens = jax.device_put(tokens, sharding.batch_sharding(trainer.mesh))
         start = time.perf_counter()
-        with sharding.activate(mesh, rules):
-            self.step = train_step.lower(self.state, self.tokens).compile()
+        self.step = trainer.compile_train_step()
         self.compile_seconds = time.perf_counter() - start
         self.num_params = sum(x.size for x in jax.tree.leaves(self.state.params))
         self.wall: list[float] = []   # seconds per timed step

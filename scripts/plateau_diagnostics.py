@@ -20,22 +20,18 @@ It is a diagnostic for small configs, not a benchmark: it runs on one device.
 """
 
 import pathlib
-import sys
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from maelm_jax import config as config_lib  # noqa: E402
-from maelm_jax import masking, sharding  # noqa: E402
-from maelm_jax.data import loader, pipeline  # noqa: E402
-from maelm_jax.models import pretrain as pretrain_lib  # noqa: E402
-from maelm_jax.training import optimizer, steps  # noqa: E402
+from maelm_jax import config as config_lib
+from maelm_jax import masking, sharding
+from maelm_jax.data import loader, pipeline
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import setup as setup_lib
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Pretraining config file[:variant].")
@@ -112,26 +108,21 @@ def main(argv):
     workdir.mkdir(parents=True, exist_ok=True)
     tok = pipeline.setup_tokenizer(config, workdir)
     data = pipeline.prepare_data(config, workdir, tok)
-    counts = config_lib.mask_counts(config)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(config, tok.vocab_size))
-    tx, schedule = optimizer.make_optimizer(config.train)
-    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    setup = steps.state_setup(model, tx, config.seed, counts, mesh)
     t = config.train
-    train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, schedule, counts, tok.vocab_size,
-                              t.grad_accum_steps), setup, mesh)
-    eval_step = jax.jit(steps.make_eval_step(model, counts, tok.vocab_size))
+    trainer = setup_lib.build(config, tok.vocab_size,
+                              sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    model, counts = trainer.model, trainer.counts
     eval_data = [jnp.asarray(b) for b in loader.eval_batches(data, t.batch_size, t.eval_batches)]
     batches = loader.train_batches(data, t.batch_size, config.seed)
-    state = setup.init()
+    state = trainer.init()
     for step in range(1, FLAGS.steps + 1):
-        state, _ = train_step(state, next(batches))
+        state, _ = trainer.train_step(state, next(batches))
         if step % FLAGS.every == 0 or step == FLAGS.steps:
             totals = np.zeros(3)
             for i, tokens in enumerate(eval_data):
-                sums = eval_step(state.params, tokens, jax.random.fold_in(jax.random.PRNGKey(1), i))
-                totals += [float(sums["loss_sum"]), float(sums["correct_sum"]), float(sums["count"])]
+                key = jax.random.fold_in(jax.random.PRNGKey(1), i)
+                sums = trainer.eval_step(state.params, tokens, key)
+                totals += [float(sums[k]) for k in ("loss_sum", "correct_sum", "count")]
             print(f"step {step}: eval loss {totals[0] / totals[2]:.3f}, "
                   f"accuracy {totals[1] / totals[2]:.3f}", flush=True)
             report(model, state.params, eval_data[0], counts, tok.vocab_size)

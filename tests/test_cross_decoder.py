@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import masking, sharding, tokenizer
+from maelm_jax import sharding, tokenizer
 from maelm_jax.models import pretrain as pretrain_lib
-from maelm_jax.training import optimizer, steps
+from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
@@ -109,14 +109,8 @@ def test_decoder_dropout_only_when_configured(kind):
 def test_cross_train_step_compiles_once_and_learns():
     c = _cross_config()
     c.train.learning_rate = 3e-3
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
-    tx, schedule = optimizer.make_optimizer(c.train)
-    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    setup = steps.state_setup(model, tx, c.seed, counts, mesh)
-    train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, 1), setup, mesh)
-    state = setup.init()
+    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    train_step, state = trainer.train_step, trainer.init()
     # A fixed batch: the loss must fall as the model memorises it.
     tokens = jnp.asarray(np.random.default_rng(0).integers(
         tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, c.data.seq_len)), jnp.int32)

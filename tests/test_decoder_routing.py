@@ -19,7 +19,7 @@ import pytest
 from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding, tokenizer
 from maelm_jax.models import pretrain as pretrain_lib
-from maelm_jax.training import optimizer, steps
+from maelm_jax.training import setup as setup_lib
 
 from tiny_config import tiny_config
 
@@ -51,19 +51,11 @@ def _pairs_accuracy(objective: str, num_steps: int, **decoder_options) -> float:
     """Trains on the pairs task and returns the masked-token accuracy on fresh pairs."""
     c = _pairs_config(objective, **decoder_options)
     c.train.num_steps = num_steps
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, PAIRS_VOCAB))
-    tx, schedule = optimizer.make_optimizer(c.train)
-    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    setup = steps.state_setup(model, tx, c.seed, counts, mesh)
-    train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, schedule, counts, PAIRS_VOCAB, 1), setup, mesh
-    )
-    state, rng = setup.init(), np.random.default_rng(0)
+    trainer = setup_lib.build(c, PAIRS_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    state, rng = trainer.init(), np.random.default_rng(0)
     for _ in range(num_steps):
-        state, _ = train_step(state, jnp.asarray(_pairs(rng, c.train.batch_size)))
-    eval_step = jax.jit(steps.make_eval_step(model, counts, PAIRS_VOCAB))
-    sums = eval_step(state.params, jnp.asarray(_pairs(rng, 256)), jax.random.PRNGKey(1))
+        state, _ = trainer.train_step(state, jnp.asarray(_pairs(rng, c.train.batch_size)))
+    sums = trainer.eval_step(state.params, jnp.asarray(_pairs(rng, 256)), jax.random.PRNGKey(1))
     return float(sums["correct_sum"] / sums["count"])
 
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer
-from maelm_jax.models import pretrain as pretrain_lib
-from maelm_jax.training import checkpoint, optimizer, steps
+from maelm_jax.training import checkpoint
+from maelm_jax.training import setup as setup_lib
 
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
@@ -34,15 +33,8 @@ def shardable_config(**model):
 
 def run_steps(c, mesh, n=3, state=None, skip=0):
     """n train steps on `mesh` (after skipping `skip` batches of the fixed stream)."""
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
-    tx, schedule = optimizer.make_optimizer(c.train)
-    impl = c.train.prng_impl
-    setup = steps.state_setup(model, tx, c.seed, counts, mesh, prng_impl=impl)
-    state = setup.init() if state is None else state
-    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps,
-                               impl)
-    step = steps.jit_train_step(fn, setup, mesh)
+    trainer = setup_lib.build(c, TINY_VOCAB, mesh, sharding.DEFAULT_RULES)
+    state = trainer.init() if state is None else state
     rng = np.random.default_rng(0)
     losses = []
     with sharding.activate(mesh, sharding.DEFAULT_RULES):
@@ -50,9 +42,10 @@ def run_steps(c, mesh, n=3, state=None, skip=0):
             rows = rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (c.train.batch_size, 32))
             if i < skip:
                 continue
-            state, metrics = step(state, sharding.global_batch(rows.astype(np.int32), mesh))
+            state, metrics = trainer.train_step(
+                state, sharding.global_batch(rows.astype(np.int32), mesh))
             losses.append(float(metrics["loss"]))
-    return losses, state, setup
+    return losses, state, trainer.state
 
 
 def single_device_mesh():

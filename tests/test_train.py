@@ -14,8 +14,8 @@ import pytest
 
 from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer, variants
-from maelm_jax.models import pretrain as pretrain_lib
-from maelm_jax.training import loop, optimizer, steps
+from maelm_jax.training import loop, steps
+from maelm_jax.training import setup as setup_lib
 
 from conftest import REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
@@ -23,15 +23,8 @@ from tiny_config import TINY_VOCAB, tiny_config
 
 def _step_fn(c):
     """The train step exactly as the loop compiles it, on one device."""
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
-    tx, schedule = optimizer.make_optimizer(c.train)
-    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    impl = c.train.prng_impl
-    state, setup = steps.create_state(model, tx, c.seed, counts, mesh, prng_impl=impl)
-    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps,
-                               impl)
-    return state, steps.jit_train_step(fn, setup, mesh)
+    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    return trainer.init(), trainer.train_step
 
 
 # The preset families' model switches (3ML, MAE-LM Table 2, the fidelity switches), two at
@@ -90,11 +83,8 @@ def test_eval_reports_each_category_of_80_10_10(objective):
     Tables 1 and 2c), next to the overall figures they add up to."""
     c = tiny_config(objective)
     c.masking.mask_ratio, c.masking.mask_frac, c.masking.random_frac = 0.4, 0.8, 0.1
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
-    tx, _ = optimizer.make_optimizer(c.train)
-    state, _ = steps.create_state(model, tx, c.seed, counts)
-    eval_step = jax.jit(steps.make_eval_step(model, counts, TINY_VOCAB))
+    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    counts, state, eval_step = trainer.counts, trainer.init(), trainer.eval_step
     rng = np.random.default_rng(0)
     batches = [jnp.asarray(rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32)
                for _ in range(2)]

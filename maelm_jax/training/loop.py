@@ -18,12 +18,10 @@ from absl import logging
 from maelm_jax import config as config_lib
 from maelm_jax import distributed, errors, fill_mask, masking, mfu, schema, sharding
 from maelm_jax.data import loader, pipeline
-from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
-from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import preemption
-from maelm_jax.training import steps
+from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib
 
 def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str, float]:
@@ -114,7 +112,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     rules = sharding.rules_from_config(config.sharding_rules)
     pipeline.validate_sources(config)
     tok, data = _prepare(config, workdir, allow_config_change)
-    counts = config_lib.mask_counts(config)
+    logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
+                 jax.process_count())
+
+    trainer = setup_lib.build(config, tok.vocab_size, mesh, rules)
+    logging.info("%s model: %.2fM parameters", config.objective, trainer.num_params / 1e6)
+    counts = trainer.counts
     logging.info(
         "masking: k=%d predicted (%d [MASK], %d random, %d unchanged), encoder length %d of %d",
         counts.k,
@@ -124,21 +127,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         counts.n_enc,
         counts.seq_len,
     )
-    logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
-                 jax.process_count())
-
-    model = pretrain_lib.PretrainModel(config_lib.model_config(config, tok.vocab_size))
-    tx, schedule = optimizer_lib.make_optimizer(t)
-    setup = steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
-    n_params = sum(x.size for x in jax.tree.leaves(setup.abstract.params))
-    logging.info("%s model: %.2fM parameters", config.objective, n_params / 1e6)
 
     ckpt = checkpoint_lib.Checkpointer(
         workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints
     )
     # Restored straight into this run's shardings, whatever mesh saved it; a damaged
     # newest checkpoint gives way to the one before it.
-    restored = ckpt.restore_latest(setup.abstract)
+    restored = ckpt.restore_latest(trainer.state.abstract)
     if restored is not None:
         step, state, meta = restored
         logging.info(
@@ -146,7 +141,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         )
         start = meta["data_position"]
     else:
-        state, start = setup.init(), 0
+        state, start = trainer.init(), 0
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
         workdir_lib.write_config(config, workdir)
@@ -160,18 +155,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         logging.info("no peak FLOP/s known for device kind %r: logging TFLOP/s per device "
                      "without MFU (config.train.peak_tflops_per_device sets one)", device_kind)
 
-    train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, schedule, counts, tok.vocab_size, t.grad_accum_steps,
-                             t.prng_impl),
-        setup,
-        mesh,
-    )
-    eval_step = jax.jit(
-        steps.make_eval_step(model, counts, tok.vocab_size),
-        in_shardings=(setup.shardings.params, sharding.batch_sharding(mesh),
-                      sharding.replicated(mesh)),
-        out_shardings=sharding.replicated(mesh),
-    )
     dp = sharding.data_parallel_size(mesh)
     # The accuracy of always predicting the most frequent piece, logged with every eval.
     top_piece, unigram_accuracy = loader.unigram_baseline(data, tok.vocab_size)
@@ -194,9 +177,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     )
 
     try:
-        metrics, state = _train_loop(config, state, train_step, eval_step, eval_data, batches,
-                                     ckpt, writer, utilisation, mesh, rules, start,
-                                     unigram_accuracy)
+        metrics, state = _train_loop(config, state, trainer, eval_data, batches,
+                                     ckpt, writer, utilisation, start, unigram_accuracy)
         if t.fill_mask_examples and int(state.step) == t.num_steps:
             _show_fill_mask(config, workdir, tok, data, jax.device_get(state.params))
         return metrics
@@ -220,9 +202,8 @@ def _show_fill_mask(config, workdir: pathlib.Path, tok, data, params) -> None:
                  workdir / fill_mask.EXAMPLES_FILE, text)
 
 
-def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, writer,
-                utilisation, mesh, rules, start,
-                unigram_accuracy: float) -> tuple[dict[str, float], Any]:
+def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, ckpt, writer,
+                utilisation, start, unigram_accuracy: float) -> tuple[dict[str, float], Any]:
     """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
     non-finite and preemption policies. Returns (the last eval's metrics, the state).
 
@@ -240,9 +221,10 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
     window: list[dict] = []  # fetched metrics since the last log
     eval_metrics: dict[str, float] = {}
     skipped = 0
-    with sharding.activate(mesh, rules), preemption.StopRequest() as stop:
+    with sharding.activate(trainer.mesh, trainer.rules), preemption.StopRequest() as stop:
         for step in range(start + 1, t.num_steps + 1):
-            state, step_metrics = train_step(state, sharding.global_batch(next(batches), mesh))
+            state, step_metrics = trainer.train_step(
+                state, sharding.global_batch(next(batches), trainer.mesh))
             unchecked.append((step, step_metrics))
             if step == start + 1:
                 # Keep compilation out of the first window's steps/s and ETA.
@@ -271,7 +253,7 @@ def _train_loop(config, state, train_step, eval_step, eval_data, batches, ckpt, 
                 writer.write("train", step, {**means, **rates})
                 window = []
             if run_eval:
-                eval_metrics = evaluate(eval_step, state.params, eval_data, config.seed)
+                eval_metrics = evaluate(trainer.eval_step, state.params, eval_data, config.seed)
                 eval_metrics["unigram_accuracy"] = unigram_accuracy
                 writer.write("eval", step, eval_metrics)
             if save:

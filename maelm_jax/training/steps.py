@@ -119,21 +119,6 @@ def state_setup(
     return StateSetup(sharded_init, abstract, shardings, logical_specs)
 
 
-def create_state(
-    model: nn.Module,
-    tx: optax.GradientTransformation,
-    seed: int,
-    counts: masking.MaskCounts,
-    mesh: Mesh | None = None,
-    rules: tuple = sharding.DEFAULT_RULES,
-    prng_impl: str = "threefry2x32",
-) -> tuple[TrainState, StateSetup]:
-    """The initial state on `mesh` (default: the first device alone) and its setup."""
-    mesh = mesh if mesh is not None else sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    setup = state_setup(model, tx, seed, counts, mesh, rules, prng_impl)
-    return setup.init(), setup
-
-
 def make_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,

@@ -1,0 +1,90 @@
+"""The pretraining trainer, built once from a config: `build(config, vocab_size, mesh)`.
+
+The training loop, the memory planner (scripts/plan_memory.py), the benchmarks and the
+tests all build what they run through `build`, so the step a benchmark times or a test
+checks is the step the loop runs: the same model, optimiser and schedule, mask counts,
+state shardings and jitted steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from maelm_jax import config as config_lib
+from maelm_jax import masking, sharding
+from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import optimizer as optimizer_lib
+from maelm_jax.training import steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """A pretraining run's model, optimiser, state layout and compiled steps on a mesh."""
+
+    config: ml_collections.ConfigDict
+    vocab_size: int
+    mesh: Mesh
+    rules: tuple  # logical axis -> mesh axis rules (sharding.DEFAULT_RULES by default)
+    counts: masking.MaskCounts  # the static sizes of every masked batch
+    model: nn.Module  # PretrainModel
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    state: steps.StateSetup  # init(), the abstract state and its shardings
+    # train_step(state, tokens [batch, L] int32) -> (state, metrics): the state donated,
+    # the batch split over data x fsdp, metrics replicated; compiles exactly once.
+    train_step: Callable
+    # eval_step(params, tokens [b, L] int32, key) -> masked-LM sums, replicated.
+    eval_step: Callable
+
+    def init(self) -> steps.TrainState:
+        """The initial train state, sharded on the mesh."""
+        return self.state.init()
+
+    @property
+    def num_params(self) -> int:
+        return sum(x.size for x in jax.tree.leaves(self.state.abstract.params))
+
+    def batch_spec(self) -> jax.ShapeDtypeStruct:
+        """The abstract global batch of token ids [batch_size, seq_len] int32, sharded."""
+        return jax.ShapeDtypeStruct(
+            (self.config.train.batch_size, self.config.data.seq_len), np.int32,
+            sharding=sharding.batch_sharding(self.mesh))
+
+    def compile_train_step(self) -> Any:
+        """The train step compiled ahead of time for the abstract state and batch (its
+        `memory_analysis()` and `cost_analysis()` describe the real step)."""
+        with sharding.activate(self.mesh, self.rules):
+            return self.train_step.lower(self.state.abstract, self.batch_spec()).compile()
+
+
+def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None = None,
+          rules: tuple | None = None) -> Trainer:
+    """The trainer a validated pretraining `config` describes, on `mesh` (default: the
+    config's mesh.shape over all devices) with `rules` (default: config.sharding_rules)."""
+    t = config.train
+    mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh.shape)
+    rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
+    counts = config_lib.mask_counts(config)
+    model = pretrain_lib.PretrainModel(config_lib.model_config(config, vocab_size))
+    tx, schedule = optimizer_lib.make_optimizer(t)
+    state = steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
+    train_step = steps.jit_train_step(
+        steps.make_train_step(model, tx, schedule, counts, vocab_size, t.grad_accum_steps,
+                              t.prng_impl),
+        state, mesh)
+    eval_step = jax.jit(
+        steps.make_eval_step(model, counts, vocab_size),
+        in_shardings=(state.shardings.params, sharding.batch_sharding(mesh),
+                      sharding.replicated(mesh)),
+        out_shardings=sharding.replicated(mesh),
+    )
+    return Trainer(config, vocab_size, mesh, rules, counts, model, tx, schedule, state,
+                   train_step, eval_step)
