@@ -10,16 +10,21 @@ import flax.linen as nn
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import masking, tokenizer
+from maelm_jax import masking, sharding, tokenizer
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.models import relative_position
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
+from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
 VOCAB = 97  # a size no other dimension has, to spot vocabulary-sized arrays
+
+
+def single_device_mesh():
+    return sharding.make_mesh((1, 1, 1), jax.devices()[:1])
 
 
 def _batch(counts, seed=0, batch=3):
@@ -244,10 +249,8 @@ def test_rel_pos_init_reaches_the_encoder_and_decoder_tables(objective):
 
 
 def test_every_parameter_has_logical_axes():
-    model, counts, c = _model("maelm")
-    tx, _ = optimizer.make_optimizer(c.train)
-    state, setup = steps.create_state(model, tx, 0, counts)
-    specs = setup.logical_specs.params
+    trainer = setup_lib.build(_model("maelm")[2], VOCAB, single_device_mesh())
+    state, specs = trainer.init(), trainer.state.logical_specs.params
     leaves = jax.tree.leaves(state.params)
     spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     assert len(leaves) == len(spec_leaves)
@@ -256,9 +259,7 @@ def test_every_parameter_has_logical_axes():
 
 
 def test_weight_decay_skips_biases_and_layernorm():
-    model, counts, c = _model("maelm")
-    tx, _ = optimizer.make_optimizer(c.train)
-    state, _ = steps.create_state(model, tx, 0, counts)
+    state = setup_lib.build(_model("maelm")[2], VOCAB, single_device_mesh()).init()
     mask = optimizer.weight_decay_mask(state.params)
     flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(mask)}
     assert all(v for k, v in flat.items() if k.endswith("kernel']"))

@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 import flax.linen as nn
 
-from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer
 from maelm_jax.finetune import loading
 from maelm_jax.models import layer_layout, layers
-from maelm_jax.models import pretrain as pretrain_lib
-from maelm_jax.training import checkpoint, optimizer, steps
+from maelm_jax.training import checkpoint
+from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config
 
@@ -47,13 +46,8 @@ def test_scanned_stack_computes_the_per_layer_function(pre_ln):
 
 
 def _train_step(c):
-    counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
-    tx, schedule = optimizer.make_optimizer(c.train)
-    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    state, setup = steps.create_state(model, tx, c.seed, counts, mesh)
-    fn = steps.make_train_step(model, tx, schedule, counts, TINY_VOCAB, c.train.grad_accum_steps)
-    return state, setup, steps.jit_train_step(fn, setup, mesh)
+    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    return trainer.init(), trainer.state, trainer.train_step
 
 
 @pytest.mark.parametrize("objective, policy", [("maelm", "full"), ("mlm", "dots_no_batch")])
