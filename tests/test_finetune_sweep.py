@@ -142,6 +142,11 @@ def test_the_two_aggregation_rules():
 
 def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
     c = tiny_sweep_config
+    # main.py runs a sweep config with sweep.run_sweep; train.run is one run.
+    with pytest.raises(config_lib.FinetuneConfigError,
+                       match=r"^config.sweep: expected False for a single run"):
+        train.run(c, str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
     c.sweep = False
     c.train.select = "median"
     with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.train.select: expected"):
