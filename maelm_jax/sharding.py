@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from maelm_jax import errors
@@ -138,6 +139,20 @@ def global_batch_from_full(rows: np.ndarray, mesh: Mesh) -> jax.Array:
     """A global array from data every process holds in full (the validation batches)."""
     sharding = batch_sharding(mesh)
     return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
+
+
+def optimizer_specs(tx: optax.GradientTransformation, opt_state: Any, param_specs: Any) -> Any:
+    """Logical PartitionSpecs of an optimiser state (shapes from jax.eval_shape): every
+    moment takes its parameter's axes, counts and other scalars replicate. Pretraining and
+    fine-tuning shard their optimiser states through this one rule."""
+    return optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        opt_state,
+        param_specs,
+        transform_non_params=lambda _: PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
 
 
 @contextlib.contextmanager

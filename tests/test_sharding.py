@@ -118,6 +118,34 @@ def test_parameter_and_optimizer_shardings_follow_the_rules():
     assert state.step.sharding.spec == P()
 
 
+def test_finetuning_state_shards_like_pretraining():
+    """Fine-tuning's optimiser moments take their parameters' shardings through the same
+    rule as pretraining's (sharding.optimizer_specs)."""
+    from maelm_jax.finetune import heads
+    from maelm_jax.finetune import train as finetune_train
+    from maelm_jax.models import encoder as encoder_lib
+    from maelm_jax.training import optimizer
+
+    c = shardable_config()
+    arch = {"num_layers": 1, "d_model": 64, "num_heads": 8, "d_ff": 128, "pre_ln": False,
+            "vocab_size": TINY_VOCAB, "max_positions": 32, "rel_pos_buckets": 8,
+            "rel_pos_max_distance": 16}
+    model = heads.SequenceClassifier(encoder_lib.from_architecture(arch), num_outputs=2)
+    tx, _ = optimizer.make_optimizer(c.train)
+    mesh = sharding.make_mesh((2, 2, 2))
+    setup = finetune_train.state_setup(model, tx, 0, 16, mesh, sharding.DEFAULT_RULES)
+    words = ("encoder", "word_embeddings", "embedding")
+    param = setup.shardings.params
+    for key in words:
+        param = param[key]
+    assert param.spec == P("tensor", "fsdp")
+    moments = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(
+        setup.shardings.opt_state) if tuple(getattr(k, "key", None) for k in path[-3:]) == words]
+    assert len(moments) == 2 and all(m == param for m in moments)  # Adam's mu and nu
+    state = setup.init(None)
+    assert jax.tree.map(lambda x: x.sharding, state) == setup.shardings
+
+
 def test_checkpoint_restores_across_meshes(tmp_path):
     c = shardable_config()
     saved_losses, state, _ = run_steps(c, sharding.make_mesh((8, 1, 1)), n=2)

@@ -42,6 +42,7 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from jax.sharding import PartitionSpec
 
 from maelm_jax import config as pretrain_config
 from maelm_jax import sharding
@@ -215,26 +216,35 @@ def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, l
     tokens = jnp.zeros((1, length), jnp.int32)
     key_mask = jnp.ones((1, length), bool)
 
-    def init_boxed(encoder) -> FinetuneState:
+    def boxed_params(encoder) -> Any:
         params = model.init(jax.random.PRNGKey(seed), tokens, key_mask)["params"]
         if encoder is not None:
             params = {**params, "encoder": jax.tree.map(
                 lambda box, value: box.replace_boxed(value), params["encoder"], encoder,
                 is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))}
+        return params
+
+    def init_state(encoder) -> FinetuneState:
+        params = nn.meta.unbox(boxed_params(encoder))
         # Adam's moments start at zero whatever the values.
         return FinetuneState(jnp.int32(0), params, tx.init(params))
 
     with sharding.activate(mesh, rules):
-        boxed = jax.eval_shape(init_boxed, None)
-        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+        shapes = jax.eval_shape(init_state, None)
+        param_specs = nn.get_partition_spec(jax.eval_shape(boxed_params, None))
+    # As in pretraining (training/steps.py): parameters take their logical axes, the
+    # optimiser state its parameters'.
+    logical_specs = FinetuneState(PartitionSpec(), param_specs,
+                                  sharding.optimizer_specs(tx, shapes.opt_state, param_specs))
+    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            nn.meta.unbox(boxed), shardings)
+                            shapes, shardings)
 
     def init(encoder_params: Any) -> FinetuneState:
         with sharding.activate(mesh, rules):
             if encoder_params is not None:
                 encoder_params = jax.device_put(encoder_params, shardings.params["encoder"])
-            return jax.jit(lambda e: nn.meta.unbox(init_boxed(e)), out_shardings=shardings,
+            return jax.jit(init_state, out_shardings=shardings,
                            compiler_options=compiler_options)(encoder_params)
 
     return StateSetup(abstract, shardings, init)

@@ -95,16 +95,7 @@ def state_setup(
         shapes = jax.eval_shape(init)
         boxed_params = jax.eval_shape(lambda: model.init(init_key, _dummy_batch(counts)))
     param_specs = nn.get_partition_spec(boxed_params)["params"]
-    is_spec = lambda x: isinstance(x, PartitionSpec)
-    # Optimiser moments take their parameter's axes; counts and other scalars replicate.
-    opt_specs = optax.tree_map_params(
-        tx,
-        lambda _, spec: spec,
-        shapes.opt_state,
-        param_specs,
-        transform_non_params=lambda _: PartitionSpec(),
-        is_leaf=is_spec,
-    )
+    opt_specs = sharding.optimizer_specs(tx, shapes.opt_state, param_specs)
     logical_specs = TrainState(PartitionSpec(), param_specs, opt_specs, PartitionSpec())
     shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
     abstract = jax.tree.map(
