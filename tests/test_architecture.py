@@ -81,8 +81,9 @@ def test_pretraining_and_finetuning_from_scratch_build_the_same_encoder(tiny_tok
     finetune.tokenizer_path = tiny_tokenizer.model_path
     finetune.model.max_positions = pretrain.data.seq_len
     # Away from both defaults, so that a field either side ignores shows.
-    architecture = dict(num_layers=3, d_model=48, num_heads=6, d_ff=80, pre_ln=True,
-                        rel_pos_buckets=10, rel_pos_max_distance=20, rel_pos_bucket_fn="maelm")
+    architecture = {"num_layers": 3, "d_model": 48, "num_heads": 6, "d_ff": 80, "pre_ln": True,
+                    "rel_pos_buckets": 10, "rel_pos_max_distance": 20,
+                    "rel_pos_bucket_fn": "maelm"}
     for model in (pretrain.model, finetune.model):
         model.update(architecture)
     pretrained = pretrain_config.model_config(pretrain, tiny_tokenizer.vocab_size).encoder

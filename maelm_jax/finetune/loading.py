@@ -88,7 +88,7 @@ def _encoder_config(workdir: pathlib.Path, vocab_size: int, dropout: float,
                     ) -> tuple[encoder_lib.EncoderConfig, str]:
     """The encoder the workdir's files describe, with the fine-tuning run's dropout and dtype,
     and the kind of run that wrote them: "pretraining" or "fine-tuning"."""
-    run = dict(dropout=dropout, attention_dropout=attention_dropout, dtype=dtype)
+    run = {"dropout": dropout, "attention_dropout": attention_dropout, "dtype": dtype}
     run_config = read_json(workdir / CONFIG_FILE)
     if run_config.get("mode") == "finetune":
         path = workdir / ENCODER_FILE
