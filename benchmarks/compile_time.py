@@ -1,69 +1,66 @@
-"""Compile time of the train step against encoder depth, with and without scanned layers.
+r"""Compile time of the train step against encoder depth, with and without scanned layers.
 
-    python benchmarks/compile_time.py [--depths 2,24 --objective maelm]
+    python benchmarks/compile_time.py [--depths=2,24 --objective=maelm] \
+        [--config=configs/benchmark/compile_time.py --config.model.remat_policy=dots]
 
-Builds each step as benchmarks/step_time.py does (the real make_train_step, one device)
-at a small width, since compile time follows the program's size, not its tensors', and
-prints XLA's compile seconds per depth for per-layer and scanned (model.scan_layers)
-stacks. The claim checked: a scanned deep encoder compiles within 1.5x of a scanned
-2-layer one (a per-layer stack grows about linearly with depth).
+Builds each step as benchmarks/step_time.py does (the real train step, one device) at a
+small width, since compile time follows the program's size, not its tensors', and prints
+XLA's compile seconds per depth for per-layer and scanned (model.scan_layers) stacks. The
+sizes are a pretraining config's (--config, default configs/benchmark/compile_time.py: 128
+wide, L = 64, batch 4; any --config.<field>=<value> applies) except model.num_layers and
+model.scan_layers, which the benchmark sets: each of --depths, per layer and scanned.
+--objective picks the step, derived from the config as step_time.py's objectives are. The
+claim checked: a scanned deep encoder compiles within 1.5x of a scanned 2-layer one (a
+per-layer stack grows about linearly with depth).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-
-_BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_BENCHMARKS))
-sys.path.insert(0, _BENCHMARKS)
-
-import step_time  # noqa: E402
+import harness
+from absl import app, flags
 
 TARGET = 1.5  # scanned deepest / scanned shallowest compile time
 
-
-def _depths(text: str) -> list[int]:
-    try:
-        depths = [int(d) for d in text.split(",")]
-    except ValueError:
-        depths = []
-    if len(depths) < 2 or min(depths) < 1:
-        raise argparse.ArgumentTypeError(f"expected two or more positive integers, got {text!r}")
-    return depths
+FLAGS = flags.FLAGS
+harness.define_config("compile_time.py")
+flags.DEFINE_list("depths", ["2", "24"], "Comma-separated encoder depths, two or more.")
+flags.DEFINE_enum("objective", "maelm", harness.OBJECTIVES, "The objective whose step is "
+                  "compiled.")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--depths", default=[2, 24], type=_depths,
-                   help="comma-separated encoder depths (default 2,24)")
-    p.add_argument("--objective", default="maelm", choices=step_time.OBJECTIVES)
-    p.add_argument("--remat_policy", default="none",
-                   choices=tuple(step_time.layers.REMAT_POLICIES))
-    args = p.parse_args(argv)
-    depths = args.depths
-    base = step_time.parse_args([
-        "--d_model=128", "--num_heads=2", "--seq_len=64", "--batch_size=4",
-        "--vocab_size=1024", "--decoder_layers=2", f"--remat_policy={args.remat_policy}"])
-    tokens = step_time.random_tokens(base)
-    seconds = {}
+@flags.validator("depths")
+def _positive_depths(depths: list[str]) -> bool:
+    if len(depths) < 2 or not all(d.isdigit() and int(d) >= 1 for d in depths):
+        raise flags.ValidationError("expected two or more positive integers")
+    return True
+
+
+def main(argv) -> None:
+    del argv  # harness.parse_flags refuses stray arguments
+    depths = [int(d) for d in FLAGS.depths]
+    config = FLAGS.config
+    tokens = harness.random_tokens(config)
+    # Every step's config first, so that one which does not validate stops the run at once.
+    configs = {}
     for scan in (False, True):
         for depth in depths:
-            base.encoder_layers, base.scan_layers = depth, scan
-            bench = step_time.Bench(base, args.objective, tokens)
-            seconds[scan, depth] = bench.compile_seconds
-            print(f"{args.objective} encoder {depth:3d} layers, "
-                  f"{'scanned  ' if scan else 'per layer'}: compiled in "
-                  f"{bench.compile_seconds:6.1f} s", flush=True)
+            config.model.num_layers, config.model.scan_layers = depth, scan
+            configs[scan, depth] = harness.objective_configs(
+                config, [FLAGS.objective])[FLAGS.objective]
+    seconds = {}
+    for (scan, depth), step_config in configs.items():
+        bench = harness.Bench(step_config, tokens)
+        seconds[scan, depth] = bench.compile_seconds
+        print(f"{FLAGS.objective} encoder {depth:3d} layers, "
+              f"{'scanned  ' if scan else 'per layer'}: compiled in "
+              f"{bench.compile_seconds:6.1f} s", flush=True)
     lo, hi = min(depths), max(depths)
     for scan, name in ((False, "per layer"), (True, "scanned")):
         ratio = seconds[scan, hi] / seconds[scan, lo]
         note = f" (target <= {TARGET}x: {'meets' if ratio <= TARGET else 'misses'})" if scan \
             else ""
         print(f"{name}: {hi} layers / {lo} layers = {ratio:.2f}x{note}")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app.run(main, flags_parser=harness.parse_flags)

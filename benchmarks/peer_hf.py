@@ -1,35 +1,45 @@
-"""Train-step throughput of our MLM and MAE-LM against Hugging Face's RobertaForMaskedLM
+r"""Train-step throughput of our MLM and MAE-LM against Hugging Face's RobertaForMaskedLM
 (PyTorch, CPU) at the same configuration, in one run.
 
     pip install -r requirements-bench.txt   # torch (CPU build) and transformers
-    python benchmarks/peer_hf.py [--encoder_layers 4 --d_model 256 --batch_size 32 ...]
+    python benchmarks/peer_hf.py [--config=configs/benchmark/peer.py[:layers=12]] \
+        [--config.train.batch_size=64 --config.train.prng_impl=rbg --threads=1 ...]
 
-Our side is built by benchmarks/step_time.py's `Bench`: the real `make_train_step`
-(masking, dropout, AdamW with clipping), compiled once, not timed. The peer is a
-`RobertaForMaskedLM` of the same depth, width, heads, FFN, vocabulary and dropout (hidden
-and attention) in train mode; one step masks the batch (15 %, 80-10-10, labels -100
-elsewhere, as `DataCollatorForLanguageModeling` does, on the fly), runs forward with the
-labels and backward, clips the gradient norm as ours does (and as the HF Trainer does by
-default), then `AdamW.step()` and `zero_grad()`. Both sides train on the same random ids
-(fixed seed). After an untimed warm-up, each side runs `--repeats` measurements of
-`--steps` steps, the order rotated every repeat so that drift in the machine's speed hits
-all alike; the medians give seconds/step and tokens/s (batch x seq_len / step time).
+The configuration is a pretraining config's, as for main.py: --config (default
+configs/benchmark/peer.py: 4 layers x 256, 4 heads, FFN 1024, vocabulary 8000, L = 128,
+batch 32, dropout 0.1) and any --config.<field>=<value>. Dropout is two fields,
+--config.model.dropout (the peer's hidden_dropout_prob) and
+--config.model.attention_dropout (its attention_probs_dropout_prob).
+
+Our side is built by benchmarks/harness.py's `Bench`: the real train step (masking,
+dropout, AdamW with clipping), compiled once, not timed; MLM masks as the config says,
+MAE-LM removes the same masks from the encoder and runs the config's decoder
+(`harness.objective_config`). The peer is a `RobertaForMaskedLM` of the same depth, width,
+heads, FFN, vocabulary and dropout (hidden and attention) in train mode; one step masks
+the batch (the config's masking.mask_ratio, 15 %; 80-10-10, labels -100 elsewhere, as
+`DataCollatorForLanguageModeling` does, on the fly), runs forward with the labels and
+backward, clips the gradient norm as ours does (and as the HF Trainer does by default),
+then `AdamW.step()` (our optimiser's settings) and `zero_grad()`. Both sides train on the
+same random ids (fixed seed). After an untimed warm-up, each side runs `--repeats`
+measurements of `--steps` steps, the order rotated every repeat so that drift in the
+machine's speed hits all alike; the medians give seconds/step and tokens/s (batch x
+seq_len / step time).
 
 Targets, as throughput ratios ours / peer: MLM >= 1.5x and MAE-LM >= 1.2x. A jitted fp32
 2048x2048 matmul's GFLOP/s, measured in the same run, lets absolute times be compared
 across machines.
 
-MAE-LM's decoder defaults to max(1, encoder_layers // 3) layers at full width: the base
-model's encoder-to-decoder depth ratio (12:4), so the decoder's share of the step is the
-paper's at any encoder depth; step_time.py's fixed 4-layer decoder would be as deep as the
-default 4-layer encoder here.
+MAE-LM's decoder in configs/benchmark/peer.py has max(1, layers // 3) layers at full width:
+the base model's encoder-to-decoder depth ratio (12:4), so the decoder's share of the step
+is the paper's at any encoder depth (set it with the file's option, `peer.py:layers=12`);
+step_time.py's 4-layer decoder would be as deep as the default 4-layer encoder here.
 
 Caveats:
 - The peer's masking (a few small torch ops per step) is inside its timed step, as our
   masking is inside our compiled step.
-- Our MLM replaces all of its 15 % with [MASK] (our objective as step_time.py builds it);
-  the peer does 80-10-10. Our step masks exactly round(0.15 L) positions per sequence, the
-  peer a Bernoulli 15 %. Neither changes the amount of compute.
+- Our MLM replaces all of its 15 % with [MASK] (the default masking); the peer does
+  80-10-10. Our step masks exactly round(0.15 L) positions per sequence, the peer a
+  Bernoulli 15 %. Neither changes the amount of compute.
 - The models are not the same network: ours has a relative position bias (T5 buckets),
   RoBERTa learned absolute positions; and ours computes the output layer only at the
   masked positions, HF's at every position (B x L x vocab logits). That last one is a real
@@ -45,73 +55,52 @@ Caveats:
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 import time
 
-# Run as a plain script from anywhere: make the repository root and step_time importable.
-_BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_BENCHMARKS))
-sys.path.insert(0, _BENCHMARKS)
-
+import harness
 import jax
+import ml_collections
 import numpy as np
+from absl import app, flags
 
-import step_time
 from maelm_jax import tokenizer
 
 TARGETS = {"mlm": 1.5, "maelm": 1.2}  # minimum throughput ratio ours / peer
 
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--encoder_layers", type=int, default=4)
-    p.add_argument("--d_model", type=int, default=256)
-    p.add_argument("--num_heads", type=int, default=4)
-    p.add_argument("--d_ff", type=int, default=1024)
-    p.add_argument("--vocab_size", type=int, default=8000)
-    p.add_argument("--seq_len", type=int, default=128)
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--dropout", type=float, default=0.1,
-                   help="hidden and attention dropout, both sides (our decoder has none)")
-    p.add_argument("--decoder_layers", type=int, default=None,
-                   help="MAE-LM decoder layers at full width; default max(1, encoder_layers // 3)")
-    step_time.add_step_options(p, steps=3)
-    p.add_argument("--threads", type=int, default=os.cpu_count(),
-                   help="torch intra-op threads (XLA uses every core regardless)")
-    p.add_argument("--peer", choices=("hf", "none"), default="hf",
-                   help="none: time only our side (no torch needed)")
-    # step_time.make_config reads it; 0 = the encoder's width, as MAE-LM's decoder is.
-    p.set_defaults(decoder_d_model=0)
-    args = p.parse_args(argv)
-    if args.decoder_layers is None:
-        args.decoder_layers = max(1, args.encoder_layers // 3)
-    return args
+FLAGS = flags.FLAGS
+harness.define_config("peer.py")
+harness.define_timing_flags(steps=3)
+flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads (XLA uses every "
+                     "core regardless).", lower_bound=1)
+flags.DEFINE_enum("peer", "hf", ["hf", "none"], "none: time only our side (no torch needed).")
 
 
 class PeerBench:
-    """RobertaForMaskedLM's train step, recording times the way step_time.Bench.run does."""
+    """RobertaForMaskedLM's train step, recording times the way harness.Bench.run does.
 
-    def __init__(self, args: argparse.Namespace, tokens: np.ndarray):
+    `ours` is our MLM's config: the peer takes its encoder's sizes and dropout, its
+    vocabulary, length, masking rate and optimiser settings.
+    """
+
+    def __init__(self, ours: ml_collections.ConfigDict, tokens: np.ndarray):
         import torch
         import transformers
 
         self.torch = torch
-        ours = step_time.make_config(args, "mlm")
-        train, self.mask_ratio = ours.train, ours.masking.mask_ratio
+        train, m = ours.train, ours.model
+        self.mask_ratio = ours.masking.mask_ratio
         self.clip_norm = train.clip_norm
-        self.vocab_size = args.vocab_size
+        self.vocab_size = ours.tokenizer.vocab_size
         start = time.perf_counter()
         torch.manual_seed(0)  # initial weights and every step's masks
         config = transformers.RobertaConfig(
-            vocab_size=args.vocab_size, hidden_size=args.d_model,
-            num_hidden_layers=args.encoder_layers, num_attention_heads=args.num_heads,
-            intermediate_size=args.d_ff,
+            vocab_size=self.vocab_size, hidden_size=m.d_model, num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads, intermediate_size=m.d_ff,
             # RoBERTa numbers positions from padding_idx + 1 = 2.
-            max_position_embeddings=args.seq_len + 2,
-            hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+            max_position_embeddings=ours.data.seq_len + 2,
+            hidden_dropout_prob=m.dropout, attention_probs_dropout_prob=m.attention_dropout)
         self.model = transformers.RobertaForMaskedLM(config).train()
         self.attention = self.model.config._attn_implementation
         # Our optimiser's hyper-parameters (a constant rate: the schedule costs nothing).
@@ -152,42 +141,46 @@ class PeerBench:
             self.cpu.append(time.process_time() - cpu)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.peer == "hf":
+def main(argv) -> None:
+    del argv  # harness.parse_flags refuses stray arguments
+    config = FLAGS.config
+    configs = harness.objective_configs(config, ("mlm", "maelm"))
+    if FLAGS.peer == "hf":
         try:
             import torch
             import transformers
         except ImportError as e:
-            sys.exit(f"peer_hf.py: --peer=hf needs torch and transformers ({e}): "
-                     f"pip install -r requirements-bench.txt (or pass --peer=none)")
-        torch.set_num_threads(args.threads)
+            harness.fail(f"--peer=hf needs torch and transformers ({e}): "
+                         f"pip install -r requirements-bench.txt (or pass --peer=none)")
+        torch.set_num_threads(FLAGS.threads)
         print(f"torch {torch.__version__}, transformers {transformers.__version__}: "
               f"torch.get_num_threads() = {torch.get_num_threads()}")
     print(f"jax {jax.__version__} on {jax.default_backend()}: XLA's CPU client uses all "
           f"{os.cpu_count()} CPUs (by default; not set here)")
     print(f"load average {os.getloadavg()[0]:.1f} before starting (other work on the "
           f"machine skews the timings, torch's most)")
-    print(f"fp32 jitted 2048x2048 matmul: {step_time.matmul_gflops():.1f} GFLOP/s (median of 5)")
-    print(f"encoder {args.encoder_layers} x {args.d_model} ({args.num_heads} heads, "
-          f"FFN {args.d_ff}), MAE-LM decoder {args.decoder_layers} x {args.d_model}, "
-          f"L={args.seq_len}, batch={args.batch_size}, |V|={args.vocab_size}, "
-          f"dropout {args.dropout} (our PRNG {args.prng_impl}); "
-          f"{args.repeats} x {args.steps} timed steps per side")
+    print(f"fp32 jitted 2048x2048 matmul: {harness.matmul_gflops():.1f} GFLOP/s (median of 5)")
+    m = config.model
+    print(f"encoder {m.num_layers} x {m.d_model} ({m.num_heads} heads, FFN {m.d_ff}), "
+          f"MAE-LM decoder {m.decoder.num_layers} x {m.decoder.d_model}, "
+          f"L={config.data.seq_len}, batch={config.train.batch_size}, "
+          f"|V|={config.tokenizer.vocab_size}, dropout {m.dropout} (attention "
+          f"{m.attention_dropout}; our PRNG {config.train.prng_impl}); "
+          f"{FLAGS.repeats} x {FLAGS.steps} timed steps per side")
 
-    tokens = step_time.random_tokens(args)
+    tokens = harness.random_tokens(config)
     benches = {}
-    for objective in ("mlm", "maelm"):
-        b = benches[objective] = step_time.Bench(args, objective, tokens)
+    for objective, objective_config in configs.items():
+        b = benches[objective] = harness.Bench(objective_config, tokens)
         print(f"  {objective:5s} compiled in {b.compile_seconds:.1f} s; "
               f"n_enc={b.counts.n_enc}, k={b.counts.k}")
-    if args.peer == "hf":
-        b = benches["peer"] = PeerBench(args, tokens)
+    if FLAGS.peer == "hf":
+        b = benches["peer"] = PeerBench(configs["mlm"], tokens)
         print(f"  peer  RobertaForMaskedLM built in {b.build_seconds:.1f} s; "
               f"attention {b.attention}; {b.mask_ratio:.0%} masked per step, 80-10-10")
-    step_time.time_rotated(benches, args.warmup, args.repeats, args.steps)
+    harness.time_rotated(benches, FLAGS.warmup, FLAGS.repeats, FLAGS.steps)
 
-    tokens_per_step = args.batch_size * args.seq_len
+    tokens_per_step = config.train.batch_size * config.data.seq_len
     print()
     print(f"{'side':5s} {'params':>12s} {'ms/step':>9s} {'min ms':>9s} {'cpu ms':>9s} "
           f"{'tokens/s':>9s}")
@@ -202,13 +195,12 @@ def main(argv=None) -> int:
     print()
     if "peer" not in wall:
         print("peer: skipped (--peer=none)")
-        return 0
+        return
     for objective, target in TARGETS.items():
         ratio = wall["peer"] / wall[objective]  # tokens/s ours over tokens/s peer
         verdict = "meets" if ratio >= target else "misses"
         print(f"{objective} / peer: {ratio:.2f}x tokens/s (target >= {target}x: {verdict})")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app.run(main, flags_parser=harness.parse_flags)

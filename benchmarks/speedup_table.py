@@ -15,17 +15,13 @@ those two rows, not in our token counts.
 
 from __future__ import annotations
 
-import os
-import sys
+import pathlib
 
-# Run as a plain script from anywhere: make the repository root importable.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from maelm_jax import config as config_lib
+from maelm_jax import flops, variants
 
-from maelm_jax import config as config_lib  # noqa: E402
-from maelm_jax import flops, variants  # noqa: E402
-
-PRESETS = os.path.join(ROOT, "configs", "pretrain", "3ml.py")
+# Found from this file, so the script runs from any directory.
+PRESETS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "3ml.py"
 VOCAB = 50265  # RoBERTa's BPE, which the 3ML models use
 # (row label, baseline variant, model variant, the paper's Table 3 speedup)
 TABLE3 = (

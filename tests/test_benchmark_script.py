@@ -1,29 +1,88 @@
-"""Smoke test: benchmarks/step_time.py runs end to end at tiny sizes, as a script."""
+"""benchmarks/step_time.py as a script: it runs end to end at tiny sizes given as
+--config.<field>=<value> overrides, and a bad flag is one line on stderr and exit 1; the
+benchmarks' default config files hold the sizes their docstrings give."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax import variants
+
 from conftest import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs" / "benchmark"
+# The encoder only: MLM and 3ML (whose decoder the benchmark derives) never build the
+# config's 4 x 768 MAE-LM decoder.
+TINY = ["--config.model.num_layers=1", "--config.model.d_model=64",
+        "--config.model.num_heads=2", "--config.model.d_ff=256", "--config.data.seq_len=32",
+        "--config.train.batch_size=2", "--config.tokenizer.vocab_size=128"]
+
+
+def run_script(*flags: str) -> subprocess.CompletedProcess:
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    # Run from outside the repository: the installed package and the script's own
+    # directory are all its imports need, and its default config is found from the script.
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "step_time.py"), *flags],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_step_time_script_runs_tiny():
-    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
-    # Run from outside the repository: the script must make its own imports work.
-    result = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "step_time.py"),
-         "--encoder_layers=1", "--d_model=64", "--num_heads=2", "--seq_len=32",
-         "--batch_size=2", "--decoder_layers=1", "--decoder_d_model=32",
-         "--vocab_size=128", "--steps=2", "--warmup=0", "--repeats=1",
-         "--objectives=3ml_cross"],  # mlm always runs; maelm and 3ml_self build alike
-        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=600, check=False)
+    result = run_script(*TINY, "--steps=2", "--warmup=0", "--repeats=1",
+                        "--objectives=3ml_cross")  # mlm always runs; the others build alike
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
+    assert any(line.startswith("encoder 1 x 64 (2 heads, FFN 256)") and "L=32" in line
+               and "batch=2" in line and "|V|=128" in line for line in lines), result.stdout
     assert any(line.startswith("mlm ") for line in lines), result.stdout
     assert not any(line.startswith(("maelm ", "3ml_self ")) for line in lines)  # not asked for
     for objective in ("3ml_cross",):
         assert any(line.startswith(f"{objective} ") for line in lines), result.stdout
         ratio = [line for line in lines if line.startswith(f"{objective} / mlm ratio")]
         assert len(ratio) == 1 and "FLOPs" in ratio[0] and "relative difference" in ratio[0]
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.model.num_layerz=1",
+     "--config.model.num_layerz: no config field 'num_layerz' (Did you mean \"num_layers\""),
+    ("--objectives=mlm,nope", "unknown nope; expected some of mlm, maelm"),
+    (f"--config={CONFIGS / 'nope.py'}", "--config: [Errno 2] No such file or directory"),
+    ("--config.model.num_heads=5", "config.model.d_model: expected a multiple of"),
+])
+def test_step_time_script_bad_flag_is_one_line(flag, message):
+    result = run_script(flag)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr
+    assert result.stderr.startswith("step_time.py: ") and message in result.stderr, \
+        result.stderr
+
+
+def shape(stack) -> tuple[int, int, int, int]:
+    return stack.num_layers, stack.d_model, stack.num_heads, stack.d_ff
+
+
+def sizes(c) -> tuple[int, int, int]:
+    return c.data.seq_len, c.train.batch_size, c.tokenizer.vocab_size
+
+
+def test_benchmark_configs_hold_the_documented_sizes():
+    step = variants.load(str(CONFIGS / "step_time.py"))
+    peer = variants.load(str(CONFIGS / "peer.py"))
+    compile_time = variants.load(str(CONFIGS / "compile_time.py"))
+    for c in (step, peer, compile_time):
+        config_lib.validate(c)
+    assert shape(step.model) == shape(step.model.decoder) == (4, 768, 12, 3072)
+    assert sizes(step) == (128, 8, 32768) and step.model.dropout == 0.1
+    assert (shape(peer.model), shape(peer.model.decoder)) == ((4, 256, 4, 1024),
+                                                              (1, 256, 4, 1024))
+    assert sizes(peer) == (128, 32, 8000) and peer.model.decoder.dropout == 0.0
+    assert shape(compile_time.model) == shape(compile_time.model.decoder) == (2, 128, 2, 512)
+    assert sizes(compile_time) == (64, 4, 1024)
+    # peer.py's option sets the encoder's depth and the decoder's, max(1, layers // 3).
+    for layers, decoder_layers in ((12, 4), (2, 1)):
+        c = variants.load(f"{CONFIGS / 'peer.py'}:layers={layers}")
+        assert (c.model.num_layers, c.model.decoder.num_layers) == (layers, decoder_layers)

@@ -10,8 +10,13 @@ import pytest
 from conftest import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--encoder_layers=1", "--d_model=32", "--num_heads=2", "--d_ff=64",
-        "--vocab_size=128", "--seq_len=16", "--batch_size=2", "--steps=1", "--repeats=1"]
+# peer.py's option sets the encoder's depth and the decoder's (max(1, 1 // 3) = 1); the
+# overrides shrink both stacks' width.
+TINY = [f"--config={REPO / 'configs' / 'benchmark' / 'peer.py'}:layers=1",
+        "--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.d_ff=64",
+        "--config.model.decoder.d_model=32", "--config.model.decoder.num_heads=2",
+        "--config.model.decoder.d_ff=64", "--config.tokenizer.vocab_size=128",
+        "--config.data.seq_len=16", "--config.train.batch_size=2", "--steps=1", "--repeats=1"]
 
 
 def run_script(*flags: str, pythonpath: str = "") -> subprocess.CompletedProcess:
@@ -20,7 +25,8 @@ def run_script(*flags: str, pythonpath: str = "") -> subprocess.CompletedProcess
     env["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env["PYTHONPATH"]
-    # Run from outside the repository: the script must make its own imports work.
+    # Run from outside the repository: the installed package and the script's own
+    # directory are all its imports need.
     return subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "peer_hf.py"), *TINY, *flags],
         cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -33,6 +39,8 @@ def run_ok(*flags: str) -> list[str]:
     assert any(line.startswith("fp32 jitted 2048x2048 matmul: ") and "GFLOP/s" in line
                for line in lines), result.stdout
     assert any("XLA" in line and "CPUs" in line for line in lines), result.stdout
+    assert any(line.startswith("encoder 1 x 32 (2 heads, FFN 64), MAE-LM decoder 1 x 32,")
+               and "L=16" in line and "batch=2" in line for line in lines), result.stdout
     for side in ("mlm", "maelm"):
         assert any(line.startswith(f"{side} ") for line in lines), result.stdout
     return lines

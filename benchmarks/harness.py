@@ -1,0 +1,210 @@
+"""What the benchmarks share: the objectives derived from one config, their compiled train
+steps, rotated timing, the machine's matmul speed, and flags with one-line errors.
+
+Not a benchmark itself: step_time.py, peer_hf.py and compile_time.py import it (a script's
+own directory is on sys.path when it runs as `python benchmarks/<name>.py`). Each of them
+takes --config as main.py does (a pretraining config file[:variant] and
+--config.<field>=<value> overrides), defaulting to its own file in configs/benchmark/.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+import jax
+import ml_collections
+import numpy as np
+from absl import flags
+from ml_collections import config_flags
+
+from maelm_jax import config as config_lib
+from maelm_jax import flops as flops_lib
+from maelm_jax import sharding, tokenizer
+from maelm_jax.training import setup as setup_lib
+
+# The benchmarks' default config files, found from this file so the scripts run from any
+# directory.
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "benchmark"
+OBJECTIVES = ("mlm", "maelm", "3ml_self", "3ml_cross")
+
+
+def objective_config(config: ml_collections.ConfigDict,
+                     objective: str) -> ml_collections.ConfigDict:
+    """The validated config that `objective` is timed with, derived from `config`.
+
+    mlm: config.objective = "mlm", the config's masking (by default 15 %, all [MASK]).
+    maelm: MAE-LM with the config's masking and decoder.
+    3ml_self, 3ml_cross: 3ML Table 4's changes to the same encoder: 40 % masked, 80-10-10,
+    a 2-layer decoder at half the encoder's width (the encoder's head size, FFN 4 x its
+    width) with the encoder's dropout and attention dropout; 3ml_cross's decoder is a
+    cross decoder and both stacks are pre-LN (post-LN 3ML_cross does not train).
+
+    Raises config_lib.ConfigError (one line) for a config that does not validate.
+    """
+    c = config.copy_and_resolve_references()
+    c.objective = "mlm" if objective == "mlm" else "maelm"
+    if objective.startswith("3ml"):
+        m = c.model
+        c.masking.update(mask_ratio=0.4, mask_frac=0.8, random_frac=0.1)
+        half = m.d_model // 2
+        head_dim = m.d_model // m.num_heads
+        m.decoder.update(num_layers=2, d_model=half, d_ff=4 * half,
+                         num_heads=max(half // head_dim, 1), dropout=m.dropout,
+                         attention_dropout=m.attention_dropout)
+        if objective == "3ml_cross":
+            m.decoder.kind = "cross"
+            m.pre_ln = m.decoder.pre_ln = True
+    config_lib.validate(c)
+    return c
+
+
+def objective_configs(config: ml_collections.ConfigDict,
+                      objectives: Sequence[str]) -> dict[str, ml_collections.ConfigDict]:
+    """`objective_config` of each objective; a config that does not validate exits with
+    its one-line message before anything is compiled."""
+    try:
+        return {objective: objective_config(config, objective) for objective in objectives}
+    except config_lib.ConfigError as e:
+        fail(str(e))
+
+
+class Bench:
+    """One objective's compiled train step, its state and its FLOPs per step.
+
+    Built by `training.setup.build`, as the training loop builds it: state and step
+    sharded over a mesh (here one device, whatever config.mesh says), the state donated,
+    traced under the rules.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, tokens: np.ndarray):
+        vocab_size = config.tokenizer.vocab_size
+        self.counts = config_lib.mask_counts(config)
+        self.flops = flops_lib.step_flops(config, vocab_size)
+        trainer = setup_lib.build(config, vocab_size,
+                                  sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+        self.num_params = trainer.num_params
+        self.state = trainer.init()
+        self.tokens = jax.device_put(tokens, sharding.batch_sharding(trainer.mesh))
+        start = time.perf_counter()
+        self.step = trainer.compile_train_step()
+        self.compile_seconds = time.perf_counter() - start
+        self.wall: list[float] = []   # seconds per timed step
+        self.cpu: list[float] = []    # process CPU seconds (all threads) per step
+
+    def run(self, num_steps: int) -> None:
+        """Runs num_steps steps, recording each one's wall and process-CPU seconds.
+
+        Blocking after every step costs a dispatch round trip (microseconds against steps of
+        milliseconds or more) and gives per-step samples whose median shrugs off bursts of
+        other load on a shared machine.
+        """
+        for _ in range(num_steps):
+            wall, cpu = time.perf_counter(), time.process_time()
+            self.state, metrics = self.step(self.state, self.tokens)
+            jax.block_until_ready((self.state, metrics))
+            self.wall.append(time.perf_counter() - wall)
+            self.cpu.append(time.process_time() - cpu)
+
+
+def random_tokens(config: ml_collections.ConfigDict) -> np.ndarray:
+    """[batch, L] int32 ids from the ordinary vocabulary (ids below NUM_SPECIAL are special)."""
+    rng = np.random.default_rng(0)
+    return rng.integers(tokenizer.NUM_SPECIAL, config.tokenizer.vocab_size,
+                        (config.train.batch_size, config.data.seq_len)).astype(np.int32)
+
+
+def time_rotated(benches: dict, warmup: int, repeats: int, steps: int) -> None:
+    """Untimed warm-up steps for each, then `repeats` rounds of `steps` timed steps each,
+    rotating which goes first every round so that a slow phase of the machine is shared."""
+    for b in benches.values():
+        if warmup:
+            b.run(warmup)
+            b.wall.clear()
+            b.cpu.clear()
+    order = list(benches)
+    for r in range(repeats):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            benches[name].run(steps)
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """fp32 GFLOP/s of a jitted n x n matmul, the median of `repeats` after a warm-up: the
+    machine's speed, printed beside absolute times."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jax.numpy.float32)
+    matmul = jax.jit(jax.numpy.matmul)
+    matmul(x, x).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(x, x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+# --- flags ---------------------------------------------------------------------------------
+
+
+def define_config(file_name: str) -> None:
+    """--config (file.py[:variant], with --config.<field>=<value> overrides, as main.py's),
+    defaulting to configs/benchmark/<file_name>."""
+    try:
+        config_flags.DEFINE_config_file(
+            "config", str(CONFIGS / file_name),
+            f"Pretraining config file[:variant] with the sizes to time (default: "
+            f"configs/benchmark/{file_name}).")
+    except Exception as e:  # noqa: BLE001 - the default config file is loaded here
+        # (without --config), with the command line's overrides: whatever they raise
+        fail(_one_line(e))
+
+
+def define_timing_flags(steps: int) -> None:
+    """--steps, --warmup and --repeats: how step_time.py and peer_hf.py time each side."""
+    flags.DEFINE_integer("steps", steps, "Timed steps per measurement.", lower_bound=1)
+    flags.DEFINE_integer("warmup", 1, "Untimed steps after compiling.", lower_bound=0)
+    flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
+                         "median is reported.", lower_bound=1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl.app.run's flags_parser: a mistyped flag or config field, a bad value, a missing
+    or failing config file, or a stray argument exits 1 with one line on stderr."""
+    try:
+        rest = flags.FLAGS(argv)
+        flags.FLAGS.config.keys()  # a file that failed to load raises only when first read
+    except Exception as e:  # noqa: BLE001 - whatever the config file or override raised
+        fail(_one_line(e))
+    if len(rest) > 1:
+        fail(f"unexpected arguments: {' '.join(rest[1:])}")
+    return rest
+
+
+def fail(message: str) -> NoReturn:
+    """Exits with status 1 after one line on stderr: `<script>: <message>`."""
+    sys.exit(f"{os.path.basename(sys.argv[0])}: {message}")
+
+
+def _one_line(error: Exception) -> str:
+    """The message of a flag-parsing error on one line."""
+    text = str(error)
+    if isinstance(error, (KeyError, AttributeError)):
+        # ConfigDict's unknown field: the repr of "'field'\nDid you mean ...?".
+        if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+            text = text[1:-1]
+        field, _, hint = text.replace("\\n", "\n").replace("\\'", "'").partition("\n")
+        names = [arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--config.")]
+        named = [n for n in names if field.strip("'") in n.split(".")[1:]]
+        return (f"{named[0] if named else '--config'}: no config field {field}"
+                + (f" ({hint.strip()})" if hint.strip() else ""))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(error, OSError):  # config_flags' report of a config file it could not read
+        return "--config: " + lines[-1].split("failure to load: ")[-1]
+    if len(lines) > 1:  # a config file's own error inside config_flags' report: its last line
+        return "--config: " + re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1])
+    return text
