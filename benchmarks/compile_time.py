@@ -19,6 +19,8 @@ from __future__ import annotations
 import harness
 from absl import app, flags
 
+from maelm_jax import cli
+
 TARGET = 1.5  # scanned deepest / scanned shallowest compile time
 
 FLAGS = flags.FLAGS
@@ -36,7 +38,7 @@ def _positive_depths(depths: list[str]) -> bool:
 
 
 def main(argv) -> None:
-    del argv  # harness.parse_flags refuses stray arguments
+    del argv  # cli.tool_flags_parser refuses stray arguments
     depths = [int(d) for d in FLAGS.depths]
     config = FLAGS.config
     tokens = harness.random_tokens(config)
@@ -63,4 +65,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=harness.parse_flags)
+    app.run(main, flags_parser=cli.tool_flags_parser)

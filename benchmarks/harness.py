@@ -9,21 +9,17 @@ takes --config as main.py does (a pretraining config file[:variant] and
 
 from __future__ import annotations
 
-import os
 import pathlib
-import re
 import statistics
-import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
 
 import jax
 import ml_collections
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
+from maelm_jax import cli
 from maelm_jax import config as config_lib
 from maelm_jax import flops as flops_lib
 from maelm_jax import sharding, tokenizer
@@ -72,7 +68,7 @@ def objective_configs(config: ml_collections.ConfigDict,
     try:
         return {objective: objective_config(config, objective) for objective in objectives}
     except config_lib.ConfigError as e:
-        fail(str(e))
+        cli.fail(str(e), cli.program())
 
 
 class Bench:
@@ -154,14 +150,10 @@ def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
 def define_config(file_name: str) -> None:
     """--config (file.py[:variant], with --config.<field>=<value> overrides, as main.py's),
     defaulting to configs/benchmark/<file_name>."""
-    try:
-        config_flags.DEFINE_config_file(
-            "config", str(CONFIGS / file_name),
-            f"Pretraining config file[:variant] with the sizes to time (default: "
-            f"configs/benchmark/{file_name}).")
-    except Exception as e:  # noqa: BLE001 - the default config file is loaded here
-        # (without --config), with the command line's overrides: whatever they raise
-        fail(_one_line(e))
+    cli.define_config(
+        str(CONFIGS / file_name),
+        f"Pretraining config file[:variant] with the sizes to time (default: "
+        f"configs/benchmark/{file_name}).", prefix=cli.program())
 
 
 def define_timing_flags(steps: int) -> None:
@@ -171,40 +163,3 @@ def define_timing_flags(steps: int) -> None:
     flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
                          "median is reported.", lower_bound=1)
 
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl.app.run's flags_parser: a mistyped flag or config field, a bad value, a missing
-    or failing config file, or a stray argument exits 1 with one line on stderr."""
-    try:
-        rest = flags.FLAGS(argv)
-        flags.FLAGS.config.keys()  # a file that failed to load raises only when first read
-    except Exception as e:  # noqa: BLE001 - whatever the config file or override raised
-        fail(_one_line(e))
-    if len(rest) > 1:
-        fail(f"unexpected arguments: {' '.join(rest[1:])}")
-    return rest
-
-
-def fail(message: str) -> NoReturn:
-    """Exits with status 1 after one line on stderr: `<script>: <message>`."""
-    sys.exit(f"{os.path.basename(sys.argv[0])}: {message}")
-
-
-def _one_line(error: Exception) -> str:
-    """The message of a flag-parsing error on one line."""
-    text = str(error)
-    if isinstance(error, (KeyError, AttributeError)):
-        # ConfigDict's unknown field: the repr of "'field'\nDid you mean ...?".
-        if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
-            text = text[1:-1]
-        field, _, hint = text.replace("\\n", "\n").replace("\\'", "'").partition("\n")
-        names = [arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--config.")]
-        named = [n for n in names if field.strip("'") in n.split(".")[1:]]
-        return (f"{named[0] if named else '--config'}: no config field {field}"
-                + (f" ({hint.strip()})" if hint.strip() else ""))
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if isinstance(error, OSError):  # config_flags' report of a config file it could not read
-        return "--config: " + lines[-1].split("failure to load: ")[-1]
-    if len(lines) > 1:  # a config file's own error inside config_flags' report: its last line
-        return "--config: " + re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1])
-    return text

@@ -65,7 +65,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import tokenizer
+from maelm_jax import cli, tokenizer
 
 TARGETS = {"mlm": 1.5, "maelm": 1.2}  # minimum throughput ratio ours / peer
 
@@ -142,7 +142,7 @@ class PeerBench:
 
 
 def main(argv) -> None:
-    del argv  # harness.parse_flags refuses stray arguments
+    del argv  # cli.tool_flags_parser refuses stray arguments
     config = FLAGS.config
     configs = harness.objective_configs(config, ("mlm", "maelm"))
     if FLAGS.peer == "hf":
@@ -150,8 +150,8 @@ def main(argv) -> None:
             import torch
             import transformers
         except ImportError as e:
-            harness.fail(f"--peer=hf needs torch and transformers ({e}): "
-                         f"pip install -r requirements-bench.txt (or pass --peer=none)")
+            cli.fail(f"--peer=hf needs torch and transformers ({e}): "
+                     f"pip install -r requirements-bench.txt (or pass --peer=none)", cli.program())
         torch.set_num_threads(FLAGS.threads)
         print(f"torch {torch.__version__}, transformers {transformers.__version__}: "
               f"torch.get_num_threads() = {torch.get_num_threads()}")
@@ -203,4 +203,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=harness.parse_flags)
+    app.run(main, flags_parser=cli.tool_flags_parser)

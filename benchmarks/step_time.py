@@ -42,6 +42,8 @@ import harness
 import jax
 from absl import app, flags
 
+from maelm_jax import cli
+
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
 
 FLAGS = flags.FLAGS
@@ -61,7 +63,7 @@ def _known_objectives(chosen: list[str]) -> bool:
 
 
 def main(argv) -> None:
-    del argv  # harness.parse_flags refuses stray arguments
+    del argv  # cli.tool_flags_parser refuses stray arguments
     config = FLAGS.config
     objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:] if o in FLAGS.objectives]
     configs = harness.objective_configs(config, objectives)
@@ -114,4 +116,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=harness.parse_flags)
+    app.run(main, flags_parser=cli.tool_flags_parser)

@@ -19,20 +19,19 @@ optimiser columns as exact.
 """
 
 import math
-import sys
 
 import jax
 from absl import app, flags
-from ml_collections import config_flags
 
+from maelm_jax import cli
 from maelm_jax import config as config_lib
 from maelm_jax import sharding
 from maelm_jax.models import layers
 from maelm_jax.training import setup as setup_lib
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "configs/pretrain/base.py",
-                                "Pretraining config file[:variant], as for main.py.")
+cli.define_config("configs/pretrain/base.py", "Pretraining config file[:variant], as for "
+                  "main.py.", prefix=cli.program())
 flags.DEFINE_integer("devices", 0, "Devices to plan for when config.mesh.shape has a -1 "
                      "(default: the product of its sizes).")
 flags.DEFINE_string("remat_policies", None, "Comma-separated model.remat_policy values to "
@@ -55,29 +54,31 @@ def per_device_bytes(tree) -> int:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # cli.tool_flags_parser refuses stray arguments
     c = FLAGS.config
+    try:
+        config_lib.validate(c)
+    except config_lib.ConfigError as e:
+        cli.fail(str(e), cli.program())
     sizes = [int(s) for s in c.mesh.shape]
     devices = FLAGS.devices or math.prod(s for s in sizes if s > 0)
     if -1 in sizes and not FLAGS.devices:
-        sys.exit("plan_memory.py: config.mesh.shape has a -1; give --devices=<the number "
-                 "of devices to plan for>")
+        cli.fail("config.mesh.shape has a -1; give --devices=<the number of devices to plan "
+                 "for>", cli.program())
     # Simulated host devices (only the CPU backend reads this): set before JAX's first use.
     jax.config.update("jax_num_cpu_devices", devices)
-    config_lib.validate(c)
     if FLAGS.remat_policies == "all":
         policies = list(layers.REMAT_POLICIES)
     elif FLAGS.remat_policies:
         policies = [x.strip() for x in FLAGS.remat_policies.split(",") if x.strip()]
         unknown = sorted(set(policies) - set(layers.REMAT_POLICIES))
         if unknown:
-            sys.exit(f"plan_memory.py: --remat_policies: unknown {', '.join(unknown)}; "
-                     f"expected 'all' or some of {', '.join(layers.REMAT_POLICIES)}")
+            cli.fail(f"--remat_policies: unknown {', '.join(unknown)}; expected 'all' or "
+                     f"some of {', '.join(layers.REMAT_POLICIES)}", cli.program())
     else:
         policies = [c.model.remat_policy]
     if len(jax.devices()) < devices:
-        sys.exit(f"plan_memory.py: {devices} devices needed, {len(jax.devices())} present")
+        cli.fail(f"{devices} devices needed, {len(jax.devices())} present", cli.program())
 
     mesh = sharding.make_mesh(sizes, jax.devices()[:devices])
     sharding.check_batch(mesh, c.train.batch_size, c.train.grad_accum_steps)
@@ -107,4 +108,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.tool_flags_parser)

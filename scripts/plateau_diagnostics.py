@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
+from maelm_jax import cli
 from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding
 from maelm_jax.data import loader, pipeline
@@ -34,7 +34,7 @@ from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import setup as setup_lib
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Pretraining config file[:variant].")
+cli.define_config(None, "Pretraining config file[:variant].", prefix=cli.program())
 flags.DEFINE_string("workdir", None, "Where the tokenizer and blocks are prepared.")
 flags.DEFINE_integer("steps", 1000, "Train steps.")
 flags.DEFINE_integer("every", 250, "Print the diagnostics every this many steps.")
@@ -129,4 +129,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.tool_flags_parser)

@@ -48,9 +48,10 @@ def test_step_time_script_runs_tiny():
 
 @pytest.mark.parametrize("flag, message", [
     ("--config.model.num_layerz=1",
-     "--config.model.num_layerz: no config field 'num_layerz' (Did you mean \"num_layers\""),
+     "--config.model.num_layerz: config.model has no field 'num_layerz'; did you mean "
+     "config.model.num_layers?"),
     ("--objectives=mlm,nope", "unknown nope; expected some of mlm, maelm"),
-    (f"--config={CONFIGS / 'nope.py'}", "--config: [Errno 2] No such file or directory"),
+    (f"--config={CONFIGS / 'nope.py'}", "nope.py does not exist"),
     ("--config.model.num_heads=5", "config.model.d_model: expected a multiple of"),
 ])
 def test_step_time_script_bad_flag_is_one_line(flag, message):

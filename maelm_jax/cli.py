@@ -1,0 +1,132 @@
+"""Command lines: --config with --config.<field>=<value> overrides, and every mistake in
+them as one line on stderr and exit status 1.
+
+main.py, scripts/ and benchmarks/ all define their --config with `define_config` and parse
+with `parse_flags`, so a mistyped field, a bad value, a missing or failing config file, or
+a stray argument reads the same everywhere (`--debug` on the command line shows the
+traceback instead).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import NoReturn
+
+from absl import flags
+from ml_collections import config_flags
+
+
+def fail(message: str, prefix: str = "error") -> NoReturn:
+    """Exits with status 1 after one line on stderr: `<prefix>: <message>`."""
+    print(f"{prefix}: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def program() -> str:
+    """The running script's file name, the prefix of the tools' error lines."""
+    return os.path.basename(sys.argv[0])
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message alone, on one line: config_flags wraps a config file's own error
+    in its traceback, and ConfigDict reports an unknown field as the repr of a key."""
+    text = str(error).strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # a quoted repr
+        text = text[1:-1]
+    text = text.replace("\\n", "\n").replace("\\'", "'")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(error, OSError) and "failure to load: " in text:  # an unreadable file
+        return "--config: " + lines[-1].split("failure to load: ")[-1]
+    if "Traceback (most recent call last):" in text:
+        # The last line is "<module>.<ExceptionClass>: message"; keep the message.
+        message = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1])
+        return f"{lines[0].split(':')[0]}: {message}"
+    return " ".join(lines)
+
+
+def _config_file_error(argv: list[str]) -> str | None:
+    """A --config naming no file: config_flags would defer the error to a traceback."""
+    values = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
+    values += [argv[i + 1] for i, arg in enumerate(argv[1:-1], start=1) if arg == "--config"]
+    if not values:
+        return None
+    path = values[-1].split(":", 1)[0]
+    if not os.path.isfile(path):
+        what = "is a directory" if os.path.isdir(path) else "does not exist"
+        return (f"--config: {path} {what} (relative to {os.getcwd()}); expected a config file "
+                "such as configs/pretrain/quickstart.py")
+    return None
+
+
+def _unknown_field(argv: list[str], error: BaseException) -> str | None:
+    """An override of a field (--config.model.dropuot) or through a section
+    (--config.modle.dropout, a new source --config.data.sources.extra.kind) that the
+    config does not have: ml_collections names only the key."""
+    # KeyError / AttributeError (or absl's wrapping of them): "'key'" and maybe a hint.
+    text = str(error).strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # a quoted repr
+        text = text[1:-1]
+    text = text.replace("\\n", " ").replace("\\'", "'").replace('\\"', '"')
+    quoted = re.match(r"""'([^']+)'(?:\s*Did you mean "([^"]+)")?""", text)
+    bare = isinstance(error, KeyError) and re.fullmatch(r"([\w-]+)()", text)
+    match = quoted or bare
+    if not match:
+        return None
+    key, suggestion = match.groups()
+    for arg in argv[1:]:
+        name = arg.split("=", 1)[0]
+        parts = name.removeprefix("--config.").split(".")
+        if arg.startswith("--config.") and key in parts:
+            prefix = ".".join(["config", *parts[: parts.index(key)]])
+            if key in parts[:-1]:
+                hint = (f"; did you mean {prefix}.{suggestion}?" if suggestion else
+                        "; a new section (such as another source) needs a config file")
+            else:
+                hint = f"; did you mean {prefix}.{suggestion}?" if suggestion else ""
+            return f"{name}: {prefix} has no field {key!r}{hint}"
+    return None
+
+
+def _message(argv: list[str], error: BaseException) -> str:
+    return _unknown_field(argv, error) or one_line(error)
+
+
+def define_config(default: str | None, help_text: str, prefix: str = "error",
+                  **kwargs) -> None:
+    """Defines --config (file.py[:variant]). With a default, config_flags loads the default
+    file (and applies the command line's overrides) right here; their errors are one line."""
+    try:
+        config_flags.DEFINE_config_file("config", default, help_text, **kwargs)
+    except Exception as e:  # noqa: BLE001 - whatever the config file or an override raised
+        if "--debug" in sys.argv:
+            raise
+        fail(_message(sys.argv, e), prefix)
+
+
+def parse_flags(argv: list[str], prefix: str = "error") -> list[str]:
+    """absl.app.run's flags_parser: flag and config-override mistakes exit 1 with one line
+    `<prefix>: <message>`; so do stray arguments. Returns argv's unparsed remainder."""
+    debug = "--debug" in argv
+    message = None if debug else _config_file_error(argv)
+    if message is None:
+        try:
+            rest = flags.FLAGS(argv)
+            if "config" in flags.FLAGS:
+                flags.FLAGS.config.keys()  # a file that failed to load raises when first read
+        except Exception as e:  # noqa: BLE001 - config_flags raises whatever the file did
+            if debug:
+                raise
+            message = _message(argv, e)
+        else:
+            if len(rest) > 1:
+                message = f"unexpected arguments: {' '.join(rest[1:])}"
+            else:
+                return rest
+    fail(message, prefix)
+
+
+def tool_flags_parser(argv: list[str]) -> list[str]:
+    """parse_flags for scripts and benchmarks: their error lines start with their name."""
+    return parse_flags(argv, program())

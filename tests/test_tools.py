@@ -1,0 +1,48 @@
+"""scripts/plan_memory.py as a user runs it: main.py's --config flags, from any directory,
+one-line errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, subprocess_env
+
+TINY = str(REPO_ROOT / "tests" / "tiny_config.py")
+
+
+def plan_memory(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    # From outside the repository: the installed package, not the current directory, makes
+    # the imports work.
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "plan_memory.py"), *flags],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+
+
+def test_plan_memory_takes_config_overrides(tmp_path):
+    result = plan_memory(tmp_path, f"--config={TINY}", "--config.mesh.shape=(2,1,1)",
+                         "--config.train.batch_size=4", "--remat_policies=none,full")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "batch 4 " in out and "mesh {'data': 2, 'fsdp': 1, 'tensor': 1} = 2 devices" in out
+    assert "remat_policy=none:" in out and "remat_policy=full:" in out
+    assert out.count("activations + temporaries") == 2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--config.model.num_layerz=1"], "--config.model.num_layerz: config.model has no field "
+                                      "'num_layerz'; did you mean config.model.num_layers?"),
+    (["--config.model.dropout=3"], "config.model.dropout: expected a number in [0, 1)"),
+    (["--config=nope.py"], "nope.py does not exist"),
+    (["--remat_policies=most"], "--remat_policies: unknown most"),
+    (["--config.mesh.shape=(-1,1,1)"], "config.mesh.shape has a -1; give --devices"),
+    (["stray"], "unexpected arguments: stray"),
+])
+def test_plan_memory_bad_flags_are_one_line(tmp_path, flags, message):
+    if not any(f.startswith("--config=") for f in flags):
+        flags = [f"--config={TINY}", "--config.mesh.shape=(2,1,1)", *flags]
+    result = plan_memory(tmp_path, "--no_compile", *flags)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plan_memory.py: ") and message in lines[0], \
+        result.stderr
