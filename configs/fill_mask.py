@@ -8,9 +8,9 @@
 predictions are shown per mask (default 5).
 """
 
-from maelm_jax import fill_mask
+from maelm_jax import fill_mask, variants
 
 
 def get_config(arg: str | None = None):
-    del arg
+    variants.require_none(arg)
     return fill_mask.fill_mask_defaults()

@@ -77,6 +77,13 @@ def parse(arg: str | None, names: Sequence[str] | None, default: str,
     return name, values
 
 
+def require_none(arg: str | None) -> None:
+    """For config files that offer no variants or options: text after the colon is a
+    mistake, not something to ignore."""
+    if arg:
+        raise VariantError(f"config variant {arg!r}: this file offers no variants or options")
+
+
 def _option_of_value(value: str, options: Mapping[str, Any]) -> str:
     """The option whose fixed values include `value` (a bare item after the name)."""
     owners = [k for k, v in options.items() if isinstance(v, tuple) and value in v]

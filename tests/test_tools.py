@@ -46,3 +46,14 @@ def test_plan_memory_bad_flags_are_one_line(tmp_path, flags, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("plan_memory.py: ") and message in lines[0], \
         result.stderr
+
+
+@pytest.mark.parametrize("name", ["fill_mask.py", "analysis/rank.py", "benchmark/step_time.py",
+                                  "benchmark/compile_time.py"])
+def test_config_files_without_variants_refuse_one(name):
+    from maelm_jax import variants
+
+    path = str(REPO_ROOT / "configs" / name)
+    variants.load(path)
+    with pytest.raises(variants.VariantError, match="'oops': this file offers no variants"):
+        variants.load(path + ":oops")

@@ -12,9 +12,10 @@ kind of the pretraining config), `--config.source.kind=glue --config.source.task
 gets rank.json, rank.md, rank_layers.png (Fig. 1(a)) and rank_mask.png (Fig. 1(b)).
 """
 
+from maelm_jax import variants
 from maelm_jax.analysis import config as config_lib
 
 
 def get_config(arg: str | None = None):
-    del arg
+    variants.require_none(arg)
     return config_lib.rank_defaults()

@@ -8,21 +8,11 @@ vocabulary, a 2-layer MAE-LM decoder at full width. The benchmark sets the encod
 (model.num_layers) and model.scan_layers itself, from --depths and for both layouts.
 """
 
-from maelm_jax import config as config_lib
+from configs import benchmark
 from maelm_jax import variants
 
 
 def get_config(arg: str | None = None):
-    if arg:
-        raise variants.VariantError(f"config variant {arg!r}: this file has no variants "
-                                    "or options")
-    c = config_lib.pretrain_defaults()
-    c.tokenizer.vocab_size = 1024
-    c.data.seq_len = 64
-    c.train.batch_size = 4
-    m = c.model
-    m.num_layers, m.d_model, m.num_heads, m.d_ff = 2, 128, 2, 512
-    m.dropout = m.attention_dropout = 0.1
-    d = m.decoder
-    d.num_layers, d.d_model, d.num_heads, d.d_ff = 2, 128, 2, 512
-    return c
+    variants.require_none(arg)
+    return benchmark.sized(vocab_size=1024, seq_len=64, batch_size=4,
+                           encoder=(2, 128, 2, 512), decoder=(2, 128, 2, 512))

@@ -12,7 +12,7 @@ encoder's depth and the decoder's with it; --config.model.num_layers alone chang
 encoder.
 """
 
-from maelm_jax import config as config_lib
+from configs import benchmark
 from maelm_jax import variants
 
 
@@ -24,14 +24,6 @@ def get_config(arg: str | None = None):
     layers = options["layers"]
     if layers < 1:
         raise variants.VariantError(f"variant option layers: expected >= 1, got {layers}")
-    c = config_lib.pretrain_defaults()
-    c.tokenizer.vocab_size = 8000
-    c.data.seq_len = 128
-    c.train.batch_size = 32
-    m = c.model
-    m.num_layers, m.d_model, m.num_heads, m.d_ff = layers, 256, 4, 1024
-    m.dropout = m.attention_dropout = 0.1
-    d = m.decoder
-    d.num_layers, d.d_model, d.num_heads, d.d_ff = max(1, layers // 3), 256, 4, 1024
-    d.dropout = d.attention_dropout = 0.0
-    return c
+    return benchmark.sized(vocab_size=8000, seq_len=128, batch_size=32,
+                           encoder=(layers, 256, 4, 1024),
+                           decoder=(max(1, layers // 3), 256, 4, 1024))

@@ -10,22 +10,11 @@ without dropout. The benchmark derives the MLM and 3ML models from this one (see
 docstring).
 """
 
-from maelm_jax import config as config_lib
+from configs import benchmark
 from maelm_jax import variants
 
 
 def get_config(arg: str | None = None):
-    if arg:
-        raise variants.VariantError(f"config variant {arg!r}: this file has no variants "
-                                    "or options")
-    c = config_lib.pretrain_defaults()
-    c.tokenizer.vocab_size = 32768
-    c.data.seq_len = 128
-    c.train.batch_size = 8
-    m = c.model
-    m.num_layers, m.d_model, m.num_heads, m.d_ff = 4, 768, 12, 3072
-    m.dropout = m.attention_dropout = 0.1
-    d = m.decoder
-    d.num_layers, d.d_model, d.num_heads, d.d_ff = 4, 768, 12, 3072
-    d.dropout = d.attention_dropout = 0.0
-    return c
+    variants.require_none(arg)
+    return benchmark.sized(vocab_size=32768, seq_len=128, batch_size=8,
+                           encoder=(4, 768, 12, 3072), decoder=(4, 768, 12, 3072))
