@@ -36,7 +36,8 @@ config_flags.DEFINE_config_file(
     "config", None, "Config file (file.py or file.py:variant).", lock_config=False,
     accept_new_attributes=True,
 )
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data.")
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data: a "
+                    "local path or a bucket's gs://bucket/path.")
 flags.DEFINE_bool("allow_config_change", False, "Continue a workdir's run even though the "
                   "config changes fields that its checkpoints depend on.")
 flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and data errors.")

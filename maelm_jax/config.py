@@ -216,10 +216,11 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     current directory: a run started from another directory, or resumed, reads the same
     files, and libraries that need absolute paths (orbax) get them."""
     resolved = schema.resolve_paths(config, FIELDS)
-    for source in resolved.data.sources.values():
+    for name, source in resolved.data.sources.items():
         for field in _SOURCE_PATH_FIELDS:
             if isinstance(source, (dict, ml_collections.ConfigDict)) and source.get(field):
-                source[field] = schema.absolute_spec(source[field])
+                source[field] = schema.absolute_spec(source[field],
+                                                     f"config.data.sources.{name}.{field}")
     return resolved
 
 

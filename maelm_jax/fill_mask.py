@@ -14,7 +14,6 @@ encoder reads ``<mask>`` there. The workdir is only read. A pretraining run with
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any, Sequence
 
 import jax
@@ -22,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import errors, masking, schema
+from maelm_jax import errors, masking, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import inputs
 from maelm_jax.finetune import loading
@@ -215,19 +214,19 @@ def _decode(ids: list[int], tok: tokenizer_lib.Tokenizer) -> str:
     return text
 
 
-def write_examples(workdir: pathlib.Path, examples: list[Filled],
+def write_examples(workdir: paths.Path, examples: list[Filled],
                    tok: tokenizer_lib.Tokenizer, step: int) -> str:
     """Writes <workdir>/fill_mask.md and returns its text."""
     text = (f"# Fill-mask on held-out blocks, step {step}\n\n"
             + "\n\n".join(f"```\n{format_filled(f, tok)}\n```" for f in examples) + "\n")
-    (workdir / EXAMPLES_FILE).write_text(text)
+    paths.write_text(workdir / EXAMPLES_FILE, text)
     return text
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> list[Filled]:
     """The fill-mask command: prints each text's predictions."""
     schema.check(config, FIELDS, fill_mask_defaults(), FillMaskError)
-    masker = FillMasker.from_workdir(str(pathlib.Path(workdir).expanduser().absolute()))
+    masker = FillMasker.from_workdir(str(paths.resolve(workdir, "--workdir")))
     results = []
     for text in _texts(config.text):
         ids, masked = masker.encode_text(text)

@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 from typing import Any, Callable, Mapping
 
 import ml_collections
+
+from maelm_jax import paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,19 +224,14 @@ def check(config: Any, table: Mapping[str, Field], defaults: Any,
             raise error(f"config.{name}: expected {field.expected}, got {value!r}")
 
 
-def absolute(value: str) -> str:
-    """An absolute local path (``~`` expanded); URLs such as ``gs://`` and "" unchanged."""
-    if not value or "://" in value:
-        return value
-    return os.path.abspath(os.path.expanduser(value))
-
-
-def absolute_spec(value: Any) -> Any:
-    """A path spec that may be comma-separated or a list (corpus sources), made absolute."""
+def absolute_spec(value: Any, field: str) -> Any:
+    """A path spec that may be comma-separated or a list (corpus sources), each part made
+    absolute (`paths.absolute`; URIs such as ``gs://`` unchanged)."""
     if isinstance(value, str):
-        return ",".join(absolute(part.strip()) for part in value.split(",") if part.strip())
+        return ",".join(paths.absolute(part.strip(), field) for part in value.split(",")
+                        if part.strip())
     if isinstance(value, (list, tuple)):
-        return type(value)(absolute(str(part)) for part in value)
+        return type(value)(paths.absolute(str(part), field) for part in value)
     return value
 
 
@@ -251,5 +247,5 @@ def resolve_paths(config: ml_collections.ConfigDict,
             node = resolved
             for part in holder.split(".") if holder else ():
                 node = node[part]
-            node[leaf] = absolute(value)
+            node[leaf] = paths.absolute(value, f"config.{name}")
     return resolved

@@ -8,18 +8,20 @@ checkpoint and a tokenizer can be checked against each other:
 ``<mask>`` is a SentencePiece *user-defined* symbol: a literal ``<mask>`` in text encodes
 to ``MASK_ID`` (as in RoBERTa's tokenizer), which fill-mask demos rely on. BOS and EOS are
 control symbols, never produced from text; the packer adds them.
+
+A model file may be local or in a bucket (``gs://``): it is read and written as bytes
+through `maelm_jax.paths`, never by SentencePiece's own file access.
 """
 
+import io
 import os
 import random
-import shutil
-import tempfile
 from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 from absl import logging
 
-from maelm_jax import errors
+from maelm_jax import errors, paths
 
 PAD_ID = 0
 BOS_ID = 1
@@ -69,6 +71,12 @@ class Tokenizer:
         """Text of one id sequence, or a list of texts for a batch of sequences."""
         return self._sp.decode(_as_int_lists(ids))
 
+    def encode_with_offsets(self, texts: Sequence[str]) -> list[dict]:
+        """Per text {"ids": [...], "offsets": [(start, end), ...]}: each piece's character
+        span in the original text, whatever the normaliser did (SentencePiece's
+        offset mapping)."""
+        return self._sp.encode(list(texts), return_type="offset_mapping", num_threads=-1)
+
     def id_to_piece(self, token_id: int) -> str:
         """The piece string of one id (``"<mask>"`` for ``MASK_ID``)."""
         return self._sp.id_to_piece(int(token_id))
@@ -79,14 +87,15 @@ class Tokenizer:
 
 def load_tokenizer(path: str) -> Tokenizer:
     """Loads a ``.model`` file and checks that the special tokens have the ids above."""
-    if not os.path.isfile(path):
+    file = paths.Path(path)
+    if not file.is_file():
         raise TokenizerError(f"tokenizer model {path!r} does not exist")
     processor = spm.SentencePieceProcessor()
     try:
-        processor.load(path)
-    except (OSError, RuntimeError) as e:
-        raise TokenizerError(f"tokenizer model {path!r} is not a SentencePiece model: "
-                             f"{str(e).splitlines()[0] if str(e) else e!r}") from None
+        processor.LoadFromSerializedProto(file.read_bytes())
+    except RuntimeError:
+        raise TokenizerError(f"tokenizer model {path!r} is not a SentencePiece model (it does "
+                             "not parse as one)") from None
     for token_id, piece in enumerate(SPECIAL_TOKENS):
         actual_id = processor.piece_to_id(piece)
         # piece_to_id returns the unk id for a missing piece, hence the reverse check.
@@ -106,7 +115,8 @@ def train_tokenizer(documents: Iterable[str], model_prefix_or_path: str, vocab_s
 
     Args:
       documents: texts; each is split into lines, the lines are the training sentences.
-      model_prefix_or_path: ``"dir/spm"`` or ``"dir/spm.model"``; writes ``dir/spm.model``.
+      model_prefix_or_path: ``"dir/spm"`` or ``"dir/spm.model"``; writes ``dir/spm.model``
+        (``dir`` may be in a bucket).
       vocab_size: total pieces, including the 5 special tokens and 256 byte pieces
         (``byte_fallback``: text outside the vocabulary becomes bytes, not ``<unk>``).
       model_type: "bpe" or "unigram".
@@ -128,22 +138,15 @@ def train_tokenizer(documents: Iterable[str], model_prefix_or_path: str, vocab_s
         raise TokenizerError(f"vocab_size: expected at least {min_vocab} (5 special tokens + "
                              f"256 byte pieces + 1), got {vocab_size}")
     model_path = _model_path(model_prefix_or_path)
-    directory = os.path.dirname(os.path.abspath(model_path))
-    os.makedirs(directory, exist_ok=True)
-    # Train into a temporary directory beside the target, then rename: readers never see a
-    # half-written model, and os.replace is atomic within one file system.
-    tmp_dir = tempfile.mkdtemp(prefix=".spm-train-", dir=directory)
+    model = io.BytesIO()  # SentencePiece writes the model here, never to a file
     try:
-        tmp_path = os.path.join(tmp_dir, os.path.basename(model_path))
-        with open(tmp_path, "wb") as writer:
-            _train(_sample_sentences(documents, max_sentences, seed), writer, vocab_size,
-                   model_type, lowercase, num_threads or os.cpu_count() or 1)
-        os.replace(tmp_path, model_path)
+        _train(_sample_sentences(documents, max_sentences, seed), model, vocab_size,
+               model_type, lowercase, num_threads or os.cpu_count() or 1)
     except RuntimeError as e:  # SentencePiece reports bad settings as RuntimeError
         raise TokenizerError(f"training tokenizer {model_path!r} failed: "
                              f"{str(e).splitlines()[0]}") from None
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+    # Readers never see a half-written model.
+    paths.write_atomically(paths.Path(model_path), model.getvalue())
     return load_tokenizer(model_path)
 
 

@@ -1,6 +1,7 @@
 """Packing into blocks of exactly L, reuse of prepared data, and the resumable loader."""
 
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -54,9 +55,9 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
 
     # Same settings: the same directory is reused, untouched.
     meta = data.directory / "meta.json"
-    mtime = meta.stat().st_mtime_ns
+    mtime = os.stat(meta).st_mtime_ns
     again = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
-    assert again.directory == data.directory and meta.stat().st_mtime_ns == mtime
+    assert again.directory == data.directory and os.stat(meta).st_mtime_ns == mtime
     # Mixing weights come from the config, never from the cache (whose key leaves them
     # out): a second source and a new weight reuse the same blocks with the new mixture.
     assert data.weights == {"main": 1.0}

@@ -23,7 +23,7 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import errors, schema, sharding
+from maelm_jax import errors, paths, schema, sharding
 from maelm_jax.data import sources
 
 CORPUS_KINDS = ("builtin", *sources.FILE_KINDS, "tfds")
@@ -120,8 +120,8 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     """A copy whose run and source paths are absolute against the current directory."""
     c = config.copy_and_resolve_references()
     with c.ignore_type():
-        c.runs = [schema.absolute(path) for path in runs(c)]
+        c.runs = [paths.absolute(path, "config.runs") for path in runs(c)]
     for name in ("path", "data_dir"):
         if isinstance(c.source.get(name), (str, list, tuple)):
-            c.source[name] = schema.absolute_spec(c.source[name])
+            c.source[name] = schema.absolute_spec(c.source[name], f"config.source.{name}")
     return c

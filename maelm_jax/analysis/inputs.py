@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import pathlib
 from typing import Iterable, Sequence
 
 import ml_collections
 import numpy as np
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import masking, schema
+from maelm_jax import masking, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.data import packing, sources
@@ -51,14 +50,14 @@ def default_seq_len(run_cfg: ml_collections.ConfigDict, max_positions: int) -> i
     return int(run_cfg.data.seq_len)
 
 
-def validation_blocks(workdir: pathlib.Path, run_cfg: ml_collections.ConfigDict,
+def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
                       tok: tokenizer_lib.Tokenizer) -> tuple[int, Iterable[np.ndarray]]:
     """(L, the pretraining run's validation blocks in eval order: all sources, each
     memory-mapped and read only as far as the analysis goes)."""
     d = run_cfg.data
-    cache_dir = pathlib.Path(d.cache_dir or workdir / "data")
+    cache_dir = paths.Path(d.cache_dir or workdir / "data")
     prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
-                if json.loads(p.read_text()).get("seq_len") == d.seq_len]
+                if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
     try:  # the fingerprint the run prepared its data under (its corpus may have moved)
         fingerprint = packing.data_fingerprint(
             {name: sources.source_fingerprint(s) for name, s in d.sources.items()},
@@ -142,7 +141,7 @@ def finetune_dev(run_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenize
                     tfds_dataset=d.tfds_name, tfds_data_dir=d.tfds_data_dir)
 
 
-def sequences(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+def sequences(config: ml_collections.ConfigDict, workdir: paths.Path,
               run_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
               seq_len: int, num_tokens: int) -> Iterable[np.ndarray]:
     """The held-out sequences config.source names, for one run (each at most seq_len)."""

@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import io
 import json
-import pathlib
+
+from maelm_jax import paths
 
 JSON_FILE = "rank.json"
 MARKDOWN_FILE = "rank.md"
@@ -19,8 +21,8 @@ LAYERS_PLOT = "rank_layers.png"
 MASK_PLOT = "rank_mask.png"
 
 
-def write_json(path: pathlib.Path, report: dict) -> None:
-    path.write_text(json.dumps(report, indent=2) + "\n")
+def write_json(path: paths.Path, report: dict) -> None:
+    paths.write_text(path, json.dumps(report, indent=2) + "\n")
 
 
 def markdown(report: dict) -> str:
@@ -55,7 +57,7 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict, layers_path: pathlib.Path, mask_path: pathlib.Path) -> None:
+def plot(report: dict, layers_path: paths.Path, mask_path: paths.Path) -> None:
     """Fig. 1(a) and 1(b): layers on x, rank_tau on y, one colour per run."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     from matplotlib.ticker import MaxNLocator
@@ -84,14 +86,16 @@ def plot(report: dict, layers_path: pathlib.Path, mask_path: pathlib.Path) -> No
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-        fig.savefig(path, dpi=120)
+        png = io.BytesIO()  # matplotlib writes local files only; the path may be a bucket's
+        fig.savefig(png, format="png", dpi=120)
+        path.write_bytes(png.getvalue())
 
 
-def write(workdir: pathlib.Path, report: dict) -> list[pathlib.Path]:
+def write(workdir: paths.Path, report: dict) -> list[paths.Path]:
     """All outputs into workdir; returns their paths."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    paths = [workdir / name for name in (JSON_FILE, MARKDOWN_FILE, LAYERS_PLOT, MASK_PLOT)]
-    write_json(paths[0], report)
-    paths[1].write_text(markdown(report) + "\n")
-    plot(report, paths[2], paths[3])
-    return paths
+    paths.make_dirs(workdir)
+    written = [workdir / name for name in (JSON_FILE, MARKDOWN_FILE, LAYERS_PLOT, MASK_PLOT)]
+    write_json(written[0], report)
+    paths.write_text(written[1], markdown(report) + "\n")
+    plot(report, written[2], written[3])
+    return written

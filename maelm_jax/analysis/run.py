@@ -8,7 +8,6 @@ the plots in workdir (report.py). Nothing is written into the analysed runs' wor
 
 from __future__ import annotations
 
-import pathlib
 import time
 
 import flax.linen as nn
@@ -18,7 +17,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, errors, schema, sharding
+from maelm_jax import distributed, errors, paths, sharding
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.analysis import inputs, rank, report
 from maelm_jax.finetune import loading
@@ -32,26 +31,26 @@ def _as_runs_error(error: errors.UserError) -> config_lib.RankConfigError:
     return config_lib.RankConfigError(str(error).replace("config.init_from", "config.runs", 1))
 
 
-def _resolve(path: str) -> tuple[pathlib.Path, pathlib.Path]:
+def _resolve(path: str) -> tuple[paths.Path, paths.Path]:
     try:
         return loading.resolve_checkpoint(path)
     except errors.UserError as e:
         raise _as_runs_error(e) from None
 
 
-def _labels(paths: list[str]) -> list[str]:
+def _labels(runs: list[str]) -> list[str]:
     """Short names for tables and legends: the workdir's name (with @<step> for a
     checkpoint), made unique by its parent when two runs share it."""
-    def name(path: pathlib.Path, parents: int) -> str:
+    def name(path: paths.Path, parents: int) -> str:
         if path.parent.name == loading.CHECKPOINTS:
             return f"{name(path.parent.parent, parents)}@{path.name}"
         return "/".join(path.parts[-1 - parents:])
 
     for parents in range(8):
-        labels = [name(pathlib.Path(p), parents) for p in paths]
+        labels = [name(paths.Path(p), parents) for p in runs]
         if len(set(labels)) == len(labels):
             return labels
-    return list(paths)
+    return list(runs)
 
 
 def _source_description(source: ml_collections.ConfigDict) -> str:
@@ -148,7 +147,7 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
     the report (what rank.json holds)."""
     config_lib.validate(config)
     config = config_lib.resolve_paths(config)
-    out_dir = pathlib.Path(schema.absolute(str(workdir)))
+    out_dir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(out_dir)
     mesh = finetune_train.make_mesh(config.mesh.shape)  # fixed sizes: the first devices
     rules = sharding.rules_from_config(config.sharding_rules)
@@ -157,11 +156,11 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise config_lib.RankConfigError(
             f"config.batch_size: {config.batch_size} sequences do not split over the "
             f"data-parallel size {dp} (mesh data x fsdp)")
-    paths = config_lib.runs(config)
-    for path in paths:  # every run is checked before the first one is analysed
+    runs = config_lib.runs(config)
+    for path in runs:  # every run is checked before the first one is analysed
         _resolve(path)
     results = [_analyse_run(config, path, label, mesh, rules)
-               for path, label in zip(paths, _labels(paths))]
+               for path, label in zip(runs, _labels(runs))]
     out = {
         "tau": config.tau,
         "mask_ratio": config.mask_ratio,

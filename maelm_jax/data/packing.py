@@ -10,6 +10,11 @@ exact resumption free. Documents are assigned to the validation split by a hash 
 text, so the split does not depend on corpus order. Preparation writes into a temporary
 directory and renames it when complete, so an interrupted run never leaves data that a
 later run would trust.
+
+The cache may be in a bucket (``gs://``). Blocks are then packed in a local temporary
+directory and uploaded with ``meta.json`` last (its presence is what marks a set as
+complete), and every process reads the arrays whole into memory, since a bucket's
+object cannot be memory-mapped.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors
+from maelm_jax import errors, paths
 from maelm_jax import tokenizer as tokenizer_lib
 
 FORMAT_VERSION = 1
@@ -153,33 +158,29 @@ def pack_source(
 
 @dataclasses.dataclass(frozen=True)
 class PreparedData:
-    """Memory-mapped blocks of every source, each [num_blocks, seq_len]."""
+    """Memory-mapped blocks of every source, each [num_blocks, seq_len] (read into memory
+    when the directory is in a bucket)."""
 
-    directory: pathlib.Path
+    directory: paths.Path
     seq_len: int
     train: dict[str, np.ndarray]
     valid: dict[str, np.ndarray]
     weights: dict[str, float]
 
     @classmethod
-    def load(cls, directory: pathlib.Path,
+    def load(cls, directory: paths.Path,
              weights: dict[str, float] | None = None) -> "PreparedData":
         """The blocks in `directory`, mixed by `weights` (the config's; every source 1.0
         when None). The cache never decides the mixture: its key leaves the weights out."""
-        meta = json.loads((directory / "meta.json").read_text())
+        meta = json.loads(paths.read_text(directory / "meta.json"))
         dtype, L = np.dtype(meta["dtype"]), meta["seq_len"]
 
         def open_split(split):
             arrays = {}
             for name, stats in meta["sources"].items():
                 n = stats[f"{split}_blocks"]
-                arrays[name] = (
-                    np.memmap(
-                        directory / f"{split}_{name}.bin", dtype=dtype, mode="r", shape=(n, L)
-                    )
-                    if n
-                    else np.zeros((0, L), dtype)
-                )
+                arrays[name] = (_read_blocks(directory / f"{split}_{name}.bin", dtype, n, L)
+                                if n else np.zeros((0, L), dtype))
             return arrays
 
         return cls(
@@ -191,6 +192,14 @@ class PreparedData:
         )
 
 
+def _read_blocks(path: paths.Path, dtype: np.dtype, n: int, seq_len: int) -> np.ndarray:
+    """[n, seq_len] blocks, read-only: memory-mapped from a local file, or read whole from
+    a bucket (every process then holds a copy)."""
+    if paths.is_local(path):
+        return np.memmap(path, dtype=dtype, mode="r", shape=(n, seq_len))
+    return np.frombuffer(path.read_bytes(), dtype=dtype).reshape(n, seq_len)
+
+
 def data_fingerprint(
     source_fingerprints: dict[str, str],
     tokenizer_path: str,
@@ -199,7 +208,7 @@ def data_fingerprint(
 ) -> str:
     """Everything the prepared blocks depend on, hashed."""
     h = hashlib.sha256()
-    h.update(pathlib.Path(tokenizer_path).read_bytes())
+    h.update(paths.Path(tokenizer_path).read_bytes())
     h.update(
         json.dumps(
             {
@@ -220,7 +229,7 @@ def prepare(
     tok: tokenizer_lib.Tokenizer,
     seq_len: int,
     validation_fraction: float,
-    cache_dir: pathlib.Path,
+    cache_dir: paths.Path,
 ) -> PreparedData:
     """Packs every source (name -> (documents, weight)) unless already prepared.
 
@@ -237,8 +246,11 @@ def prepare(
     if (final / "meta.json").exists():
         logging.info("reusing prepared data in %s", final)
         return PreparedData.load(final, weights)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir))
+    local = paths.is_local(cache_dir)
+    paths.make_dirs(cache_dir)
+    # Packed beside the final directory, which one rename then completes; for a cache in a
+    # bucket, on local disk and then uploaded.
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir if local else None))
     try:
         meta = {
             "format": FORMAT_VERSION,
@@ -260,7 +272,11 @@ def prepare(
                 f"data.seq_len={seq_len} was held out; raise it or add text"
             )
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, final)
+        if local:
+            os.replace(tmp, final)
+        else:  # meta.json last: a set without it is incomplete and is prepared again
+            for file in sorted(tmp.iterdir(), key=lambda f: f.name == "meta.json"):
+                paths.upload(file, final / file.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PreparedData.load(final, weights)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import pathlib
 
 import ml_collections
 from absl import logging
 
+from maelm_jax import paths
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, sources
 
@@ -31,7 +31,7 @@ def _documents(config: ml_collections.ConfigDict, name: str, stats: sources.Read
 
 
 def setup_tokenizer(
-    config: ml_collections.ConfigDict, workdir: pathlib.Path
+    config: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tokenizer_lib.Tokenizer:
     """The configured model file, else the workdir's, else one trained on the sources."""
     tok_cfg = config.tokenizer
@@ -72,10 +72,10 @@ def setup_tokenizer(
 
 
 def prepare_data(
-    config: ml_collections.ConfigDict, workdir: pathlib.Path, tok: tokenizer_lib.Tokenizer
+    config: ml_collections.ConfigDict, workdir: paths.Path, tok: tokenizer_lib.Tokenizer
 ) -> packing.PreparedData:
     """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
-    cache_dir = pathlib.Path(config.data.cache_dir or workdir / "data")
+    cache_dir = paths.Path(config.data.cache_dir or workdir / "data")
     stats = {name: sources.ReadStats() for name in config.data.sources}
     inputs = {
         name: (_documents(config, name, stats[name]),

@@ -20,7 +20,8 @@ kind               fields (default)
 =================  ==========================================================================
 
 ``path`` is a file, a directory (all its files, recursively, hidden files skipped), a glob
-(``**`` allowed) or several of those separated by commas (or a list). Files are read as
+(``**`` allowed) or several of those separated by commas (or a list), local or in a
+bucket (``gs://bucket/corpus/*.txt``). Files are read as
 UTF-8, line by line, so a multi-GB file is never held in memory; invalid bytes are either
 replaced by U+FFFD and counted (``encoding_errors="replace"``) or fatal (``"strict"``).
 TFDS sources read through ``tfds.data_source`` (ArrayRecord random access), which needs no
@@ -37,7 +38,6 @@ tokenise or pack. Both are counted in ``ReadStats`` and logged by the preparatio
 
 import codecs
 import dataclasses
-import glob
 import hashlib
 import json
 import logging
@@ -46,7 +46,7 @@ import platform
 import re
 from typing import Any, Iterable, Iterator, Mapping
 
-from maelm_jax import errors
+from maelm_jax import errors, paths
 from maelm_jax.data import builtin_corpus
 
 ENCODING_ERRORS = ("replace", "strict")
@@ -264,21 +264,22 @@ def resolve_paths(path: str | Iterable[str], field_name: str = "path") -> list[s
     are dropped. Raises SourceError for a spec that matches nothing.
     """
     specs = path.split(",") if isinstance(path, str) else list(path)
-    specs = [os.path.expanduser(str(s).strip()) for s in specs if str(s).strip()]
+    specs = [str(s).strip() for s in specs if str(s).strip()]
+    specs = [s if paths.is_uri(s) else os.path.expanduser(s) for s in specs]
     if not specs:
         raise SourceError(f"{field_name}: expected a file, directory or glob, got {path!r}")
     files: dict[str, None] = {}  # an ordered set
     for spec in specs:
         if _GLOB_CHARS.search(spec):
-            matches = sorted(glob.glob(spec, recursive=True))
+            matches = sorted(paths.glob(spec))
             if not matches:
                 raise SourceError(f"{field_name}: no file matches the glob {spec!r}")
-        elif os.path.exists(spec):
+        elif paths.Path(spec).exists():
             matches = [spec]
         else:
             raise SourceError(f"{field_name}: no such file or directory {spec!r}")
-        spec_files = [file for match in matches
-                      for file in (_files_under(match) if os.path.isdir(match) else [match])]
+        spec_files = [file for match in matches for file in (
+            _files_under(match) if paths.Path(match).is_dir() else [match])]
         if not spec_files:
             raise SourceError(f"{field_name}: {spec!r} contains no files")
         files.update(dict.fromkeys(spec_files))
@@ -286,8 +287,17 @@ def resolve_paths(path: str | Iterable[str], field_name: str = "path") -> list[s
 
 
 def _files_under(directory: str) -> Iterator[str]:
+    """Files below `directory` in os.walk's order (a directory's files, then its
+    subdirectories), each level sorted; hidden entries (.git, .DS_Store) are not data."""
+    if paths.is_uri(directory):
+        root = paths.Path(directory)
+        found = [f.relative_to(root).parts for f in paths.files_under(root)]
+        # The same order as os.walk below: at each level, files before subdirectories.
+        found.sort(key=lambda parts: [(1, d) for d in parts[:-1]] + [(0, parts[-1])])
+        yield from (os.fspath(root.joinpath(*parts)) for parts in found
+                    if not any(part.startswith(".") for part in parts))
+        return
     for dirpath, dirnames, filenames in os.walk(directory):
-        # Sorted for a deterministic order; hidden entries (.git, .DS_Store) are not data.
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             if not name.startswith("."):
@@ -295,18 +305,22 @@ def _files_under(directory: str) -> Iterator[str]:
 
 
 def _check_readable(path: str, field_name: str) -> None:
-    if not os.path.isfile(path):
+    file = paths.Path(path)
+    if not file.is_file():
         raise SourceError(f"{field_name}: {path!r} is not a regular file")
     try:
-        with open(path, "rb") as f:
+        with file.open("rb") as f:
             empty = not f.read(1)
     except OSError as e:
-        raise SourceError(f"{field_name}: cannot read {path!r}: {e.strerror}") from None
+        raise SourceError(f"{field_name}: cannot read {path!r}: {e.strerror or e}") from None
     if empty:
         raise SourceError(f"{field_name}: file {path!r} is empty")
 
 
 def _file_identity(path: str) -> list[Any]:
+    """[absolute path, size, version]: what tells that a file changed."""
+    if paths.is_uri(path):
+        return paths.object_identity(path)
     stat = os.stat(path)
     return [os.path.abspath(path), stat.st_size, stat.st_mtime_ns]
 
@@ -337,7 +351,7 @@ def _raw_documents(settings: dict[str, Any], encoding_errors: str,
 def _read_lines(path: str, encoding_errors: str, stats: ReadStats) -> Iterator[tuple[int, str]]:
     """Yields (1-based line number, line without its newline), streaming the file."""
     replaced_before = stats.replaced
-    with open(path, "rb") as f:
+    with paths.Path(path).open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8):]  # a BOM is an encoding mark, not text

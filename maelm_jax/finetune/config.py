@@ -8,11 +8,9 @@ of the 3ML paper, Appendix B; a single run uses one point of its grid, a sweep
 
 from __future__ import annotations
 
-import pathlib
-
 import ml_collections
 
-from maelm_jax import errors, schema, sharding
+from maelm_jax import errors, paths, schema, sharding
 from maelm_jax.finetune import glue
 
 SQUAD_TASKS = ("squad",)
@@ -266,13 +264,13 @@ def resolve_paths(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def prepare(c: ml_collections.ConfigDict,
-            workdir: str) -> tuple[ml_collections.ConfigDict, pathlib.Path]:
+            workdir: str) -> tuple[ml_collections.ConfigDict, paths.Path]:
     """What every fine-tuning entry (a single run, a sweep) does first: validates `c` and
     returns it with absolute paths, and the workdir as an absolute path. Relative paths
     mean the current directory; they are made absolute once, here (orbax needs absolute
     checkpoint paths, and config.json records them)."""
     validate(c)
-    return resolve_paths(c), pathlib.Path(schema.absolute(str(workdir)))
+    return resolve_paths(c), paths.resolve(workdir, "--workdir")
 
 
 def _require(cond: bool, field: str, expected: str, got) -> None:

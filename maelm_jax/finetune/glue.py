@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import os
+import io
 import sys
 from collections.abc import Sequence
 
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors
+from maelm_jax import errors, paths
 
 # Sentences in GLUE are never this long, but csv's default limit (128K) is near what a
 # QQP row with a stray quote can reach under QUOTE_NONE.
@@ -147,15 +147,15 @@ class GlueExamples:
         return GlueExamples([t[:n] for t in self.texts], self.labels[:n], self.index[:n])
 
 
-def task_dir(data_dir: str, task: Task) -> str:
+def task_dir(data_dir: str, task: Task) -> paths.Path:
     """<data_dir>/<TASK> when it exists (the standard download), else data_dir itself."""
-    nested = os.path.join(data_dir, task.name)
-    return nested if os.path.isdir(nested) else data_dir
+    nested = paths.Path(data_dir) / task.name
+    return nested if nested.is_dir() else paths.Path(data_dir)
 
 
-def tsv_path(data_dir: str, task: Task, split: str) -> str:
+def tsv_path(data_dir: str, task: Task, split: str) -> paths.Path:
     stem, _, _ = task.split_info(split)
-    return os.path.join(task_dir(data_dir, task), f"{stem}.tsv")
+    return task_dir(data_dir, task) / f"{stem}.tsv"
 
 
 def read_tsv(data_dir: str, task: Task, split: str, require_labels: bool = True) -> GlueExamples:
@@ -165,12 +165,13 @@ def read_tsv(data_dir: str, task: Task, split: str, require_labels: bool = True)
     TFDS does. Labels are required in train and dev files; test files have none.
     """
     path = tsv_path(data_dir, task, split)
-    if not os.path.isfile(path):
+    if not path.is_file():
         raise GlueDataError(f"config.data.data_dir: {task.name} {split} file {path} does not "
                             f"exist (expected the layout of download_glue_data.py)")
     # utf-8-sig: MRPC's files start with a byte order mark. QUOTE_NONE: quotes are text.
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    # newline="": line breaks inside a field are the csv reader's to keep.
+    text = io.StringIO(path.read_bytes().decode("utf-8-sig"), newline="")
+    rows = list(csv.reader(text, delimiter="\t", quoting=csv.QUOTE_NONE))
     if task.headerless_columns and not split.startswith("test"):
         label_col, text_col = task.headerless_columns
         text_cols, label_idx, index_col, body = [text_col], label_col, None, rows
@@ -279,7 +280,7 @@ def split_available(task: Task, split: str, source: str, data_dir: str = "",
             return task.split_info(split)[1] in builder.info.splits
         except Exception:  # not prepared, unknown name: the split is not there
             return False
-    return os.path.isfile(tsv_path(data_dir, task, split))
+    return tsv_path(data_dir, task, split).is_file()
 
 
 def label_strings(task: Task, predictions: Sequence) -> list[str]:

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import pathlib
-import shutil
 from typing import Any
 
 import jax
@@ -27,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import errors, schema
+from maelm_jax import errors, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import layer_layout
 from maelm_jax.models import encoder as encoder_lib
@@ -54,9 +51,11 @@ class Pretrained:
     description: str  # e.g. "pretraining checkpoint <dir>/checkpoints/300"
 
 
-def resolve_checkpoint(init_from: str) -> tuple[pathlib.Path, pathlib.Path]:
+def resolve_checkpoint(init_from: str) -> tuple[paths.Path, paths.Path]:
     """(workdir, checkpoint step directory) for a workdir or a checkpoints/<step> path."""
-    path = pathlib.Path(init_from).expanduser()
+    from maelm_jax.training import checkpoint as checkpoint_lib
+
+    path = paths.resolve(init_from, "config.init_from")
     if path.name == STATE_ITEM:
         path = path.parent
     if not path.exists():
@@ -64,8 +63,8 @@ def resolve_checkpoint(init_from: str) -> tuple[pathlib.Path, pathlib.Path]:
     if path.name.isdigit() and path.parent.name == CHECKPOINTS:
         return path.parent.parent, path
     if (path / CONFIG_FILE).is_file() and (path / CHECKPOINTS).is_dir():
-        steps = [int(p.name) for p in (path / CHECKPOINTS).iterdir()
-                 if p.name.isdigit() and (p / STATE_ITEM).is_dir()]
+        steps = [step for step in checkpoint_lib.finished_steps(path / CHECKPOINTS)
+                 if (path / CHECKPOINTS / str(step) / STATE_ITEM).is_dir()]
         if not steps:
             raise CheckpointError(f"config.init_from: {path}/{CHECKPOINTS} holds no finished "
                                   f"checkpoint")
@@ -74,16 +73,16 @@ def resolve_checkpoint(init_from: str) -> tuple[pathlib.Path, pathlib.Path]:
                           f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
 
 
-def read_json(path: pathlib.Path) -> dict:
+def read_json(path: paths.Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"config.init_from: {path} is missing; it describes the encoder")
     try:
-        return json.loads(path.read_text())
+        return json.loads(paths.read_text(path))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"config.init_from: {path} is not valid JSON ({e})") from None
 
 
-def _encoder_config(workdir: pathlib.Path, vocab_size: int, dropout: float,
+def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
                     attention_dropout: float, dtype: str
                     ) -> tuple[encoder_lib.EncoderConfig, str]:
     """The encoder the workdir's files describe, with the fine-tuning run's dropout and dtype,
@@ -110,7 +109,7 @@ def _encoder_config(workdir: pathlib.Path, vocab_size: int, dropout: float,
     return encoder_lib.from_architecture(encoder_lib.architecture(cfg), **run), "pretraining"
 
 
-def find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Tokenizer:
+def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokenizer:
     """config.tokenizer_path, else the workdir's tokenizer.model, else the pretraining
     config's tokenizer.model_path (a run given an existing model does not copy it)."""
     if configured:
@@ -119,14 +118,14 @@ def find_tokenizer(workdir: pathlib.Path, configured: str) -> tokenizer_lib.Toke
         return tokenizer_lib.load_tokenizer(str(workdir / TOKENIZER_FILE))
     run_config = read_json(workdir / CONFIG_FILE)
     model_path = (run_config.get("tokenizer") or {}).get("model_path") or ""
-    if model_path and os.path.isfile(model_path):
+    if model_path and paths.Path(model_path).is_file():
         return tokenizer_lib.load_tokenizer(model_path)
     raise CheckpointError(f"config.init_from: {workdir} has no {TOKENIZER_FILE} (and its "
                           f"config's tokenizer.model_path {model_path!r} is not a file); set "
                           f"config.tokenizer_path")
 
 
-def _tree_metadata(state_dir: pathlib.Path, field: str) -> Any:
+def _tree_metadata(state_dir: paths.Path, field: str) -> Any:
     import orbax.checkpoint as ocp
 
     try:
@@ -139,12 +138,12 @@ def _tree_metadata(state_dir: pathlib.Path, field: str) -> Any:
     return getattr(meta, "tree", meta)
 
 
-def restore_encoder_params(step_dir: pathlib.Path) -> Any:
+def restore_encoder_params(step_dir: paths.Path) -> Any:
     """params["encoder"] of the checkpoint's ``state`` item, as numpy arrays, nothing else."""
     return restore_params(step_dir, "encoder")
 
 
-def restore_params(step_dir: pathlib.Path, part: str | None = None,
+def restore_params(step_dir: paths.Path, part: str | None = None,
                    field: str = "config.init_from", stacked: bool = False) -> Any:
     """The checkpoint's params (or only params[part]) as numpy arrays, without the optimiser
     state, with the layers per layer or `stacked` (models/layer_layout.py) whichever way
@@ -153,7 +152,9 @@ def restore_params(step_dir: pathlib.Path, part: str | None = None,
 
     from maelm_jax.training import checkpoint as checkpoint_lib
 
-    state_dir = step_dir.absolute() / STATE_ITEM  # orbax reads nothing from a relative path
+    # Absolute (orbax reads nothing from a relative path), a bucket's URI unchanged.
+    step_dir = paths.resolve(step_dir, field)
+    state_dir = step_dir / STATE_ITEM
     if not state_dir.is_dir():
         raise CheckpointError(f"{field}: {step_dir} has no '{STATE_ITEM}' item; it is "
                               f"not a maelm_jax checkpoint")
@@ -165,7 +166,7 @@ def restore_params(step_dir: pathlib.Path, part: str | None = None,
     # Digests first: a damaged metadata file must read as damage, not as another kind of
     # checkpoint.
     try:
-        checkpoint_lib.check_digests(step_dir.absolute())
+        checkpoint_lib.check_digests(step_dir)
     except Exception as e:
         raise damaged(e) from None
     tree = _tree_metadata(state_dir, field)
@@ -242,19 +243,20 @@ def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dt
     return Pretrained(cfg, params, tok, where)
 
 
-def save_finetuned(workdir: pathlib.Path, step: int, params: Any,
+def save_finetuned(workdir: paths.Path, step: int, params: Any,
                    encoder_cfg: encoder_lib.EncoderConfig,
-                   tokenizer: tokenizer_lib.Tokenizer) -> pathlib.Path:
+                   tokenizer: tokenizer_lib.Tokenizer) -> paths.Path:
     """Writes checkpoints/<step>/state ({"params": {"encoder", "head"}}), encoder.json and
-    tokenizer.model, so the workdir can be another run's init_from."""
+    tokenizer.model, so the workdir can be another run's init_from. `workdir` is
+    absolute (or a bucket's URI)."""
     import orbax.checkpoint as ocp
 
     record = encoder_lib.architecture(encoder_cfg)
-    (workdir / ENCODER_FILE).write_text(json.dumps(record, indent=2))
-    if pathlib.Path(tokenizer.model_path).resolve() != (workdir / TOKENIZER_FILE).resolve():
-        shutil.copyfile(tokenizer.model_path, workdir / TOKENIZER_FILE)
+    paths.write_text(workdir / ENCODER_FILE, json.dumps(record, indent=2))
+    if not paths.same(tokenizer.model_path, workdir / TOKENIZER_FILE):
+        paths.Path(tokenizer.model_path).copy(workdir / TOKENIZER_FILE, overwrite=True)
     manager = ocp.CheckpointManager(
-        (workdir / CHECKPOINTS).absolute(),
+        workdir / CHECKPOINTS,
         options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
                                              enable_async_checkpointing=False),
         item_names=(STATE_ITEM,),
@@ -266,13 +268,13 @@ def save_finetuned(workdir: pathlib.Path, step: int, params: Any,
     return workdir / CHECKPOINTS / str(step)
 
 
-def clear_finetuned(workdir: pathlib.Path) -> None:
+def clear_finetuned(workdir: paths.Path) -> None:
     """Removes an earlier fine-tuning run's checkpoints from workdir (never a pretraining
     run's: train.py refuses such a workdir first)."""
-    shutil.rmtree(workdir / CHECKPOINTS, ignore_errors=True)
+    paths.remove(workdir / CHECKPOINTS)
 
 
-def workdir_mode(workdir: pathlib.Path) -> str | None:
+def workdir_mode(workdir: paths.Path) -> str | None:
     """The mode recorded in workdir/config.json ("pretrain" when absent), or None; a
     config.json that is not a JSON object is a one-line error."""
     recorded = workdir_lib.recorded_config(workdir)

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Sequence
 
 import numpy as np
-import sentencepiece as spm
 from absl import logging
 
-from maelm_jax import errors
+from maelm_jax import errors, paths
 from maelm_jax import tokenizer as tokenizer_lib
 
 BOS, EOS = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID
@@ -40,12 +38,11 @@ class SquadExample:
 
 def read_squad_json(path: str) -> list[SquadExample]:
     """The official format: {"data": [{"paragraphs": [{"context", "qas": [...]}]}]}."""
-    if not os.path.isfile(path):
+    if not paths.Path(path).is_file():
         raise SquadDataError(f"config.squad: SQuAD file {path} does not exist")
     try:
-        with open(path, encoding="utf-8") as f:
-            articles = json.load(f)["data"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        articles = json.loads(paths.read_text(paths.Path(path)))["data"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise SquadDataError(f"config.squad: {path} is not a SQuAD JSON file ({e})") from None
     examples = []
     for article in articles:
@@ -155,12 +152,12 @@ def answer_token_span(offsets: np.ndarray, char_start: int,
     return (first, last) if first <= last else None
 
 
-def _encode_contexts(model_path: str, contexts: Sequence[str]) -> dict[str, tuple]:
+def _encode_contexts(tok: tokenizer_lib.Tokenizer,
+                     contexts: Sequence[str]) -> dict[str, tuple]:
     """Unique context -> (ids [T] int32, offsets [T, 2]) from sentencepiece's offset mapping
     (character offsets into the original text, whatever the normaliser did)."""
-    sp = spm.SentencePieceProcessor(model_file=model_path)
     unique = list(dict.fromkeys(contexts))
-    encoded = sp.encode(unique, return_type="offset_mapping", num_threads=-1)
+    encoded = tok.encode_with_offsets(unique)
     return {c: (np.asarray(e["ids"], np.int32), np.asarray(e["offsets"], np.int64).reshape(-1, 2))
             for c, e in zip(unique, encoded)}
 
@@ -173,7 +170,7 @@ def make_features(examples: Sequence[SquadExample], tok: tokenizer_lib.Tokenizer
         raise SquadDataError(f"config.data.max_seq_len={max_seq_len} leaves too little context "
                              f"after squad.max_query_len={max_query_len}; raise it")
     questions = tok.encode([e.question for e in examples])
-    contexts = _encode_contexts(tok.model_path, [e.context for e in examples])
+    contexts = _encode_contexts(tok, [e.context for e in examples])
     out = SquadFeatures([], [], [], [], [], [], [], [], [])
     misaligned = 0
     for e_index, (example, q_ids) in enumerate(zip(examples, questions)):

@@ -8,23 +8,23 @@ three names, ``0`` / ``1`` for CoLA, SST-2, MRPC, QQP and WNLI) or STS-B's score
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Sequence
 
+from maelm_jax import paths
 from maelm_jax.finetune import glue
 
 PREDICTIONS_DIR = "predictions"
 
 
-def write_submission(directory: pathlib.Path, task: glue.Task, split: str,
-                     index: Sequence[str], predictions: Sequence) -> pathlib.Path:
+def write_submission(directory: paths.Path, task: glue.Task, split: str,
+                     index: Sequence[str], predictions: Sequence) -> paths.Path:
     """Writes directory/<name>.tsv for one test split; returns its path.
 
     predictions: [N] class ids (or scores for STS-B), in the order of `index`.
     """
     _, _, stem = task.split_info(split)
-    directory.mkdir(parents=True, exist_ok=True)
+    paths.make_dirs(directory)
     path = directory / f"{stem}.tsv"
     rows = zip(index, glue.label_strings(task, predictions))
-    path.write_text("index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
+    paths.write_text(path, "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
     return path

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import pathlib
 from typing import Any
 
 import ml_collections
@@ -28,7 +27,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import schema
+from maelm_jax import paths, schema
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import loading, train
 from maelm_jax.training import workdir as workdir_lib
@@ -62,16 +61,16 @@ def run_config(config: ml_collections.ConfigDict, setting: dict,
     return c
 
 
-def _finished(run_dir: pathlib.Path, c: ml_collections.ConfigDict) -> dict | None:
+def _finished(run_dir: paths.Path, c: ml_collections.ConfigDict) -> dict | None:
     """The earlier results of exactly this run, if any. A run recorded before a config
     field existed counts as run with that field at its default."""
     results, saved = run_dir / train.RESULTS_FILE, run_dir / loading.CONFIG_FILE
     if not (results.is_file() and saved.is_file()):
         return None
     defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
-    recorded = schema.over_defaults(defaults, json.loads(saved.read_text()))
+    recorded = schema.over_defaults(defaults, json.loads(paths.read_text(saved)))
     if recorded == json.loads(pretrain_config.to_json(c)):
-        return json.loads(results.read_text())
+        return json.loads(paths.read_text(results))
     return None
 
 
@@ -87,8 +86,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; sweep into another directory")
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / loading.CONFIG_FILE).write_text(pretrain_config.to_json(config))
+    paths.make_dirs(workdir)
+    paths.write_text(workdir / loading.CONFIG_FILE, pretrain_config.to_json(config))
     grid, seeds = settings(config), tuple(config.grid.seeds)
     logging.info("sweep: %d settings x %d seeds = %d runs", len(grid), len(seeds),
                  len(grid) * len(seeds))
@@ -124,8 +123,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
         **aggregate(rows, [str(s) for s in seeds], primary, config.grid.aggregate),
         "settings": rows,
     }
-    (workdir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-    (workdir / TABLE_FILE).write_text(markdown_table(summary))
+    paths.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2))
+    paths.write_text(workdir / TABLE_FILE, markdown_table(summary))
     logging.info("sweep: %s %s = %.2f (best setting %s)", config.grid.aggregate, primary,
                  summary["score"], summary["best_setting"])
     return summary

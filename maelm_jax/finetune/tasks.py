@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 from collections.abc import Callable, Sequence
 
 import flax.linen as nn
@@ -20,6 +19,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from maelm_jax import paths
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import (
     data,
@@ -111,7 +111,7 @@ class GlueTask:
                 out[self._prefix(name) + k] = 100.0 * v
         return out
 
-    def write_outputs(self, workdir: pathlib.Path, run_eval: RunEval) -> list[str]:
+    def write_outputs(self, workdir: paths.Path, run_eval: RunEval) -> list[str]:
         """GLUE submission files for the test splits that are available."""
         if not self.config.predict_test:
             return []
@@ -196,17 +196,17 @@ class SquadTask:
     def score(self, run_eval: RunEval) -> dict:
         return self._evaluate(self._predict(run_eval))
 
-    def write_outputs(self, workdir: pathlib.Path, run_eval: RunEval) -> list[str]:
+    def write_outputs(self, workdir: paths.Path, run_eval: RunEval) -> list[str]:
         """predictions.json (qid -> text), null_odds.json (the official script's
         --na-prob-file) and nbest_predictions.json for the dev set."""
         predictions = self._predict(run_eval)
         directory = workdir / submission.PREDICTIONS_DIR
-        directory.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(directory)
         files = {"predictions.json": predictions.text, "nbest_predictions.json": predictions.nbest}
         if self.version_2:
             files["null_odds.json"] = predictions.null_odds
         for name, content in files.items():
-            (directory / name).write_text(json.dumps(content, indent=1, ensure_ascii=False))
+            paths.write_text(directory / name, json.dumps(content, indent=1, ensure_ascii=False))
         return [str(directory / name) for name in files]
 
 

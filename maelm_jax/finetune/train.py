@@ -28,8 +28,6 @@ import dataclasses
 import itertools
 import json
 import math
-import pathlib
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,7 +43,7 @@ from absl import logging
 from jax.sharding import PartitionSpec
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import sharding
+from maelm_jax import paths, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
@@ -96,22 +94,21 @@ class Progress:
     seconds: float = 0.0  # wall time of the earlier attempts of this run
 
 
-def _check_workdir(workdir: pathlib.Path, init_from: str) -> None:
+def _check_workdir(workdir: paths.Path, init_from: str) -> None:
     """Refuses a workdir that is not ours to overwrite (before anything is written)."""
     workdir_lib.check_directory(workdir)
     mode = loading.workdir_mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; fine-tune into another directory")
-    if init_from and workdir.resolve() in (pathlib.Path(init_from).resolve(),
-                                           *pathlib.Path(init_from).resolve().parents):
+    if init_from and paths.contains(workdir, init_from):
         # Starting over would delete the checkpoint the run is to start from.
         raise config_lib.FinetuneConfigError(
             f"config.init_from {init_from} is inside --workdir {workdir}; fine-tune into "
             f"another directory")
 
 
-def _resumable(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> bool:
+def _resumable(workdir: paths.Path, config: ml_collections.ConfigDict) -> bool:
     """Whether `workdir` holds an unfinished run that `config` continues: a resume
     checkpoint, no results.json, and a config.json that differs from `config` at most in
     fields that do not change what the run computes (workdir_lib.config_changes: the
@@ -133,12 +130,12 @@ def _resumable(workdir: pathlib.Path, config: ml_collections.ConfigDict) -> bool
     return True
 
 
-def _start_over(workdir: pathlib.Path) -> None:
+def _start_over(workdir: paths.Path) -> None:
     """Removes what an earlier run left that this one could take for its own: results.json
     (a finished run) and resume checkpoints. metrics.jsonl is emptied by the writer."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(workdir / RESUME_DIR, ignore_errors=True)
-    (workdir / RESULTS_FILE).unlink(missing_ok=True)
+    paths.make_dirs(workdir)
+    paths.remove(workdir / RESUME_DIR)
+    paths.remove(workdir / RESULTS_FILE)
 
 
 def encoder_and_tokenizer(config: ml_collections.ConfigDict):
@@ -370,7 +367,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if not resume:
         _start_over(workdir)
     loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
-    (workdir / loading.CONFIG_FILE).write_text(pretrain_config.to_json(config))
+    paths.write_text(workdir / loading.CONFIG_FILE, pretrain_config.to_json(config))
     t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
@@ -451,6 +448,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         t.checkpoint_every and step % t.checkpoint_every == 0):
                     _save(ckpt, step, state, best_params, t.select, progress,
                           time.perf_counter() - started)
+                    writer.flush()  # a resumed run finds every metrics line up to here
                 if stopping:
                     ckpt.wait()
                     raise preemption.Preempted(
@@ -484,8 +482,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "files": written,
         "wall_seconds": progress.seconds + time.perf_counter() - started,
     }
-    (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=2))
-    shutil.rmtree(workdir / RESUME_DIR, ignore_errors=True)  # finished: nothing to resume
+    paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2))
+    paths.remove(workdir / RESUME_DIR)  # finished: nothing to resume
     logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", task.name, task.primary_metric,
                  selected[task.primary_metric], t.select, selected["step"],
                  results["wall_seconds"])

@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
+import io
 import json
-import pathlib
-import shutil
 
 import numpy as np
+
+from maelm_jax import paths
 
 JSON_FILE = "study.json"
 MARKDOWN_FILE = "study.md"
@@ -27,15 +28,15 @@ _NAMES = {"mlm": "MLM", "maelm": "MAE-LM", "3ml_self": "3ML_self", "3ml_cross": 
           "scratch": "from scratch (control)"}
 
 
-def read_metrics(workdir: pathlib.Path, split: str) -> list[dict]:
+def read_metrics(workdir: paths.Path, split: str) -> list[dict]:
     path = workdir / "metrics.jsonl"
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
     return [r for r in rows if r.get("split") == split]
 
 
-def pretraining_metrics(workdir: pathlib.Path) -> dict:
+def pretraining_metrics(workdir: paths.Path) -> dict:
     """The last eval of a pretraining workdir (loss, accuracy, unigram baseline)."""
     evals = read_metrics(workdir, "eval")
     if not evals:
@@ -99,7 +100,7 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
+def plot(result: dict, root: paths.Path) -> list[paths.Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -107,7 +108,7 @@ def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, n in enumerate(result["models"]):
-        workdir = pathlib.Path(result["pretraining"][n]["workdir"])
+        workdir = paths.Path(result["pretraining"][n]["workdir"])
         colour = f"C{i}"
         for split, style in (("train", ":"), ("eval", "-")):
             rows = read_metrics(workdir, split)
@@ -121,7 +122,7 @@ def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
 
     rank_plot = root / "rank" / RANK_PLOT
     if rank_plot.is_file():
-        shutil.copyfile(rank_plot, root / RANK_PLOT)
+        rank_plot.copy(root / RANK_PLOT, overwrite=True)
         written.append(root / RANK_PLOT)
 
     glue = result["glue"]
@@ -142,14 +143,16 @@ def plot(result: dict, root: pathlib.Path) -> list[pathlib.Path]:
     return written
 
 
-def _save(plt, fig, path: pathlib.Path) -> pathlib.Path:
+def _save(plt, fig, path: paths.Path) -> paths.Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    png = io.BytesIO()  # matplotlib writes local files only; the path may be a bucket's
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
+    path.write_bytes(png.getvalue())
     return path
 
 
-def write(root: pathlib.Path, result: dict) -> list[pathlib.Path]:
-    (root / JSON_FILE).write_text(json.dumps(result, indent=2) + "\n")
-    (root / MARKDOWN_FILE).write_text(markdown(result))
+def write(root: paths.Path, result: dict) -> list[paths.Path]:
+    paths.write_text(root / JSON_FILE, json.dumps(result, indent=2) + "\n")
+    paths.write_text(root / MARKDOWN_FILE, markdown(result))
     return [root / JSON_FILE, root / MARKDOWN_FILE, *plot(result, root)]

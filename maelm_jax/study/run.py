@@ -10,14 +10,13 @@ interrupted one resumes, so running the same command again continues where it st
 from __future__ import annotations
 
 import json
-import pathlib
 import time
 
 import ml_collections
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import flops, schema
+from maelm_jax import flops, paths
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import report as rank_report
 from maelm_jax.analysis import run as rank_run
@@ -27,33 +26,34 @@ from maelm_jax.finetune import glue, sweep
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report
+from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import loop
 from maelm_jax.training import workdir as workdir_lib
 
 TIMES_FILE = "study_time.json"  # wall seconds spent in a sub-run, summed over resumes
 
 
-def _timed(directory: pathlib.Path, work) -> float:
+def _timed(directory: paths.Path, work) -> float:
     """Runs work(), adds its wall time to directory/TIMES_FILE; returns the total."""
     start = time.perf_counter()
     work()
     path = directory / TIMES_FILE
-    total = (json.loads(path.read_text())["seconds"] if path.is_file() else 0.0)
+    total = (json.loads(paths.read_text(path))["seconds"] if path.is_file() else 0.0)
     total += time.perf_counter() - start
-    path.write_text(json.dumps({"seconds": total}))
+    paths.write_text(path, json.dumps({"seconds": total}))
     return total
 
 
-def _finished_pretraining(workdir: pathlib.Path, num_steps: int) -> bool:
-    return (workdir / "checkpoints" / str(num_steps)).is_dir()
+def _finished_pretraining(workdir: paths.Path, num_steps: int) -> bool:
+    return num_steps in checkpoint_lib.finished_steps(workdir / "checkpoints")
 
 
-def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> dict:
     if _finished_pretraining(workdir, c.train.num_steps):
         logging.info("study: %s is pretrained, skipping", name)
     else:
         logging.info("study: pretraining %s in %s", name, workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(workdir)
         _timed(workdir, lambda: loop.train_and_evaluate(c, str(workdir)))
     vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
@@ -61,17 +61,18 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: pathlib.Path) ->
             **report.pretraining_metrics(workdir)}
 
 
-def _seconds(directory: pathlib.Path) -> float | None:
+def _seconds(directory: paths.Path) -> float | None:
     path = directory / TIMES_FILE
-    return json.loads(path.read_text())["seconds"] if path.is_file() else None
+    return json.loads(paths.read_text(path))["seconds"] if path.is_file() else None
 
 
-def _rank(config, names: list[str], pretrained: dict, out: pathlib.Path) -> dict:
+def _rank(config, names: list[str], pretrained: dict, out: paths.Path) -> dict:
     done = out / rank_report.JSON_FILE
     runs = [pretrained[n]["workdir"] for n in names]
-    if done.is_file() and [r["path"] for r in json.loads(done.read_text())["runs"]] == runs:
+    recorded = json.loads(paths.read_text(done)) if done.is_file() else None
+    if recorded and [r["path"] for r in recorded["runs"]] == runs:
         logging.info("study: the rank analysis is done, skipping")
-        return json.loads(done.read_text())
+        return recorded
     c = rank_config.rank_defaults()
     c.runs = ",".join(runs)
     c.num_tokens = config.rank_tokens
@@ -83,7 +84,7 @@ def _glue_tasks(config) -> list[str]:
     if not config.glue_dir:
         return []
     tasks = config_lib.names(config.tasks)
-    found = [t for t in tasks if (pathlib.Path(config.glue_dir) / t).is_dir()]
+    found = [t for t in tasks if (paths.Path(config.glue_dir) / t).is_dir()]
     for task in tasks:
         if task not in found:
             logging.warning("study: %s is not in %s, skipped", task, config.glue_dir)
@@ -129,10 +130,10 @@ def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigD
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs (or resumes) the study; returns what study.json holds."""
     config_lib.validate(config)
-    root = pathlib.Path(schema.absolute(str(workdir)))
+    root = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(root)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(pretrain_config.to_json(config))
+    paths.make_dirs(root)
+    paths.write_text(root / "config.json", pretrain_config.to_json(config))
     names = config_lib.names(config.models)
     configs = {n: config_lib.model_config(config, n) for n in names}
     # One tokenizer and one set of prepared blocks for every model.

@@ -10,6 +10,12 @@ checks; so once a save has finished, process 0 writes ``digests.json`` into the 
 that the values are finite and the step is the one named; a step that fails is reported
 with a warning naming it and the cause, set aside as ``<step>.damaged`` (never deleted),
 and the run resumes from the newest step that passes.
+
+The directory may be in a bucket (``gs://``): orbax then marks a finished step with a
+commit file instead of a rename, the digests read every file of a step back once after
+it is written, and setting a step aside is a copy and a delete, object by object (a
+process killed during it leaves part of the step under each name; the digests of the
+part left under ``<step>`` then fail, so it is set aside again on the next resume).
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import pathlib
 import re
 from typing import Any, Optional
 
@@ -27,7 +32,7 @@ import numpy as np
 from absl import logging
 import orbax.checkpoint as ocp
 
-from maelm_jax import distributed, errors
+from maelm_jax import distributed, errors, paths
 from maelm_jax.models import layer_layout
 
 DAMAGED_SUFFIX = ".damaged"
@@ -40,10 +45,12 @@ class CheckpointError(errors.UserError):
 
 
 class Checkpointer:
-    def __init__(self, directory: pathlib.Path, every: int, keep: int, async_save: bool = True):
-        self.directory = directory.absolute()
+    def __init__(self, directory: paths.PathLike, every: int, keep: int,
+                 async_save: bool = True):
+        # Absolute, and a bucket's URI unchanged (orbax reads nothing from a relative path).
+        self.directory = paths.resolve(directory, "checkpoint directory")
         self.manager = ocp.CheckpointManager(
-            directory.absolute(),
+            self.directory,
             options=ocp.CheckpointManagerOptions(
                 save_interval_steps=every,
                 max_to_keep=keep,
@@ -89,9 +96,8 @@ class Checkpointer:
                 digests = _digests(step_dir)
             except FileNotFoundError:  # a failed save, or one already rotated out
                 continue
-            tmp = step_dir / f".{DIGEST_FILE}.tmp"
-            tmp.write_text(json.dumps(digests, indent=0, sort_keys=True))
-            tmp.replace(step_dir / DIGEST_FILE)
+            paths.write_atomically(step_dir / DIGEST_FILE,
+                                   json.dumps(digests, indent=0, sort_keys=True))
 
     def due(self, step: int) -> bool:
         """Whether the save interval asks for a checkpoint at `step`."""
@@ -189,7 +195,7 @@ class Checkpointer:
                 "to start this run again from step 0, or use another --workdir")
         return None
 
-    def _set_aside(self, steps: list[int]) -> list[pathlib.Path]:
+    def _set_aside(self, steps: list[int]) -> list[paths.Path]:
         """Renames damaged steps out of orbax's view (process 0; the others wait), so the
         resumed run can save those steps again. Returns the new names."""
         kept = []
@@ -211,11 +217,8 @@ class Checkpointer:
         self._write_digests()
 
     def _latest_complete(self) -> int | None:
-        """The newest finalised step on disk (orbax renames a step's temporary directory
-        only once every file is written, so a half-written one never counts)."""
-        steps = [int(p.name) for p in self.directory.iterdir() if p.name.isdigit()] \
-            if self.directory.exists() else []
-        return max(steps, default=None)
+        """The newest finalised step on disk (a half-written one never counts)."""
+        return max(finished_steps(self.directory), default=None)
 
     def close(self) -> None:
         self.manager.close()
@@ -226,19 +229,37 @@ class Checkpointer:
                 logging.warning("could not write checkpoint digests: %s", e)
 
 
-def _digests(step_dir: pathlib.Path) -> dict[str, list]:
+def finished_steps(directory: paths.Path) -> list[int]:
+    """The steps in `directory` whose save orbax finished: a step being written is a
+    temporary directory locally, but in a bucket it has its final name and no commit file
+    yet."""
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir()
+                  if p.name.isdigit() and ocp.utils.is_checkpoint_finalized(p))
+
+
+def _size_and_sha256(path: paths.Path) -> tuple[int, str]:
+    size, sha = 0, hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            size += len(chunk)
+            sha.update(chunk)
+    return size, sha.hexdigest()
+
+
+def _digests(step_dir: paths.Path) -> dict[str, list]:
     if not step_dir.is_dir():
         raise FileNotFoundError(step_dir)
     out = {}
-    for path in sorted(step_dir.rglob("*")):
-        if path.is_file() and path.name not in (DIGEST_FILE, f".{DIGEST_FILE}.tmp"):
-            with open(path, "rb") as f:
-                out[str(path.relative_to(step_dir))] = [
-                    path.stat().st_size, hashlib.file_digest(f, "sha256").hexdigest()]
+    for path in paths.files_under(step_dir):
+        # digests.json itself, and a temporary one an interrupted write left.
+        if not path.name.startswith((DIGEST_FILE, f".{DIGEST_FILE}.")):
+            out[str(path.relative_to(step_dir))] = list(_size_and_sha256(path))
     return out
 
 
-def check_digests(step_dir: pathlib.Path) -> None:
+def check_digests(step_dir: paths.Path) -> None:
     """Raises ValueError naming the first file that differs from digests.json (a step
     without one, e.g. written by an older version, is left to orbax's own checks).
     Process 0 reads the files and tells the others."""
@@ -252,16 +273,16 @@ def check_digests(step_dir: pathlib.Path) -> None:
         raise ValueError(problem or "process 0 found a file that differs from what was written")
 
 
-def _digest_mismatch(step_dir: pathlib.Path) -> str:
-    for name, (size, digest) in json.loads((step_dir / DIGEST_FILE).read_text()).items():
+def _digest_mismatch(step_dir: paths.Path) -> str:
+    for name, (size, digest) in json.loads(paths.read_text(step_dir / DIGEST_FILE)).items():
         path = step_dir / name
         if not path.is_file():
             return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} were written"
-        with open(path, "rb") as f:
-            if hashlib.file_digest(f, "sha256").hexdigest() != digest:
-                return f"{name} differs from what was written (SHA-256 mismatch)"
+        found_size, found_digest = _size_and_sha256(path)
+        if found_size != size:
+            return f"{name} has {found_size} bytes, {size} were written"
+        if found_digest != digest:
+            return f"{name} differs from what was written (SHA-256 mismatch)"
     return ""
 
 

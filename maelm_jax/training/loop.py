@@ -6,7 +6,6 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 
 from __future__ import annotations
 
-import pathlib
 import time
 from typing import Any
 
@@ -16,7 +15,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, errors, fill_mask, masking, mfu, schema, sharding
+from maelm_jax import distributed, errors, fill_mask, masking, mfu, paths, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
@@ -72,7 +71,7 @@ class _Throughput:
         }
 
 
-def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
              allow_config_change: bool):
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
     others wait, then everyone loads the same files. A failure leaves the workdir as it
@@ -80,7 +79,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: pathlib.Path,
     if jax.process_index() == 0:
         workdir_lib.check_compatible(config, workdir, allow_config_change)
         with workdir_lib.all_or_nothing(workdir):
-            workdir.mkdir(parents=True, exist_ok=True)
+            paths.make_dirs(workdir)
             tok = pipeline.setup_tokenizer(config, workdir)
             data = pipeline.prepare_data(config, workdir, tok)
     distributed.barrier("prepared data")
@@ -104,7 +103,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     # Every path absolute, once: relative ones mean the current directory (orbax and
     # resumed runs started elsewhere would otherwise read other files).
     config = config_lib.resolve_paths(config)
-    workdir = pathlib.Path(schema.absolute(str(workdir)))
+    workdir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(workdir)
     t = config.train
     mesh = sharding.make_mesh(config.mesh.shape)
@@ -188,7 +187,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         writer.close()
 
 
-def _show_fill_mask(config, workdir: pathlib.Path, tok, data, params) -> None:
+def _show_fill_mask(config, workdir: paths.Path, tok, data, params) -> None:
     """What the model learned: fill-mask on a few held-out blocks, logged and written to
     <workdir>/fill_mask.md (process 0)."""
     if not distributed.is_leader():
@@ -258,6 +257,7 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 writer.write("eval", step, eval_metrics)
             if save:
                 ckpt.save(step, state, {"step": step, "data_position": step}, force=True)
+                writer.flush()  # a resumed run finds every metrics line up to its checkpoint
             if preempted:
                 ckpt.wait()
                 logging.warning("preempted: saved a checkpoint at step %d; run the same "

@@ -1,13 +1,25 @@
-"""Metric sinks: stdout (absl logging), TensorBoard event files and a JSONL file."""
+"""Metric sinks: stdout (absl logging), TensorBoard event files and a JSONL file.
+
+Both files grow line by line, which a bucket cannot do (an object is written whole), so
+they are written through a `paths.LocalMirror` of the workdir: in place for a local
+workdir, and for one in a bucket locally and uploaded whole at most every
+`UPLOAD_SECONDS`, at every `flush` (the loops flush when they save a checkpoint, so a
+resumed run finds every line up to its checkpoint) and on `close`.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-import pathlib
 
 from absl import logging
 import tensorboardX
+
+from maelm_jax import paths
+
+JSONL_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+UPLOAD_SECONDS = 60.0
 
 
 def perplexity(loss: float) -> float:
@@ -17,14 +29,17 @@ def perplexity(loss: float) -> float:
 class MetricWriter:
     """Writes scalars per (split, step). Only one process should hold a writer."""
 
-    def __init__(self, workdir: pathlib.Path, resume_step: int = 0, enabled: bool = True):
+    def __init__(self, workdir: paths.Path, resume_step: int = 0, enabled: bool = True):
         self.enabled = enabled
         if not enabled:  # processes other than 0 in a multi-process run
             return
-        self.jsonl_path = workdir / "metrics.jsonl"
-        _truncate_after(self.jsonl_path, resume_step)
-        self._jsonl = open(self.jsonl_path, "a")
-        self._tb = tensorboardX.SummaryWriter(str(workdir / "tensorboard"))
+        self._mirror = paths.LocalMirror(workdir, interval=UPLOAD_SECONDS)
+        local_jsonl = self._mirror.local / JSONL_FILE
+        kept = _lines_up_to(workdir / JSONL_FILE, resume_step)
+        if kept is not None:
+            local_jsonl.write_text(kept, encoding="utf-8")
+        self._jsonl = open(local_jsonl, "a", encoding="utf-8")
+        self._tb = tensorboardX.SummaryWriter(str(self._mirror.local / TENSORBOARD_DIR))
 
     def write(self, split: str, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
@@ -36,26 +51,33 @@ class MetricWriter:
         self._jsonl.flush()
         shown = "  ".join(f"{k}={_fmt(v)}" for k, v in scalars.items())
         logging.info("[%s] step %d  %s", split, step, shown)
+        self._mirror.sync(force=False)
+
+    def flush(self) -> None:
+        """Makes everything written so far visible in the workdir (an upload for a
+        workdir in a bucket; a local workdir already has it)."""
+        if not self.enabled:
+            return
+        self._tb.flush()
+        self._mirror.sync()
 
     def close(self) -> None:
         if not self.enabled:
             return
         self._jsonl.close()
         self._tb.close()
+        self._mirror.close()
 
 
 def _fmt(value: float) -> str:
     return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
 
 
-def _truncate_after(path: pathlib.Path, step: int) -> None:
-    """A resumed run repeats the steps after its checkpoint; drop their old records so
-    the file holds one line per (split, step)."""
+def _lines_up_to(path: paths.Path, step: int) -> str | None:
+    """The file's lines of steps up to `step`, or None if there is no file: a resumed run
+    repeats the steps after its checkpoint, so their old records are dropped and the file
+    holds one line per (split, step)."""
     if not path.exists():
-        return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line)["step"] <= step
-    ]
-    path.write_text("".join(line + "\n" for line in kept))
+        return None
+    return "".join(line + "\n" for line in paths.read_text(path).splitlines()
+                   if line.strip() and json.loads(line)["step"] <= step)

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import pathlib
-import shutil
 
 import ml_collections
 
 from maelm_jax import config as config_lib
-from maelm_jax import errors
+from maelm_jax import errors, paths
 
 CONFIG_FILE = "config.json"
 
@@ -69,24 +67,28 @@ def config_changes(old: dict, new: dict, defaults: dict | None = None) -> list[s
             if not any(k == p or k.startswith(p + ".") for p in _RESUMABLE_CHANGES)]
 
 
-def check_directory(workdir: pathlib.Path) -> None:
-    """Refuses a workdir path that is, or lies under, something other than a directory."""
-    for path in (workdir, *workdir.parents):
+def check_directory(workdir: paths.Path) -> None:
+    """Refuses a workdir path that is, or lies under, something other than a directory,
+    and one in a bucket that does not exist (nothing here creates buckets)."""
+    for path in paths.lineage(workdir):
         if path.exists():
             if not path.is_dir():
                 raise IncompatibleWorkdirError(
                     f"--workdir {workdir}: {path} exists and is not a directory; "
                     "give a new or existing directory")
             return
+    raise IncompatibleWorkdirError(
+        f"--workdir {workdir}: the bucket {paths.lineage(workdir)[-1]} does not exist or "
+        "cannot be read; create it, or check the name and your credentials")
 
 
-def recorded_config(workdir: pathlib.Path) -> dict | None:
+def recorded_config(workdir: paths.Path) -> dict | None:
     """The workdir's config.json as a dict (None if absent); one line if it is unreadable."""
     path = workdir / CONFIG_FILE
     if not path.exists():
         return None
     try:
-        recorded = json.loads(path.read_text())
+        recorded = json.loads(paths.read_text(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         reason = (f"line {e.lineno} column {e.colno}: {e.msg}"
                   if isinstance(e, json.JSONDecodeError) else str(e))
@@ -109,7 +111,7 @@ def _with_absolute_paths(recorded: dict) -> dict:
         return recorded
 
 
-def check_compatible(config: ml_collections.ConfigDict, workdir: pathlib.Path,
+def check_compatible(config: ml_collections.ConfigDict, workdir: paths.Path,
                      allow_config_change: bool) -> None:
     """Refuses a workdir whose recorded run used a config this one cannot continue."""
     if allow_config_change:
@@ -135,25 +137,25 @@ def check_compatible(config: ml_collections.ConfigDict, workdir: pathlib.Path,
             "or pass --allow_config_change to continue it with the new config anyway")
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> None:
-    (workdir / CONFIG_FILE).write_text(config_lib.to_json(config))
+def write_config(config: ml_collections.ConfigDict, workdir: paths.Path) -> None:
+    paths.write_text(workdir / CONFIG_FILE, config_lib.to_json(config))
 
 
 @contextlib.contextmanager
-def all_or_nothing(workdir: pathlib.Path):
+def all_or_nothing(workdir: paths.Path):
     """Removes whatever the block created in `workdir` (and the workdir itself, if it did
-    not exist) when the block fails, so a rejected run leaves the workdir as it was."""
+    not exist) when the block fails, so a rejected run leaves the workdir as it was.
+
+    In a bucket the removal is object by object, so a process killed during it can leave
+    part of what the block wrote (never anything that was there before)."""
     existed = workdir.exists()
     before = set(workdir.iterdir()) if existed else set()
     try:
         yield
     except BaseException:
         if not existed:
-            shutil.rmtree(workdir, ignore_errors=True)
+            paths.remove(workdir)
         elif workdir.exists():
             for path in set(workdir.iterdir()) - before:
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
+                paths.remove(path)
         raise
