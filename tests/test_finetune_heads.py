@@ -14,11 +14,6 @@ ARCH = {"num_layers": 1, "d_model": 16, "num_heads": 2, "d_ff": 32, "pre_ln": Fa
         "vocab_size": 64, "max_positions": 32, "rel_pos_buckets": 8, "rel_pos_max_distance": 16}
 
 
-def _jit(f):
-    """Jitted (op-by-op execution is slow) with quick, unoptimised compiles."""
-    return jax.jit(f, compiler_options={"xla_backend_optimization_level": 0})
-
-
 def _padded(tokens, length):
     """[B, n] -> [B, length] with PAD (0) after, and the key mask."""
     out = np.zeros((tokens.shape[0], length), np.int32)
@@ -36,17 +31,17 @@ def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
     classifier = heads.SequenceClassifier(encoder_cfg, 3)
     short, short_mask = _padded(tokens, 12)
     long, long_mask = _padded(tokens, 32)
-    params = _jit(classifier.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
+    params = jax.jit(classifier.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
     assert set(params) == {"encoder", "head"}  # the pretrained subtree's name
-    apply = _jit(classifier.apply)
+    apply = jax.jit(classifier.apply)
     a = apply({"params": params}, short, short_mask)
     b = apply({"params": params}, long, long_mask)
     assert a.shape == (3, 3) and a.dtype == jnp.float32
     np.testing.assert_allclose(a, b, atol=1e-5)
 
     spans = heads.SpanExtractor(encoder_cfg)
-    span_params = _jit(spans.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
-    span_apply = _jit(spans.apply)
+    span_params = jax.jit(spans.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
+    span_apply = jax.jit(spans.apply)
     (s1, e1), (s2, e2) = (span_apply({"params": span_params}, t, m)
                           for t, m in ((short, short_mask), (long, long_mask)))
     np.testing.assert_allclose(s1[:, :9], s2[:, :9], atol=1e-5)
@@ -63,8 +58,8 @@ def test_span_softmax_excludes_the_question_and_special_tokens():
     cfg = encoder_lib.from_architecture(ARCH)
     for context_only, expected in ((True, allowed), (False, np.asarray(mask)[0])):
         model = heads.SpanExtractor(cfg, context_only)
-        params = _jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
-        start, end = _jit(model.apply)({"params": params}, tokens, mask)
+        params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
+        start, end = jax.jit(model.apply)({"params": params}, tokens, mask)
         np.testing.assert_array_equal(np.asarray(start[0]) > -1e8, expected)
         np.testing.assert_array_equal(np.asarray(end[0]) > -1e8, expected)
 
@@ -76,8 +71,8 @@ def test_classifier_dropout_is_the_heads_own():
     tokens, mask = _padded(np.random.default_rng(0).integers(5, 64, (2, 6)).astype(np.int32), 8)
     for head_dropout in (0.0, 0.5):
         model = heads.SequenceClassifier(quiet, 2, head_dropout)
-        params = _jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
-        run = _jit(lambda key: model.apply({"params": params}, tokens, mask, False,
+        params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
+        run = jax.jit(lambda key: model.apply({"params": params}, tokens, mask, False,
                                            rngs={"dropout": key}))
         a, b = run(jax.random.PRNGKey(1)), run(jax.random.PRNGKey(2))
         assert np.allclose(a, b) == (head_dropout == 0.0)
