@@ -12,16 +12,12 @@ Any config field can be overridden with --config.<field>=<value>.
 """
 
 import logging
-import os
 import pathlib
-import re
-import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
-from ml_collections import config_flags
 
-from maelm_jax import distributed, errors, fill_mask
+from maelm_jax import cli, distributed, errors, fill_mask
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
@@ -32,10 +28,8 @@ FLAGS = flags.FLAGS
 # New fields are accepted while parsing, so `--config.data.sources.main.path=...` can
 # switch a source's kind from the command line; validation then refuses any field that
 # the config kind does not have (a mistyped one), naming it (maelm_jax/schema.py).
-config_flags.DEFINE_config_file(
-    "config", None, "Config file (file.py or file.py:variant).", lock_config=False,
-    accept_new_attributes=True,
-)
+cli.define_config(None, "Config file (file.py or file.py:variant).", lock_config=False,
+                  accept_new_attributes=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data: a "
                     "local path or a bucket's gs://bucket/path.")
 flags.DEFINE_bool("allow_config_change", False, "Continue a workdir's run even though the "
@@ -63,71 +57,8 @@ class _ProjectInfoOnly(logging.Filter):
         )
 
 
-def _one_line(error: BaseException) -> str:
-    """The message alone: config_flags wraps a config file's own error in its traceback."""
-    text = str(error).strip()
-    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # a quoted repr
-        text = text[1:-1]
-    text = text.replace("\\n", "\n").replace("\\'", "'")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if "Traceback (most recent call last):" in text:
-        # The last line is "<module>.<ExceptionClass>: message"; keep the message.
-        message = re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1])
-        return f"{lines[0].split(':')[0]}: {message}"
-    return " ".join(lines)
-
-
-def _config_file_error(argv) -> str | None:
-    """A --config naming no file: config_flags would defer the error to a traceback."""
-    values = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
-    values += [argv[i + 1] for i, arg in enumerate(argv[1:-1], start=1) if arg == "--config"]
-    if not values:
-        return None
-    path = values[-1].split(":", 1)[0]
-    if not os.path.isfile(path):
-        what = "is a directory" if os.path.isdir(path) else "does not exist"
-        return (f"--config: {path} {what} (relative to {os.getcwd()}); expected a config file "
-                "such as configs/pretrain/quickstart.py")
-    return None
-
-
-def _missing_section(argv, error: Exception) -> str | None:
-    """An override through a section the config does not have (--config.modle.dropout, or
-    a new source --config.data.sources.extra.kind): ml_collections says only the key."""
-    if not isinstance(error, KeyError) or not error.args:
-        return None
-    match = re.match(r"""'([^']+)'(?:\s*Did you mean "([^"]+)")?""", str(error.args[0]))
-    if not match:
-        return None
-    key, suggestion = match.groups()
-    for arg in argv[1:]:
-        parts = arg.split("=", 1)[0].removeprefix("--config.").split(".")
-        if arg.startswith("--config.") and key in parts[:-1]:
-            prefix = ".".join(["config", *parts[: parts.index(key)]])
-            hint = f"; did you mean {prefix}.{suggestion}?" if suggestion else (
-                "; a new section (such as another source) needs a config file")
-            return f"{arg.split('=', 1)[0]}: {prefix} has no field {key!r}{hint}"
-    return None
-
-
-def _parse_flags(argv):
-    """Flag and config-override mistakes (a mistyped field, a bad value, a broken config
-    file) exit with one line instead of a traceback."""
-    message = None if "--debug" in argv else _config_file_error(argv)
-    if message is None:
-        try:
-            return FLAGS(argv)
-        except Exception as e:  # config_flags raises whatever the config file or override did
-            if "--debug" in argv:
-                raise
-            message = _missing_section(argv, e) or _one_line(e)
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    del argv  # cli.parse_flags refuses stray arguments
     absl_logging.set_verbosity(absl_logging.INFO)
     if not FLAGS.library_logs:
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
@@ -151,9 +82,8 @@ def main(argv):
     except errors.UserError as e:
         if FLAGS.debug:
             raise
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        sys.exit(1)
+        cli.fail(cli.one_line(e))
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)
