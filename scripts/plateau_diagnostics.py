@@ -19,8 +19,6 @@ the config's own train step (its learning-rate schedule stretched to --steps), a
 It is a diagnostic for small configs, not a benchmark: it runs on one device.
 """
 
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +26,7 @@ from absl import app, flags
 
 from maelm_jax import cli
 from maelm_jax import config as config_lib
-from maelm_jax import masking, sharding
+from maelm_jax import masking, paths, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import setup as setup_lib
@@ -104,8 +102,8 @@ def main(argv):
     config = FLAGS.config
     config.train.num_steps = FLAGS.steps  # the learning-rate schedule spans this run
     config_lib.validate(config)
-    workdir = pathlib.Path(FLAGS.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = paths.resolve(FLAGS.workdir, "--workdir")
+    paths.make_dirs(workdir)
     tok = pipeline.setup_tokenizer(config, workdir)
     data = pipeline.prepare_data(config, workdir, tok)
     t = config.train

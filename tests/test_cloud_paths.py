@@ -14,8 +14,8 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from maelm_jax import config as config_lib
-from maelm_jax import paths
-from maelm_jax.data import builtin_corpus
+from maelm_jax import fill_mask, paths
+from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import loading, train
 from maelm_jax.training import loop
 from maelm_jax.training import workdir as workdir_lib
@@ -24,6 +24,15 @@ from fake_bucket import fake_gcs
 from tiny_config import tiny_config
 
 WORDS = {1: ["good", "great", "fine", "lovely", "fun"], 0: ["bad", "awful", "poor", "dull"]}
+
+
+def _documents(n: int, seed: int = 0) -> list[str]:
+    """Paragraphs of made-up words: enough distinct text for a 512-piece tokenizer."""
+    rng = np.random.default_rng(seed)
+    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "da", "pe", "qui", "zen"]
+    words = ["".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(400)]
+    return [" ".join(rng.choice(words, size=int(rng.integers(40, 120)))) + "."
+            for _ in range(n)]
 
 
 def _sst2_rows(n: int, seed: int, labelled: bool = True) -> str:
@@ -42,7 +51,7 @@ def bucket(tmp_path_factory):
     root = tmp_path_factory.mktemp("gcs")
     corpus = root / "bucket" / "corpus"
     corpus.mkdir(parents=True)
-    documents = list(builtin_corpus.iter_documents())[:240]
+    documents = _documents(400)
     for part in range(2):
         (corpus / f"part-{part}.txt").write_text("\n\n".join(documents[part::2]) + "\n")
     sst2 = root / "bucket" / "glue" / "SST-2"
@@ -63,7 +72,6 @@ def _pretrain_config(num_steps: int):
     c.train.num_steps = num_steps
     c.train.checkpoint_every = 5
     c.train.eval_every = 5
-    c.train.fill_mask_examples = 1
     return c
 
 
@@ -99,7 +107,17 @@ def test_pretraining_and_its_resumption_write_only_into_the_bucket(bucket, pretr
     events = sorted(p.name for p in (run / "tensorboard").iterdir())
     assert len(pretrained.first_events) == 1 and len(events) == 2
     assert all(name.startswith("events.out.tfevents.") for name in events)
-    assert "step 14" in (run / "fill_mask.md").read_text()
+    assert list(bucket.cwd.iterdir()) == []
+
+
+def test_fill_mask_reads_the_bucket(bucket, pretrained):
+    c = fill_mask.fill_mask_defaults()
+    c.text = "the <mask> module"
+    (filled,) = fill_mask.run(c, "gs://bucket/run")
+    assert filled.top_ids.shape == (1, c.top_k)
+    tok = tokenizer_lib.load_tokenizer("gs://bucket/run/tokenizer.model")
+    fill_mask.write_examples(paths.Path("gs://bucket/run"), [filled], tok, 14)
+    assert "<mask>" in (pretrained.run / "fill_mask.md").read_text()
     assert list(bucket.cwd.iterdir()) == []
 
 
