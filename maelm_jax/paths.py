@@ -24,20 +24,20 @@ A bucket is not a file system, and the helpers here are how the project copes:
 
 from __future__ import annotations
 
+import contextlib
 import glob as glob_lib
 import os
 import pathlib
 import shutil
 import tempfile
 import time
-from typing import Union
 
 from etils import epath
 
 from maelm_jax import errors
 
 Path = epath.Path
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 # The URI schemes supported: scheme -> (fsspec protocol epath asks for, the package that
 # provides it). Orbax checkpoints reach only gs:// buckets natively (TensorStore's gcs
@@ -126,14 +126,13 @@ def make_dirs(path: Path) -> None:
 
 def remove(path: Path) -> None:
     """Removes a file or a directory tree if it exists; failures are ignored (as
-    ``shutil.rmtree(ignore_errors=True)``): this is cleanup, never the point."""
-    try:
+    ``shutil.rmtree(ignore_errors=True)``): this is cleanup, never the point, and must not
+    hide the error that called for it."""
+    with contextlib.suppress(Exception):  # bucket clients raise their own error types
         if path.is_dir():
             path.rmtree()
         else:
             path.unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def read_text(path: Path) -> str:
