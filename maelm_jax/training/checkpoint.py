@@ -14,8 +14,8 @@ and the run resumes from the newest step that passes.
 The directory may be in a bucket (``gs://``): orbax then marks a finished step with a
 commit file instead of a rename, the digests read every file of a step back once after
 it is written, and setting a step aside is a copy and a delete, object by object (a
-process killed during it leaves part of the step under each name; the digests of the
-part left under ``<step>`` then fail, so it is set aside again on the next resume).
+process killed during it leaves part of the step under each name; what is left under
+``<step>`` then fails its checks, or lacks its commit file and is no longer a step).
 """
 
 from __future__ import annotations
