@@ -2,9 +2,9 @@
 
 Both files grow line by line, which a bucket cannot do (an object is written whole), so
 they are written through a `paths.LocalMirror` of the workdir: in place for a local
-workdir, and for one in a bucket locally and uploaded whole at most every
-`UPLOAD_SECONDS`, at every `flush` (the loops flush when they save a checkpoint, so a
-resumed run finds every line up to its checkpoint) and on `close`.
+workdir, and for one in a bucket locally, then uploaded whole about every
+`UPLOAD_SECONDS` while lines come, at every `flush` (the loops flush when they save a
+checkpoint, so a resumed run finds every line up to its checkpoint) and on `close`.
 """
 
 from __future__ import annotations
