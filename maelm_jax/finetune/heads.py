@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+from maelm_jax.models.dropout import Dropout
 
 # Padded positions' span logits; finite so start + end logits cannot overflow.
 _MASKED_LOGIT = -1e9
@@ -37,7 +38,7 @@ class ClassificationHead(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         d_model = x.shape[-1]
-        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        x = Dropout(self.dropout)(x, deterministic=deterministic)
         x = nn.Dense(
             d_model,
             dtype=self.dtype,
@@ -46,7 +47,7 @@ class ClassificationHead(nn.Module):
             bias_init=layers.zeros_init(("mlp",)),
         )(x)
         x = jnp.tanh(x)
-        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        x = Dropout(self.dropout)(x, deterministic=deterministic)
         x = nn.Dense(
             self.num_outputs,
             dtype=self.dtype,
@@ -128,16 +129,10 @@ class SpanExtractor(nn.Module):
 # step divides once; filler rows (weight 0) contribute nothing, whatever their labels.
 
 
-def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """logits [B, C] float32, labels [B] int -> [B]."""
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.take_along_axis(log_probs, labels[:, None].astype(jnp.int32), axis=-1)[:, 0]
-
-
 def classification_loss_sums(logits: jax.Array, labels: jax.Array,
                              weights: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Cross-entropy. logits [B, C], labels [B] int (-1 in filler rows), weights [B]."""
-    per_example = _cross_entropy(logits, jnp.maximum(labels, 0))
+    per_example = layers.cross_entropy(logits, jnp.maximum(labels, 0))
     return jnp.sum(per_example * weights), jnp.sum(weights)
 
 
@@ -152,6 +147,6 @@ def regression_loss_sums(outputs: jax.Array, labels: jax.Array,
 def span_loss_sums(start_logits: jax.Array, end_logits: jax.Array, start_positions: jax.Array,
                    end_positions: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Mean of the start and end cross-entropies over positions. logits [B, n], positions [B]."""
-    per_example = 0.5 * (_cross_entropy(start_logits, start_positions)
-                         + _cross_entropy(end_logits, end_positions))
+    per_example = 0.5 * (layers.cross_entropy(start_logits, start_positions)
+                         + layers.cross_entropy(end_logits, end_positions))
     return jnp.sum(per_example * weights), jnp.sum(weights)

@@ -38,6 +38,7 @@ import flax.linen as nn
 
 from maelm_jax import masking
 from maelm_jax.models import layers
+from maelm_jax.models.dropout import Dropout
 from maelm_jax.models import relative_position
 
 
@@ -165,7 +166,7 @@ class CrossDecoder(nn.Module):
         table = _position_table(self, cfg, encoder_positions)
         x = mask_vector.astype(stack.dtype) + jnp.take(table, dec_index, axis=0)
         x = layers.layer_norm("ln_embed", stack.dtype)(x)
-        x = nn.Dropout(stack.dropout)(x, deterministic=deterministic)
+        x = Dropout(stack.dropout)(x, deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         self_bias = cross_bias = None
         if cfg.rel_pos_buckets:

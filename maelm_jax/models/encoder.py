@@ -19,6 +19,7 @@ import flax.linen as nn
 
 from maelm_jax import errors
 from maelm_jax.models import layers
+from maelm_jax.models.dropout import Dropout
 from maelm_jax.models import relative_position
 
 
@@ -148,7 +149,7 @@ class Encoder(nn.Module):
             embedding_init=layers.normal_init(("positions", "embed")),
         )
         self.ln_embed = layers.layer_norm("ln_embed", stack.dtype)
-        self.dropout = nn.Dropout(stack.dropout)
+        self.dropout = Dropout(stack.dropout)
         self.relative_bias = (
             relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
@@ -172,8 +173,9 @@ class Encoder(nn.Module):
 
         Returns hidden states [B, n, d_model].
         """
-        x = self.embed(tokens) + layers.lookup(self.position_embeddings, positions,
-                                               ("positions", None))
+        x = layers.add_per_batch(
+            self.embed(tokens),
+            layers.lookup(self.position_embeddings, positions, ("positions", None)))
         x = self.ln_embed(x)
         self.sow(layers.HIDDEN_STATES, "embedding", x)  # "layer 0" of the rank analysis
         x = self.dropout(x, deterministic=deterministic)

@@ -151,8 +151,7 @@ def masked_lm_sums(
     masking.MASKED / RANDOM / UNCHANGED: "category_loss_sum", "category_correct_sum",
     "category_count".
     """
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    nll = layers.cross_entropy(logits, targets)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     sums = {
         "loss_sum": jnp.sum(nll * weights),
