@@ -26,9 +26,10 @@ def encoder_cfg():
     return encoder_lib.from_architecture(ARCH, dropout=0.1, attention_dropout=0.1)
 
 
-def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
+@pytest.mark.parametrize("pooling", heads.POOLINGS)
+def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg, pooling):
     tokens = np.random.default_rng(0).integers(5, 64, (3, 9)).astype(np.int32)
-    classifier = heads.SequenceClassifier(encoder_cfg, 3)
+    classifier = heads.SequenceClassifier(encoder_cfg, 3, pooling=pooling)
     short, short_mask = _padded(tokens, 12)
     long, long_mask = _padded(tokens, 32)
     params = jax.jit(classifier.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
@@ -38,6 +39,8 @@ def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
     b = apply({"params": params}, long, long_mask)
     assert a.shape == (3, 3) and a.dtype == jnp.float32
     np.testing.assert_allclose(a, b, atol=1e-5)
+    if pooling != "first":
+        return  # the span extractor has no pooling
 
     spans = heads.SpanExtractor(encoder_cfg)
     span_params = jax.jit(spans.init)(jax.random.PRNGKey(0), short, short_mask)["params"]
@@ -47,6 +50,16 @@ def test_padding_to_a_larger_bucket_changes_no_output(encoder_cfg):
     np.testing.assert_allclose(s1[:, :9], s2[:, :9], atol=1e-5)
     np.testing.assert_allclose(e1[:, :9], e2[:, :9], atol=1e-5)
     assert (s2[:, 9:] <= -1e8).all() and (e2[:, 9:] <= -1e8).all()  # padding: never a span
+
+
+def test_pooling_reads_the_first_token_or_the_mean_of_the_real_ones():
+    hidden = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3)
+    key_mask = jnp.array([[True, True, True, False], [True, False, False, False]])
+    np.testing.assert_array_equal(heads.pool(hidden, key_mask, "first"), hidden[:, 0])
+    np.testing.assert_allclose(heads.pool(hidden, key_mask, "mean"),
+                               [hidden[0, :3].mean(0), hidden[1, 0]])
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        heads.pool(hidden, key_mask, "max")
 
 
 def test_span_softmax_excludes_the_question_and_special_tokens():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ml_collections
 
 from maelm_jax import errors, paths, schema, sharding
-from maelm_jax.finetune import glue
+from maelm_jax.finetune import glue, heads
 
 SQUAD_TASKS = ("squad",)
 SQUAD_VERSIONS = ("2.0", "1.1")
@@ -100,6 +100,10 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # The GLUE head's two dropouts. The papers give one dropout (0.1); the official code's
     # head (fairseq's --pooler-dropout) defaults to 0.
     c.model.classifier_dropout = 0.1
+    # What the classification head reads: "first", the first token's state (RoBERTa's and
+    # the papers' <s>), or "mean", the mean over the real tokens (sentence-embedding
+    # style; helps small encoders whose <s> state carries little).
+    c.model.pooling = "first"
     c.model.dtype = "float32"  # compute dtype; "bfloat16" on accelerators
 
     c.data = ml_collections.ConfigDict()
@@ -214,6 +218,7 @@ FIELDS: dict[str, schema.Field] = {
     **schema.encoder_fields("model"),
     "model.max_positions": schema.integer(1),
     "model.classifier_dropout": schema.rate(),
+    "model.pooling": schema.choice(*heads.POOLINGS),
     "data.source": schema.choice(*DATA_SOURCES),
     "data.data_dir": schema.path("the GLUE data directory"),
     "data.tfds_name": schema.text(),

@@ -29,7 +29,7 @@ def positions_like(tokens: jax.Array) -> jax.Array:
 
 
 class ClassificationHead(nn.Module):
-    """[B, D] first-token states -> [B, num_outputs] float32 (as RoBERTa's)."""
+    """[B, D] pooled states -> [B, num_outputs] float32 (as RoBERTa's)."""
 
     num_outputs: int
     dropout: float
@@ -58,12 +58,27 @@ class ClassificationHead(nn.Module):
         return x.astype(jnp.float32)
 
 
+POOLINGS = ("first", "mean")  # config.model.pooling
+
+
+def pool(hidden: jax.Array, key_mask: jax.Array, pooling: str) -> jax.Array:
+    """hidden [B, n, D], key_mask [B, n] bool -> [B, D]: the first token's state, or the
+    mean over the real tokens."""
+    if pooling == "first":
+        return hidden[:, 0]
+    if pooling == "mean":
+        weights = key_mask.astype(hidden.dtype)[..., None]
+        return jnp.sum(hidden * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1)
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+
+
 class SequenceClassifier(nn.Module):
     """Encoder + classification (or regression, num_outputs=1) head."""
 
     encoder_cfg: encoder_lib.EncoderConfig
     num_outputs: int
     head_dropout: float = 0.1  # config.model.classifier_dropout
+    pooling: str = "first"  # config.model.pooling
 
     def setup(self):
         self.encoder = encoder_lib.Encoder(self.encoder_cfg)
@@ -74,7 +89,7 @@ class SequenceClassifier(nn.Module):
                  deterministic: bool = True) -> jax.Array:
         """tokens [B, n] int32, key_mask [B, n] bool -> logits [B, num_outputs] float32."""
         hidden = self.encoder(tokens, positions_like(tokens), key_mask, deterministic)
-        return self.head(hidden[:, 0], deterministic)
+        return self.head(pool(hidden, key_mask, self.pooling), deterministic)
 
 
 class SpanHead(nn.Module):

@@ -87,7 +87,8 @@ class GlueTask:
 
     def model(self, encoder_cfg: encoder_lib.EncoderConfig) -> nn.Module:
         return heads.SequenceClassifier(encoder_cfg, self.task.num_outputs,
-                                        self.config.model.classifier_dropout)
+                                        self.config.model.classifier_dropout,
+                                        self.config.model.pooling)
 
     def loss_sums(self, outputs: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
         if self.task.is_regression:
