@@ -37,9 +37,8 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from maelm_jax import masking
-from maelm_jax.models import layers
+from maelm_jax.models import layers, relative_position
 from maelm_jax.models.dropout import Dropout
-from maelm_jax.models import relative_position
 
 
 KINDS = ("self", "cross", "causal_cross", "cross_only")

@@ -18,9 +18,8 @@ import jax.numpy as jnp
 import flax.linen as nn
 
 from maelm_jax import errors
-from maelm_jax.models import layers
+from maelm_jax.models import layers, relative_position
 from maelm_jax.models.dropout import Dropout
-from maelm_jax.models import relative_position
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
