@@ -30,6 +30,7 @@ from maelm_jax import config as pretrain_config
 from maelm_jax import paths, schema
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import loading, train
+from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.training import workdir as workdir_lib
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
@@ -64,7 +65,7 @@ def run_config(config: ml_collections.ConfigDict, setting: dict,
 def _finished(run_dir: paths.Path, c: ml_collections.ConfigDict) -> dict | None:
     """The earlier results of exactly this run, if any. A run recorded before a config
     field existed counts as run with that field at its default."""
-    results, saved = run_dir / train.RESULTS_FILE, run_dir / loading.CONFIG_FILE
+    results, saved = run_dir / resume_lib.RESULTS_FILE, run_dir / loading.CONFIG_FILE
     if not (results.is_file() and saved.is_file()):
         return None
     defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))

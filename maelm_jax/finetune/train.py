@@ -47,6 +47,7 @@ from maelm_jax import paths, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
+from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
@@ -54,44 +55,11 @@ from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import preemption
 from maelm_jax.training import workdir as workdir_lib
 
-RESULTS_FILE = "results.json"
-RESUME_DIR = "resume"  # <workdir>/resume/<step>: the unfinished run's checkpoints
-# The newest resume checkpoint, and the one before it in case the newest is damaged.
-_KEEP_RESUME = 2
-
-
 @flax.struct.dataclass
 class FinetuneState:
     step: jax.Array  # int32 scalar
     params: Any  # {"encoder": ..., "head": ...}
     opt_state: Any
-
-
-@flax.struct.dataclass
-class ResumeState:
-    """The arrays of a resume checkpoint."""
-
-    train: FinetuneState
-    # select="best": the best evaluation's parameters so far (before the first evaluation
-    # a stand-in, the current ones, which nothing reads); select="final": None.
-    best_params: Any
-
-    @property
-    def step(self) -> jax.Array:  # the Checkpointer checks it against the step it names
-        return self.train.step
-
-
-@dataclasses.dataclass
-class Progress:
-    """What the loop carries besides the arrays; a resume checkpoint's JSON record."""
-
-    # Every evaluation so far: {"step", "epoch", <metric>: score, ...}.
-    evals: list[dict] = dataclasses.field(default_factory=list)
-    best: int | None = None  # the index in evals of the best by the primary metric
-    # Each step's train metrics since the last log line (on the device until fetched;
-    # host floats in a checkpoint), so a resumed run logs the same means.
-    window: list[dict] = dataclasses.field(default_factory=list)
-    seconds: float = 0.0  # wall time of the earlier attempts of this run
 
 
 def _check_workdir(workdir: paths.Path, init_from: str) -> None:
@@ -106,36 +74,6 @@ def _check_workdir(workdir: paths.Path, init_from: str) -> None:
         raise config_lib.FinetuneConfigError(
             f"config.init_from {init_from} is inside --workdir {workdir}; fine-tune into "
             f"another directory")
-
-
-def _resumable(workdir: paths.Path, config: ml_collections.ConfigDict) -> bool:
-    """Whether `workdir` holds an unfinished run that `config` continues: a resume
-    checkpoint, no results.json, and a config.json that differs from `config` at most in
-    fields that do not change what the run computes (workdir_lib.config_changes: the
-    mesh, the logging and checkpoint cadence, ...). An unfinished run of another config
-    is not continued; a warning names the fields."""
-    resume = workdir / RESUME_DIR
-    if (workdir / RESULTS_FILE).exists() or not (
-            resume.is_dir() and any(p.name.isdigit() for p in resume.iterdir())):
-        return False
-    defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
-    changed = workdir_lib.config_changes(workdir_lib.recorded_config(workdir) or {},
-                                         json.loads(pretrain_config.to_json(config)), defaults)
-    if changed:
-        shown = ", ".join(f"config.{k}" for k in changed[:5])
-        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-        logging.warning("%s holds an unfinished run with a different %s%s: starting over",
-                        workdir, shown, more)
-        return False
-    return True
-
-
-def _start_over(workdir: paths.Path) -> None:
-    """Removes what an earlier run left that this one could take for its own: results.json
-    (a finished run) and resume checkpoints. metrics.jsonl is emptied by the writer."""
-    paths.make_dirs(workdir)
-    paths.remove(workdir / RESUME_DIR)
-    paths.remove(workdir / RESULTS_FILE)
 
 
 def encoder_and_tokenizer(config: ml_collections.ConfigDict):
@@ -301,42 +239,6 @@ def train_batches(train: tasks.Split, batch_size: int, buckets, seed: int, num_e
             yield epoch, batch
 
 
-def _on_host(window: list[dict]) -> list[dict[str, float]]:
-    """Step metrics as Python floats, whether fetched now or restored from JSON, so log
-    means come out the same either way."""
-    return [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
-
-
-def _restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup: StateSetup, encoder_params,
-                     select: str, resume: bool) -> tuple[int, FinetuneState, Any, Progress]:
-    """(start step, state, best params on the host or None, progress): the latest resume
-    checkpoint's when `resume`, else a fresh state at step 0."""
-    if resume:
-        target = ResumeState(setup.abstract,
-                             setup.abstract.params if select == "best" else None)
-        restored = ckpt.restore_latest(target)
-        if restored is not None:
-            step, saved, meta = restored
-            progress = Progress(**{f.name: meta[f.name] for f in dataclasses.fields(Progress)})
-            best_params = (jax.device_get(saved.best_params)
-                           if select == "best" and progress.best is not None else None)
-            logging.info("resuming from %s/%d", ckpt.directory, step)
-            return step, saved.train, best_params, progress
-    return 0, setup.init(encoder_params), None, Progress()
-
-
-def _save(ckpt: checkpoint_lib.Checkpointer, step: int, state: FinetuneState, best_params,
-          select: str, progress: Progress, seconds: float) -> None:
-    """Starts writing resume/<step> (asynchronously); `seconds`: this attempt's so far."""
-    progress.window = _on_host(progress.window)
-    if select == "best" and best_params is None:
-        best_params = state.params  # the stand-in: no evaluation yet
-    meta = {"step": step, **dataclasses.asdict(progress),
-            "seconds": progress.seconds + seconds}
-    ckpt.save(step, ResumeState(state, best_params if select == "best" else None), meta,
-              force=True)
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """One fine-tuning run; returns the results (also written to results.json).
 
@@ -363,9 +265,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if len(task.train) == 0:
         raise config_lib.FinetuneConfigError(f"config.data: {task.name} has no usable training "
                                              f"example")
-    resume = _resumable(workdir, config)
+    resume = resume_lib.resumable(workdir, config)
     if not resume:
-        _start_over(workdir)
+        resume_lib.start_over(workdir)
     loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
     paths.write_text(workdir / loading.CONFIG_FILE, pretrain_config.to_json(config))
     t = config.train
@@ -403,9 +305,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         return run_eval
 
     # Saves are forced: the loop decides when (the interval argument is unused).
-    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / RESUME_DIR, 1,
-                                                        _KEEP_RESUME)) as ckpt:
-        start, state, best_params, progress = _restore_or_init(
+    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / resume_lib.RESUME_DIR, 1,
+                                                        resume_lib.KEEP)) as ckpt:
+        start, state, best_params, progress = resume_lib.restore_or_init(
             ckpt, setup, encoder_params, t.select, resume)
         eval_at = _eval_steps(steps_per_epoch, t.num_epochs, t.evals_per_epoch)
         # examples/s counts the steps after `timed_from`, over the time since `clock`.
@@ -425,7 +327,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     if not log:  # keep compilation out of examples/s, unless it is all
                         timed_from, clock = step, time.perf_counter()
                 if log:
-                    window = _on_host(progress.window)
+                    window = resume_lib.on_host(progress.window)
                     means = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
                     elapsed = max(time.perf_counter() - clock, 1e-9)
                     means["examples_per_sec"] = (step - timed_from) * t.batch_size / elapsed
@@ -446,7 +348,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 stopping = stop.received or ckpt.reached_preemption(step)
                 if stopping or step in eval_at or (
                         t.checkpoint_every and step % t.checkpoint_every == 0):
-                    _save(ckpt, step, state, best_params, t.select, progress,
+                    resume_lib.save(ckpt, step, state, best_params, t.select, progress,
                           time.perf_counter() - started)
                     writer.flush()  # a resumed run finds every metrics line up to here
                 if stopping:
@@ -482,8 +384,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "files": written,
         "wall_seconds": progress.seconds + time.perf_counter() - started,
     }
-    paths.write_text(workdir / RESULTS_FILE, json.dumps(results, indent=2))
-    paths.remove(workdir / RESUME_DIR)  # finished: nothing to resume
+    paths.write_text(workdir / resume_lib.RESULTS_FILE, json.dumps(results, indent=2))
+    paths.remove(workdir / resume_lib.RESUME_DIR)  # finished: nothing to resume
     logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", task.name, task.primary_metric,
                  selected[task.primary_metric], t.select, selected["step"],
                  results["wall_seconds"])

@@ -1,0 +1,124 @@
+"""An unfinished fine-tuning run and how it continues: `<workdir>/resume/<step>/`.
+
+train.run writes a resume checkpoint (the whole train state, the best evaluation's
+parameters so far, the evaluations and the metrics since the last log line) at every
+evaluation but the last, every train.checkpoint_every steps and on SIGTERM; running the
+same command again restores the latest one when the workdir's config.json matches. Once
+results.json is written the run is finished and resume/ is deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import flax
+import jax
+import ml_collections
+from absl import logging
+
+from maelm_jax import config as pretrain_config
+from maelm_jax import paths
+from maelm_jax.finetune import config as config_lib
+from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import workdir as workdir_lib
+
+RESULTS_FILE = "results.json"
+RESUME_DIR = "resume"  # <workdir>/resume/<step>: the unfinished run's checkpoints
+# The newest resume checkpoint, and the one before it in case the newest is damaged.
+KEEP = 2
+
+
+@flax.struct.dataclass
+class ResumeState:
+    """The arrays of a resume checkpoint."""
+
+    train: Any  # train.FinetuneState
+    # select="best": the best evaluation's parameters so far (before the first evaluation
+    # a stand-in, the current ones, which nothing reads); select="final": None.
+    best_params: Any
+
+    @property
+    def step(self) -> jax.Array:  # the Checkpointer checks it against the step it names
+        return self.train.step
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the loop carries besides the arrays; a resume checkpoint's JSON record."""
+
+    # Every evaluation so far: {"step", "epoch", <metric>: score, ...}.
+    evals: list[dict] = dataclasses.field(default_factory=list)
+    best: int | None = None  # the index in evals of the best by the primary metric
+    # Each step's train metrics since the last log line (on the device until fetched;
+    # host floats in a checkpoint), so a resumed run logs the same means.
+    window: list[dict] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0  # wall time of the earlier attempts of this run
+
+
+def resumable(workdir: paths.Path, config: ml_collections.ConfigDict) -> bool:
+    """Whether `workdir` holds an unfinished run that `config` continues: a resume
+    checkpoint, no results.json, and a config.json that differs from `config` at most in
+    fields that do not change what the run computes (workdir_lib.config_changes: the
+    mesh, the logging and checkpoint cadence, ...). An unfinished run of another config
+    is not continued; a warning names the fields."""
+    resume = workdir / RESUME_DIR
+    if (workdir / RESULTS_FILE).exists() or not (
+            resume.is_dir() and any(p.name.isdigit() for p in resume.iterdir())):
+        return False
+    defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
+    changed = workdir_lib.config_changes(workdir_lib.recorded_config(workdir) or {},
+                                         json.loads(pretrain_config.to_json(config)), defaults)
+    if changed:
+        shown = ", ".join(f"config.{k}" for k in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        logging.warning("%s holds an unfinished run with a different %s%s: starting over",
+                        workdir, shown, more)
+        return False
+    return True
+
+
+def start_over(workdir: paths.Path) -> None:
+    """Removes what an earlier run left that this one could take for its own: results.json
+    (a finished run) and resume checkpoints. metrics.jsonl is emptied by the writer."""
+    paths.make_dirs(workdir)
+    paths.remove(workdir / RESUME_DIR)
+    paths.remove(workdir / RESULTS_FILE)
+
+
+def on_host(window: list[dict]) -> list[dict[str, float]]:
+    """Step metrics as Python floats, whether fetched now or restored from JSON, so log
+    means come out the same either way."""
+    return [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
+
+
+def restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup, encoder_params, select: str,
+                    resume: bool) -> tuple[int, Any, Any, Progress]:
+    """(start step, state, best params on the host or None, progress): the latest resume
+    checkpoint's when `resume`, else a fresh state at step 0. setup: train.StateSetup."""
+    if resume:
+        target = ResumeState(setup.abstract,
+                             setup.abstract.params if select == "best" else None)
+        restored = ckpt.restore_latest(target)
+        if restored is not None:
+            step, saved, meta = restored
+            progress = Progress(**{f.name: meta[f.name] for f in dataclasses.fields(Progress)})
+            best_params = (jax.device_get(saved.best_params)
+                           if select == "best" and progress.best is not None else None)
+            logging.info("resuming from %s/%d", ckpt.directory, step)
+            return step, saved.train, best_params, progress
+    return 0, setup.init(encoder_params), None, Progress()
+
+
+def save(ckpt: checkpoint_lib.Checkpointer, step: int, state, best_params, select: str,
+         progress: Progress, seconds: float) -> None:
+    """Starts writing resume/<step> (asynchronously); state: train.FinetuneState;
+    `seconds`: this attempt's so far."""
+    progress.window = on_host(progress.window)
+    if select == "best" and best_params is None:
+        best_params = state.params  # the stand-in: no evaluation yet
+    meta = {"step": step, **dataclasses.asdict(progress),
+            "seconds": progress.seconds + seconds}
+    ckpt.save(step, ResumeState(state, best_params if select == "best" else None), meta,
+              force=True)
