@@ -50,3 +50,17 @@ def tiny_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
     return tokenizer_lib.train_tokenizer(
         builtin_corpus.iter_documents(), str(path), TINY_VOCAB, lowercase=True
     )
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the marks
+def pytest_collection_modifyitems(items):
+    """Keeps the tests that share a module-scoped fixture in one xdist worker (the fixture is
+    then built once) and lets every other test go to whichever worker is free, so that one
+    file's slow tests do not queue behind each other (pyproject's `--dist loadgroup`)."""
+    for item in items:
+        fixture_defs = getattr(item, "_fixtureinfo", None)
+        if fixture_defs is None:
+            continue
+        if any(defs[-1].scope in ("module", "package")
+               for defs in fixture_defs.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -13,6 +13,7 @@ from tiny_config import tiny_config
 
 from configs.finetune import glue as glue_config
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import loading, train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import loop
@@ -48,6 +49,27 @@ def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained):
     assert all(np.array_equal(want[k], got[k]) for k in want)
     step = loading.load_pretrained(str(pretrained / "checkpoints" / "10"), 0.1, 0.1, "float32")
     assert step.description == p.description
+
+
+
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
+def test_random_weights_keep_the_architecture_and_tokenizer_of_init_from(pretrained):
+    """init_weights="random": the from-scratch control of a pretraining run."""
+    c = glue_config.get_config("sst2")
+    c.init_from, c.data.data_dir = str(pretrained), "glue"
+    loaded = train.encoder_and_tokenizer(c)
+    c.init_weights = "random"
+    config_lib.validate(c)
+    cfg, params, tok, description = train.encoder_and_tokenizer(c)
+    assert params is None  # fresh weights from the seed, as with no init_from
+    assert cfg == loaded[0] and tok.model_path == loaded[2].model_path
+    assert description == f"random weights in the architecture of {loaded[3]}"
+    c.init_from = ""
+    c.tokenizer_path = tok.model_path
+    with pytest.raises(config_lib.FinetuneConfigError,
+                       match=r"^config.init_from: expected a workdir to take the architecture "
+                             r"and tokenizer from \(init_weights='random'\), got nothing$"):
+        config_lib.validate(c)
 
 
 def _copy_run(pretrained, tmp_path, edit):

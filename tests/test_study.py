@@ -67,8 +67,11 @@ def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
     assert result["controls"] == ["scratch"]
     assert list(result["glue"]["scratch"]["RTE"]["per_seed"]) == ["1"]
     scratch = json.loads((out / "finetune" / "scratch" / "RTE" / "config.json").read_text())
-    assert scratch["init_from"] == "" and scratch["model"]["d_model"] == 32
-    assert scratch["model"]["max_positions"] == 32
+    assert scratch["init_from"] == str(out / "pretrain" / "mlm")
+    assert scratch["init_weights"] == "random"
+    [run] = (out / "finetune" / "scratch" / "RTE").glob("runs/*/seed_1/results.json")
+    assert json.loads(run.read_text())["init_from"].startswith(
+        "random weights in the architecture of pretraining checkpoint")
     configs = result["pretrain_config"]
     # One tokenizer and corpus, one budget and seed.
     for name in MODELS:

@@ -71,6 +71,9 @@ class FinetuneConfigError(errors.UserError):
     """A fine-tuning config mistake; the message names the field and what is expected."""
 
 
+INIT_WEIGHTS = ("pretrained", "random")
+
+
 def finetune_defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "finetune"  # main.py dispatches on it
@@ -80,6 +83,10 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # workdir (e.g. MNLI's, to start RTE/MRPC/STS-B from it): the encoder and the tokenizer
     # come from there, the head is new. "" trains from scratch (a control).
     c.init_from = ""
+    # "pretrained" loads init_from's encoder weights; "random" keeps its architecture and
+    # tokenizer but starts from fresh weights: the from-scratch control of a pretraining
+    # run, with nothing else changed.
+    c.init_weights = "pretrained"
     c.tokenizer_path = ""  # a sentencepiece model; required from scratch, else a check
 
     # The encoder architecture for from-scratch runs (names as in the pretraining config);
@@ -214,6 +221,7 @@ FIELDS: dict[str, schema.Field] = {
     "seed": schema.integer(0),
     "init_from": schema.path("a pretraining or fine-tuning workdir, one of its "
                              "checkpoints/<step>, or empty"),
+    "init_weights": schema.choice(*INIT_WEIGHTS),
     "tokenizer_path": schema.path("a sentencepiece .model file, or empty"),
     **schema.encoder_fields("model"),
     "model.max_positions": schema.integer(1),
@@ -300,6 +308,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
         "tokenizer_path",
         "a sentencepiece model when config.init_from is empty (training from scratch)",
         c.tokenizer_path,
+    )
+    _require(
+        bool(c.init_from) or c.init_weights == "pretrained",
+        "init_from",
+        "a workdir to take the architecture and tokenizer from (init_weights='random')",
+        c.init_from,
     )
     if c.data.source == "files" and c.task not in SQUAD_TASKS:
         _require(bool(c.data.data_dir), "data.data_dir",

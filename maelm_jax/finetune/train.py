@@ -82,6 +82,9 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
     if config.init_from:
         p = loading.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
                                     config.tokenizer_path)
+        if config.init_weights == "random":
+            return (p.encoder_cfg, None, p.tokenizer,
+                    f"random weights in the architecture of {p.description}")
         return p.encoder_cfg, p.params, p.tokenizer, p.description
     tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
     if m.d_model % m.num_heads:

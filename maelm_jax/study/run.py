@@ -23,7 +23,6 @@ from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import pipeline
 from maelm_jax.finetune import config as finetune_config_lib
 from maelm_jax.finetune import glue, sweep
-from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -94,14 +93,11 @@ def _glue_tasks(config) -> list[str]:
 SCRATCH = "scratch"  # the control's name in study.json and under finetune/
 
 
-def scratch_config(config, task: str, pretrain: ml_collections.ConfigDict,
-                   tokenizer_path: str) -> ml_collections.ConfigDict:
-    """The control: the study's encoder, from random weights, fine-tuned alike."""
-    c = finetune_config(config, task, "")
-    c.tokenizer_path = tokenizer_path
-    for field in encoder_lib.MODEL_FIELDS:  # the encoder's architecture
-        c.model[field] = pretrain.model[field]
-    c.model.max_positions = pretrain.data.seq_len
+def scratch_config(config, task: str, pretrain_workdir: str) -> ml_collections.ConfigDict:
+    """The control: the study's encoder, from random weights, fine-tuned alike (the
+    architecture and tokenizer of the pretraining run in `pretrain_workdir`)."""
+    c = finetune_config(config, task, pretrain_workdir)
+    c.init_weights = "random"
     return c
 
 
@@ -148,7 +144,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for task in _glue_tasks(config):
         runs = {n: finetune_config(config, task, pretrained[n]["workdir"]) for n in names}
         if config.scratch:
-            runs[SCRATCH] = scratch_config(config, task, configs[names[0]], tok.model_path)
+            runs[SCRATCH] = scratch_config(config, task, pretrained[names[0]]["workdir"])
         for n, c in runs.items():
             summary = sweep.run_sweep(c, str(root / "finetune" / n / task))
             glue.setdefault(n, {})[task] = {
