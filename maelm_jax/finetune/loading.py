@@ -46,7 +46,7 @@ class Pretrained:
     """What a fine-tuning run takes from init_from."""
 
     encoder_cfg: encoder_lib.EncoderConfig
-    params: Any  # the encoder's parameter tree, numpy arrays
+    params: Any  # the encoder's parameter tree, numpy arrays (None: weights not read)
     tokenizer: tokenizer_lib.Tokenizer
     description: str  # e.g. "pretraining checkpoint <dir>/checkpoints/300"
 
@@ -228,8 +228,9 @@ def abstract_encoder_params(cfg: encoder_lib.EncoderConfig) -> Any:
 
 
 def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dtype: str,
-                    tokenizer_path: str = "") -> Pretrained:
-    """Resolves, reads and checks the encoder a fine-tuning run starts from."""
+                    tokenizer_path: str = "", weights: bool = True) -> Pretrained:
+    """Resolves, reads and checks the encoder a fine-tuning run starts from. weights=False
+    reads only its architecture and tokenizer (params None: the from-scratch control)."""
     workdir, step_dir = resolve_checkpoint(init_from)
     tok = find_tokenizer(workdir, tokenizer_path)
     cfg, kind = _encoder_config(workdir, tok.vocab_size, dropout, attention_dropout, dtype)
@@ -238,6 +239,8 @@ def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dt
                               f"{cfg.vocab_size} pieces but the tokenizer {tok.model_path} "
                               f"has {tok.vocab_size}; use the run's own tokenizer")
     where = f"{kind} checkpoint {step_dir}"
+    if not weights:
+        return Pretrained(cfg, None, tok, where)
     params = restore_encoder_params(step_dir)
     check_encoder_params(params, abstract_encoder_params(cfg), where, tok.model_path)
     return Pretrained(cfg, params, tok, where)

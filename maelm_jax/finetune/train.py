@@ -80,12 +80,12 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
     """(EncoderConfig, encoder params (numpy) or None, tokenizer, description)."""
     m = config.model
     if config.init_from:
+        pretrained = config.init_weights == "pretrained"
         p = loading.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
-                                    config.tokenizer_path)
-        if config.init_weights == "random":
-            return (p.encoder_cfg, None, p.tokenizer,
-                    f"random weights in the architecture of {p.description}")
-        return p.encoder_cfg, p.params, p.tokenizer, p.description
+                                    config.tokenizer_path, weights=pretrained)
+        description = (p.description if pretrained
+                       else f"random weights in the architecture of {p.description}")
+        return p.encoder_cfg, p.params, p.tokenizer, description
     tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
     if m.d_model % m.num_heads:
         raise config_lib.FinetuneConfigError(
