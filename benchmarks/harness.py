@@ -130,6 +130,19 @@ def time_rotated(benches: dict, warmup: int, repeats: int, steps: int) -> None:
             benches[name].run(steps)
 
 
+def round_ratios(slow: list[float], fast: list[float], steps: int) -> list[float]:
+    """Per-round time ratios slow / fast (median step of each in that round) from two
+    `time_rotated` records of `steps` steps per round.
+
+    The two sides of a round ran next to each other, so a slow phase of the machine that
+    spans a round hits both; the median of these paired ratios moves less from run to run
+    than the ratio of the overall medians.
+    """
+    rounds = min(len(slow), len(fast)) // steps
+    return [statistics.median(slow[r * steps:(r + 1) * steps])
+            / statistics.median(fast[r * steps:(r + 1) * steps]) for r in range(rounds)]
+
+
 def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     """fp32 GFLOP/s of a jitted n x n matmul, the median of `repeats` after a warm-up: the
     machine's speed, printed beside absolute times."""

@@ -70,3 +70,18 @@ def test_peer_script_says_what_to_install(tmp_path):
     assert result.returncode != 0
     assert "pip install -r requirements-bench.txt" in result.stderr.splitlines()[-1]
     assert "Traceback" not in result.stderr
+
+
+def test_round_ratios_pair_the_sides_round_by_round():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    # Two rounds of three steps; the machine is twice as slow in the second round, for
+    # both sides alike, and the odd step out in each round does not move the median.
+    peer = [3.0, 3.0, 9.0, 6.0, 6.0, 6.0]
+    ours = [2.0, 1.0, 2.0, 4.0, 4.0, 40.0]
+    assert harness.round_ratios(peer, ours, 3) == [1.5, 1.5]
+    # The ratio of overall medians mixes rounds: 6.0 / 3.0 = 2.0.
+    assert harness.round_ratios(peer, ours[:4], 3) == [1.5]  # only complete rounds
