@@ -32,7 +32,7 @@ class LmHead(nn.Module):
             kernel_init=layers.normal_init(("dec_embed", "embed")),
             bias_init=layers.zeros_init(("embed",)),
         )(x)
-        x = nn.gelu(x, approximate=False)
+        x = layers.gelu(x)
         x = layers.layer_norm("ln", self.dtype)(x)
         bias = self.param("bias", layers.zeros_init(("vocab",)), (self.vocab_size,), jnp.float32)
         return attend(x) + bias

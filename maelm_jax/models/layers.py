@@ -113,6 +113,19 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jax.nn.logsumexp(logits, axis=-1) - target_logit
 
 
+def gelu(x: jax.Array) -> jax.Array:
+    """The exact GELU, x * Phi(x), written as fairseq and PyTorch write it:
+    0.5 x (1 + erf(x / sqrt 2)).
+
+    `jax.nn.gelu(approximate=False)` computes the same function through erfc, which XLA
+    expands into two rational approximations and an exponential; with erf the forward and
+    backward pass cost half as much on CPU ([32, 128, 1024]: 32 against 61 ms, 2 cores),
+    and the values agree to float32 round-off (1e-6). erf's lower relative precision for
+    x < -4, where the output is below 1e-4, does not matter for an activation.
+    """
+    return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.5 ** 0.5, x.dtype)))
+
+
 def layer_norm(name: str, dtype: Dtype) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=1e-5,
@@ -224,7 +237,7 @@ class FeedForward(nn.Module):
             kernel_init=normal_init(("embed", "mlp")),
             bias_init=zeros_init(("mlp",)),
         )(x)
-        h = nn.gelu(h, approximate=False)  # fairseq/BERT use the exact (erf) GELU
+        h = gelu(h)  # fairseq/BERT use the exact (erf) GELU, not the tanh approximation
         h = nn.with_logical_constraint(h, ("batch", "length", "act_mlp"))
         h = Dropout(cfg.activation_dropout)(h, deterministic=deterministic)
         return nn.Dense(
