@@ -2,8 +2,9 @@
 
 ``Decoder`` (kind "self", MAE-LM and 3ML_self) sees the full length L: encoder outputs
 scattered back to their original positions and the [MASK] word embedding everywhere else,
-plus its own absolute positions 0..L-1 and its own embedding LayerNorm. Bidirectional self-attention; no dropout by default (the MAE-LM
-paper found dropout-free decoding slightly more stable; 3ML uses 0.1 on the whole model).
+plus its own absolute positions 0..L-1 and its own embedding LayerNorm. Bidirectional
+self-attention; no dropout by default (the MAE-LM paper found dropout-free decoding
+slightly more stable; 3ML uses 0.1 on the whole model).
 
 ``CrossDecoder`` (kind "cross", 3ML_cross, 3ML Section 3 and Fig. 2 right) sees only the
 removed [MASK] positions: a learned [MASK] vector in the decoder's own space plus the

@@ -96,7 +96,8 @@ class PretrainModel(nn.Module):
     def _cross_logits(self, batch, hidden, shared_positions, deterministic) -> jax.Array:
         """3ML_cross (and the other cross kinds): removed [MASK]s predicted from the decoder,
         the other predicted tokens (random, unchanged, and [MASK]s kept in the encoder) from
-        the encoder's outputs, all with the same prediction layer. Logits [B, k, vocab] in batch.pred_index order."""
+        the encoder's outputs, all with the same prediction layer. Logits [B, k, vocab] in
+        batch.pred_index order."""
         split = split_predictions(batch)
         parts = []
         if split.dec_index.shape[1]:
