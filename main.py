@@ -17,7 +17,7 @@ import pathlib
 from absl import app, flags
 from absl import logging as absl_logging
 
-from maelm_jax import cli, distributed, errors, fill_mask
+from maelm_jax import cli, distributed, errors, fill_mask, host_memory
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
@@ -36,6 +36,9 @@ flags.DEFINE_bool("allow_config_change", False, "Continue a workdir's run even t
                   "config changes fields that its checkpoints depend on.")
 flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and data errors.")
 flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (e.g. orbax).")
+flags.DEFINE_bool("keep_host_memory", True, "Have glibc's malloc keep freed memory for reuse "
+                  "instead of unmapping XLA's per-step scratch buffer (CPU steps: about a fifth "
+                  "faster; maelm_jax/host_memory.py). Linux with glibc only.")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process "
                     "runs outside TPU pods and SLURM (which are detected automatically).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
@@ -59,6 +62,8 @@ class _ProjectInfoOnly(logging.Filter):
 
 def main(argv):
     del argv  # cli.parse_flags refuses stray arguments
+    if FLAGS.keep_host_memory:
+        host_memory.keep_freed_memory()  # before JAX's backend starts its threads
     absl_logging.set_verbosity(absl_logging.INFO)
     if not FLAGS.library_logs:
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())

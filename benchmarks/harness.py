@@ -10,6 +10,7 @@ takes --config as main.py does (a pretraining config file[:variant] and
 from __future__ import annotations
 
 import pathlib
+import resource
 import statistics
 import time
 from collections.abc import Sequence
@@ -22,12 +23,13 @@ from absl import flags
 from maelm_jax import cli
 from maelm_jax import config as config_lib
 from maelm_jax import flops as flops_lib
-from maelm_jax import sharding, tokenizer
+from maelm_jax import host_memory, sharding, tokenizer
 from maelm_jax.training import setup as setup_lib
 
 # The benchmarks' default config files, found from this file so the scripts run from any
 # directory.
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "benchmark"
+FLAGS = flags.FLAGS
 OBJECTIVES = ("mlm", "maelm", "3ml_self", "3ml_cross")
 
 
@@ -71,7 +73,39 @@ def objective_configs(config: ml_collections.ConfigDict,
         cli.fail(str(e), cli.program())
 
 
-class Bench:
+class Timed:
+    """Per-step records of a side being timed: wall seconds, process CPU seconds (all
+    threads) and minor page faults (fresh memory the kernel had to map and zero)."""
+
+    def __init__(self):
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self.faults: list[int] = []
+
+    def step_once(self) -> None:
+        raise NotImplementedError
+
+    def run(self, num_steps: int) -> None:
+        """Runs num_steps steps, recording each one.
+
+        Blocking after every step costs a dispatch round trip (microseconds against steps of
+        milliseconds or more) and gives per-step samples whose median shrugs off bursts of
+        other load on a shared machine.
+        """
+        for _ in range(num_steps):
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            wall, cpu = time.perf_counter(), time.process_time()
+            self.step_once()
+            self.wall.append(time.perf_counter() - wall)
+            self.cpu.append(time.process_time() - cpu)
+            self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+
+    def clear(self) -> None:
+        for record in (self.wall, self.cpu, self.faults):
+            record.clear()
+
+
+class Bench(Timed):
     """One objective's compiled train step, its state and its FLOPs per step.
 
     Built by `training.setup.build`, as the training loop builds it: state and step
@@ -80,6 +114,7 @@ class Bench:
     """
 
     def __init__(self, config: ml_collections.ConfigDict, tokens: np.ndarray):
+        super().__init__()
         vocab_size = config.tokenizer.vocab_size
         self.counts = config_lib.mask_counts(config)
         self.flops = flops_lib.step_flops(config, vocab_size)
@@ -91,22 +126,10 @@ class Bench:
         start = time.perf_counter()
         self.step = trainer.compile_train_step()
         self.compile_seconds = time.perf_counter() - start
-        self.wall: list[float] = []   # seconds per timed step
-        self.cpu: list[float] = []    # process CPU seconds (all threads) per step
 
-    def run(self, num_steps: int) -> None:
-        """Runs num_steps steps, recording each one's wall and process-CPU seconds.
-
-        Blocking after every step costs a dispatch round trip (microseconds against steps of
-        milliseconds or more) and gives per-step samples whose median shrugs off bursts of
-        other load on a shared machine.
-        """
-        for _ in range(num_steps):
-            wall, cpu = time.perf_counter(), time.process_time()
-            self.state, metrics = self.step(self.state, self.tokens)
-            jax.block_until_ready((self.state, metrics))
-            self.wall.append(time.perf_counter() - wall)
-            self.cpu.append(time.process_time() - cpu)
+    def step_once(self) -> None:
+        self.state, metrics = self.step(self.state, self.tokens)
+        jax.block_until_ready((self.state, metrics))
 
 
 def random_tokens(config: ml_collections.ConfigDict) -> np.ndarray:
@@ -122,8 +145,7 @@ def time_rotated(benches: dict, warmup: int, repeats: int, steps: int) -> None:
     for b in benches.values():
         if warmup:
             b.run(warmup)
-            b.wall.clear()
-            b.cpu.clear()
+            b.clear()
     order = list(benches)
     for r in range(repeats):
         for name in order[r % len(order):] + order[:r % len(order)]:
@@ -175,4 +197,12 @@ def define_timing_flags(steps: int) -> None:
     flags.DEFINE_integer("warmup", 1, "Untimed steps after compiling.", lower_bound=0)
     flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
                          "median is reported.", lower_bound=1)
+    flags.DEFINE_bool("keep_host_memory", True, "Tune glibc's malloc to reuse XLA's per-step "
+                      "scratch memory, as main.py does (maelm_jax/host_memory.py); applies to "
+                      "the peer in the same process too.")
+
+
+def start_host_memory() -> bool:
+    """Applies --keep_host_memory; call first in main(), before JAX's backend starts."""
+    return FLAGS.keep_host_memory and host_memory.keep_freed_memory()
 

@@ -80,7 +80,7 @@ flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads (XLA use
 flags.DEFINE_enum("peer", "hf", ["hf", "none"], "none: time only our side (no torch needed).")
 
 
-class PeerBench:
+class PeerBench(harness.Timed):
     """RobertaForMaskedLM's train step, recording times the way harness.Bench.run does.
 
     `ours` is our MLM's config: the peer takes its encoder's sizes and dropout, its
@@ -88,6 +88,7 @@ class PeerBench:
     """
 
     def __init__(self, ours: ml_collections.ConfigDict, tokens: np.ndarray):
+        super().__init__()
         import torch
         import transformers
 
@@ -113,8 +114,6 @@ class PeerBench:
         self.tokens = torch.from_numpy(tokens).long()
         self.build_seconds = time.perf_counter() - start
         self.num_params = sum(p.numel() for p in self.model.parameters())  # tied counted once
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
 
     def mask(self):
         """DataCollatorForLanguageModeling.torch_mask_tokens, without a tokenizer (the random
@@ -129,23 +128,17 @@ class PeerBench:
         ids[randomized] = torch.randint(self.vocab_size, ids.shape)[randomized]
         return ids, labels
 
-    def step(self) -> None:
+    def step_once(self) -> None:  # synchronous on the CPU
         ids, labels = self.mask()
         self.model(input_ids=ids, labels=labels).loss.backward()
         self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad()
 
-    def run(self, num_steps: int) -> None:
-        for _ in range(num_steps):
-            wall, cpu = time.perf_counter(), time.process_time()
-            self.step()  # synchronous on the CPU
-            self.wall.append(time.perf_counter() - wall)
-            self.cpu.append(time.process_time() - cpu)
-
 
 def main(argv) -> None:
     del argv  # cli.tool_flags_parser refuses stray arguments
+    kept = harness.start_host_memory()
     config = FLAGS.config
     configs = harness.objective_configs(config, ("mlm", "maelm"))
     if FLAGS.peer == "hf":
@@ -160,6 +153,8 @@ def main(argv) -> None:
               f"torch.get_num_threads() = {torch.get_num_threads()}")
     print(f"jax {jax.__version__} on {jax.default_backend()}: XLA's CPU client uses all "
           f"{os.cpu_count()} CPUs (by default; not set here)")
+    print("host memory: " + ("glibc malloc keeps freed memory (--keep_host_memory)" if kept
+                             else "the C allocator's defaults"))
     print(f"load average {os.getloadavg()[0]:.1f} before starting (other work on the "
           f"machine skews the timings, torch's most)")
     print(f"fp32 jitted 2048x2048 matmul: {harness.matmul_gflops():.1f} GFLOP/s (median of 5)")
@@ -186,14 +181,16 @@ def main(argv) -> None:
     tokens_per_step = config.train.batch_size * config.data.seq_len
     print()
     print(f"{'side':5s} {'params':>12s} {'ms/step':>9s} {'min ms':>9s} {'cpu ms':>9s} "
-          f"{'tokens/s':>9s}")
+          f"{'faults':>8s} {'tokens/s':>9s}")
     wall = {}
     for side, b in benches.items():
         # "min ms" and "cpu ms" (process CPU time, all threads) show how much other load
-        # on the machine inflated the median wall time.
+        # on the machine inflated the median wall time; "faults" (minor page faults per
+        # step) how much fresh memory the step had the kernel map and zero.
         wall[side] = s = statistics.median(b.wall)
         print(f"{side:5s} {b.num_params:12,d} {1e3 * s:9.1f} {1e3 * min(b.wall):9.1f} "
-              f"{1e3 * statistics.median(b.cpu):9.1f} {tokens_per_step / s:9.0f}")
+              f"{1e3 * statistics.median(b.cpu):9.1f} {statistics.median(b.faults):8.0f} "
+              f"{tokens_per_step / s:9.0f}")
 
     print()
     if "peer" not in wall:

@@ -64,13 +64,15 @@ def _known_objectives(chosen: list[str]) -> bool:
 
 def main(argv) -> None:
     del argv  # cli.tool_flags_parser refuses stray arguments
+    kept = harness.start_host_memory()
     config = FLAGS.config
     objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:] if o in FLAGS.objectives]
     configs = harness.objective_configs(config, objectives)
     tokens = harness.random_tokens(config)
     print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s), "
           f"{os.cpu_count()} CPUs); fp32 jitted 2048x2048 matmul: "
-          f"{harness.matmul_gflops():.1f} GFLOP/s")
+          f"{harness.matmul_gflops():.1f} GFLOP/s; host memory: "
+          + ("glibc malloc keeps freed memory" if kept else "the C allocator's defaults"))
     m = config.model
     print(f"encoder {m.num_layers} x {m.d_model} ({m.num_heads} heads, FFN {m.d_ff}), "
           f"MAE-LM decoder {m.decoder.num_layers} x {m.decoder.d_model}, "
