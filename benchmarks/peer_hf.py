@@ -50,6 +50,10 @@ Caveats:
 - Threads: `torch.set_num_threads(--threads)`; XLA's CPU client uses every core and has no
   per-run setting. Both runtimes keep their thread pools in one process, idle while the
   other side runs.
+- Host memory: the process starts as main.py does, with glibc's malloc keeping freed
+  memory (maelm_jax/host_memory.py), which spares both sides the page faults of mapping
+  their large temporaries afresh every step (the "faults" column); the peer profits as
+  much as our MLM. --keep_host_memory=false runs both with the C allocator's defaults.
 - Run it on a quiet machine (the load average is printed). When other processes hold the
   cores, torch's OpenMP threads wait for each other at every op: a tiny model's step took
   4 ms with 1 thread and 600 ms with 2 on a 2-core machine busy with other work, while
