@@ -37,8 +37,8 @@ flags.DEFINE_bool("allow_config_change", False, "Continue a workdir's run even t
 flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and data errors.")
 flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (e.g. orbax).")
 flags.DEFINE_bool("keep_host_memory", True, "Have glibc's malloc keep freed memory for reuse "
-                  "instead of unmapping XLA's per-step scratch buffer (CPU steps: about a fifth "
-                  "faster; maelm_jax/host_memory.py). Linux with glibc only.")
+                  "instead of unmapping XLA's per-step scratch buffer (CPU steps: up to about a "
+                  "sixth faster; maelm_jax/host_memory.py). Linux with glibc only.")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process "
                     "runs outside TPU pods and SLURM (which are detected automatically).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")

@@ -165,18 +165,23 @@ def round_ratios(slow: list[float], fast: list[float], steps: int) -> list[float
             / statistics.median(fast[r * steps:(r + 1) * steps]) for r in range(rounds)]
 
 
+def median_seconds(call, repeats: int) -> float:
+    """Median wall seconds of `repeats` calls of a synchronous `call`, after one untimed."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
     """fp32 GFLOP/s of a jitted n x n matmul, the median of `repeats` after a warm-up: the
     machine's speed, printed beside absolute times."""
     x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jax.numpy.float32)
     matmul = jax.jit(jax.numpy.matmul)
-    matmul(x, x).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(x, x).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
+    return 2 * n ** 3 / median_seconds(lambda: matmul(x, x).block_until_ready(), repeats) / 1e9
 
 
 # --- flags ---------------------------------------------------------------------------------
@@ -197,6 +202,11 @@ def define_timing_flags(steps: int) -> None:
     flags.DEFINE_integer("warmup", 1, "Untimed steps after compiling.", lower_bound=0)
     flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
                          "median is reported.", lower_bound=1)
+    define_host_memory_flag()
+
+
+def define_host_memory_flag() -> None:
+    """--keep_host_memory, applied by start_host_memory."""
     flags.DEFINE_bool("keep_host_memory", True, "Tune glibc's malloc to reuse XLA's per-step "
                       "scratch memory, as main.py does (maelm_jax/host_memory.py); applies to "
                       "the peer in the same process too.")

@@ -30,7 +30,6 @@ import dataclasses
 import re
 import statistics
 import string
-import time
 
 import jax
 import numpy as np
@@ -135,16 +134,6 @@ def _places(where: collections.Counter) -> str:
     return first + (f" (+{others} more)" if others else "")
 
 
-def _median_seconds(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def time_xla(dot: Dot, repeats: int) -> float:
     keys = jax.random.split(jax.random.PRNGKey(0))
     dtype = {"f32": jax.numpy.float32, "bf16": jax.numpy.bfloat16}[dot.dtype]
@@ -152,7 +141,7 @@ def time_xla(dot: Dot, repeats: int) -> float:
     rhs = jax.random.normal(keys[1], dot.rhs, dtype)
     numbers = ((dot.lhs_contract, dot.rhs_contract), (dot.lhs_batch, dot.rhs_batch))
     fn = jax.jit(lambda a, b: lax.dot_general(a, b, numbers))
-    return _median_seconds(lambda: fn(lhs, rhs).block_until_ready(), repeats)
+    return harness.median_seconds(lambda: fn(lhs, rhs).block_until_ready(), repeats)
 
 
 def time_torch(torch, dot: Dot, repeats: int) -> float:
@@ -160,7 +149,7 @@ def time_torch(torch, dot: Dot, repeats: int) -> float:
     lhs, rhs = torch.randn(dot.lhs, dtype=dtype), torch.randn(dot.rhs, dtype=dtype)
     spec = dot.einsum()
     with torch.no_grad():
-        return _median_seconds(lambda: torch.einsum(spec, lhs, rhs), repeats)
+        return harness.median_seconds(lambda: torch.einsum(spec, lhs, rhs), repeats)
 
 
 def main(argv) -> None:
@@ -172,11 +161,13 @@ def main(argv) -> None:
         cli.fail(f"step_matmuls.py needs torch ({e}): pip install -r requirements-bench.txt",
                  cli.program())
     torch.set_num_threads(FLAGS.threads)
-    config = harness.objective_config(FLAGS.config, FLAGS.objective)
+    config = harness.objective_configs(FLAGS.config, [FLAGS.objective])[FLAGS.objective]
     bench = harness.Bench(config, harness.random_tokens(config))
     dots, where, strided = step_dots(bench.step.as_text())
-    bench.run(1 + 5)
-    step_seconds = statistics.median(bench.wall[1:])
+    bench.run(1)  # warm-up
+    bench.clear()
+    bench.run(5)
+    step_seconds = statistics.median(bench.wall)
     print(f"jax {jax.__version__}, torch {torch.__version__} ({FLAGS.threads} threads); "
           f"fp32 jitted 2048x2048 matmul: {harness.matmul_gflops():.1f} GFLOP/s")
     print(f"{FLAGS.objective} train step: {step_seconds * 1e3:.0f} ms (median of 5), "
@@ -206,8 +197,7 @@ def define_flags() -> None:
                          lower_bound=1)
     flags.DEFINE_integer("repeats", 21, "Timed calls per matmul and library; the median "
                          "counts.", lower_bound=1)
-    flags.DEFINE_bool("keep_host_memory", True, "Tune glibc's malloc as main.py does "
-                      "(maelm_jax/host_memory.py).")
+    harness.define_host_memory_flag()
 
 
 if __name__ == "__main__":
