@@ -29,6 +29,11 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+# How long a test waits for a subprocess to reach a point before calling it hung: a guard
+# against waiting forever, not a speed requirement, so it is far above any machine's time.
+HANG_SECONDS = 900
+
+
 def subprocess_env(devices: int = 1) -> dict:
     """Environment for running main.py in a subprocess: the repo importable and `devices`
     CPU devices (fewer devices compile and run faster on a small machine)."""

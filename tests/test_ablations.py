@@ -15,7 +15,7 @@ from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import pretrain as pretrain_lib
 
-from conftest import subprocess_env
+from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_speedup_table_reproduces_3ml_table_3():
     (1.22x / 1.28x base, 1.34x / 1.47x / 1.37x large), to within 0.015."""
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "speedup_table.py")],
                             cwd=REPO.parent, env=subprocess_env(), capture_output=True,
-                            text=True, timeout=120, check=True)
+                            text=True, timeout=HANG_SECONDS, check=True)
     rows = [line for line in result.stdout.splitlines() if line.startswith("3ML")]
     assert len(rows) == 5, result.stdout
     for line in rows:

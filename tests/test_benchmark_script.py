@@ -11,7 +11,7 @@ import pytest
 from maelm_jax import config as config_lib
 from maelm_jax import variants
 
-from conftest import subprocess_env
+from conftest import HANG_SECONDS, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "benchmark"
@@ -28,7 +28,7 @@ def run_script(*flags: str) -> subprocess.CompletedProcess:
     # directory are all its imports need, and its default config is found from the script.
     return subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "step_time.py"), *flags],
-        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=600, check=False)
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
 
 
 def test_step_time_script_runs_tiny():

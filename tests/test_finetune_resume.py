@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 from configs.finetune import glue as glue_config
 from maelm_jax.finetune import tasks, train
@@ -199,7 +199,7 @@ def test_main_killed_with_sigkill_continues_where_it_stopped(settings, tmp_path)
     with open(log, "w") as stderr:
         proc = subprocess.Popen(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
                                 env=subprocess_env(), stderr=stderr)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_SECONDS
     while not ((killed / "resume").is_dir() and _resume_steps(killed)):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.02)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import subprocess_env
+from conftest import HANG_SECONDS, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 # peer.py's option sets the encoder's depth and the decoder's (max(1, 1 // 3) = 1); the
@@ -27,7 +27,7 @@ def run_script(*flags: str, pythonpath: str = "") -> subprocess.CompletedProcess
     # directory are all its imports need.
     return subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "peer_hf.py"), *TINY, *flags],
-        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=300, check=False)
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
 
 
 def run_ok(*flags: str) -> list[str]:

@@ -18,7 +18,7 @@ import sentencepiece as spm
 from maelm_jax import errors
 from maelm_jax.training import checkpoint, loop, steps
 
-from conftest import REPO_ROOT, subprocess_env
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from tiny_config import tiny_config
 
 
@@ -325,12 +325,12 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes(tmp_path, tiny_token
            "--config.train.checkpoint_every=1000", "--config.train.eval_every=1000"]
     proc = subprocess.Popen(cmd + ["--config.train.num_steps=100000"], cwd=REPO_ROOT,
                             env=subprocess_env(), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + HANG_SECONDS
     while not ((run / "metrics.jsonl").exists() and len(train_metrics(run)) >= 5):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=HANG_SECONDS)
     assert proc.returncode == 0, stderr[-2000:]
     assert "preempted: saved a checkpoint at step" in stderr
     saved = checkpoint.Checkpointer(run / "checkpoints", 1000, 3).latest_step()

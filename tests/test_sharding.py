@@ -15,7 +15,7 @@ from maelm_jax import sharding, tokenizer
 from maelm_jax.training import checkpoint
 from maelm_jax.training import setup as setup_lib
 
-from conftest import REPO_ROOT, subprocess_env
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
@@ -211,7 +211,7 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
         )
         for i in range(2)
     ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
     assert "process 1 of 2" in outputs[1]

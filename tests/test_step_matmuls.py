@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from conftest import subprocess_env
+from conftest import HANG_SECONDS, subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -55,7 +55,7 @@ def test_step_matmuls_script_runs_tiny():
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "step_matmuls.py"), *tiny],
         cwd=REPO.parent, env=dict(subprocess_env(), JAX_PLATFORMS="cpu"),
-        capture_output=True, text=True, timeout=300, check=False)
+        capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("mlm train step: ") for line in lines), lines

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, subprocess_env
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 TINY = str(REPO_ROOT / "tests" / "tiny_config.py")
 
@@ -16,7 +16,7 @@ def plan_memory(tmp_path, *flags: str) -> subprocess.CompletedProcess:
     # the imports work.
     return subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "plan_memory.py"), *flags],
-        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=HANG_SECONDS)
 
 
 def test_plan_memory_takes_config_overrides(tmp_path):

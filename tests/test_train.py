@@ -17,7 +17,7 @@ from maelm_jax import sharding, tokenizer, variants
 from maelm_jax.training import loop, steps
 from maelm_jax.training import setup as setup_lib
 
-from conftest import REPO_ROOT, require_shared_data, subprocess_env
+from conftest import HANG_SECONDS, REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
 
 
@@ -146,7 +146,7 @@ def _main_command(workdir, tokenizer_path, num_steps):
 
 
 def _kill_when(proc, condition, what):
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + HANG_SECONDS
     while not condition():
         assert proc.poll() is None, f"the run finished before {what}"
         assert time.monotonic() < deadline
