@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from maelm_jax.finetune import glue, metrics, squad_metrics
@@ -151,3 +152,62 @@ def test_unanswerable_gold_with_only_empty_answers_counts_as_no_answer():
     # Gold answers that normalise to "" are dropped; none left means "no answer".
     out = squad_metrics.evaluate({"q": ["the", "."]}, {"q": ""})
     assert out["exact"] == 100.0 and not math.isnan(out["f1"])
+
+
+def _write_tsv(path, header, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")
+
+
+@pytest.fixture
+def pair_tasks(tmp_path):
+    """MRPC, STS-B and MNLI directories of four rows per split."""
+    pairs = [("a cat sat", "a cat sat down"), ("it rains", "the sun shines"),
+             ("we left", "we went away"), ("red car", "blue sky")]
+    header = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+    for split in ("train", "dev"):
+        _write_tsv(tmp_path / "MRPC" / f"{split}.tsv", header,
+                   [(str(i % 2), "1", "2", a, b) for i, (a, b) in enumerate(pairs)])
+        _write_tsv(tmp_path / "STS-B" / f"{split}.tsv", ["sentence1", "sentence2", "score"],
+                   [(a, b, str(float(i))) for i, (a, b) in enumerate(pairs)])
+    for split in ("train", "dev_matched", "dev_mismatched"):
+        _write_tsv(tmp_path / "MNLI" / f"{split}.tsv", ["sentence1", "sentence2", "gold_label"],
+                   [(a, b, ("entailment", "neutral")[i % 2]) for i, (a, b) in enumerate(pairs)])
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, maelm, threeml", [
+    ("mrpc", "accuracy", "acc_and_f1"),
+    ("stsb", "spearman", "corr"),
+    ("mnli", "m/accuracy", "m+mm/accuracy"),
+    ("sst2", "accuracy", "accuracy"),
+    ("cola", "mcc", "mcc"),
+])
+def test_runs_are_compared_by_the_metric_their_paper_reports(name, maelm, threeml):
+    assert metrics.REPORTED_METRIC["maelm"][glue.get_task(name).name] == maelm
+    assert metrics.REPORTED_METRIC["3ml"][glue.get_task(name).name] == threeml
+
+
+def test_a_3ml_run_reports_and_selects_by_the_pair_means(pair_tasks, tiny_tokenizer):
+    from configs.finetune import glue as glue_config
+    from maelm_jax.finetune import tasks
+
+    def scores(name, paper, predict):
+        c = glue_config.get_config(f"{name},{paper}")
+        c.data.data_dir = str(pair_tasks)
+        task = tasks.GlueTask(c, tiny_tokenizer, 32)
+        run_eval = lambda sequences, targets: [
+            (np.arange(len(sequences)), {"prediction": predict(targets["labels"])})]
+        return task.primary_metric, task.score(run_eval)
+
+    flip_last = lambda labels: np.concatenate([labels[:-1], [(labels[-1] + 1) % 2]])
+    primary, got = scores("mrpc", "3ml", flip_last)  # labels 0 1 0 1, last one wrong
+    assert primary == "acc_and_f1"
+    assert got[primary] == pytest.approx((75.0 + 100 * 2 / 3) / 2)  # acc 3/4, F1 2/3
+    primary, got = scores("stsb", "3ml", lambda labels: labels ** 2)
+    assert primary == "corr"
+    assert got[primary] == pytest.approx((got["pearson"] + got["spearman"]) / 2)
+    assert got["spearman"] == pytest.approx(100.0) and got["pearson"] < 99.0
+    primary, got = scores("mnli", "3ml", lambda labels: np.zeros_like(labels))
+    assert primary == "m+mm/accuracy" and got[primary] == pytest.approx(50.0)
+    assert scores("mnli", "maelm", lambda labels: labels)[0] == "m/accuracy"

@@ -117,6 +117,31 @@ def test_3ml_recipe_grid_weight_decay_and_aggregation():
         glue_config.get_config("rte,paper=bert")
 
 
+# 3ML Table 5: QQP, MNLI and QNLI take the left column; CoLA, SST-2, MRPC, STS-B and RTE
+# the right one (WNLI, which 3ML does not fine-tune, goes with them).
+THREEML_LARGE = {"qqp", "mnli", "qnli"}
+
+
+@pytest.mark.parametrize("task", ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli",
+                                  "rte", "wnli"])
+def test_3ml_grid_follows_its_table_5_task_by_task(task):
+    c = glue_config.get_config(f"{task},3ml")
+    if task in THREEML_LARGE:
+        assert tuple(c.grid.learning_rate) == (5e-5, 8e-5)
+        assert tuple(c.grid.batch_size) == (32,) and tuple(c.grid.num_epochs) == (3, 5)
+        assert (c.train.batch_size, c.train.num_epochs) == (32, 3)
+    else:
+        assert tuple(c.grid.learning_rate) == (1e-5, 3e-5, 5e-5, 8e-5)
+        assert tuple(c.grid.batch_size) == (16, 32) and tuple(c.grid.num_epochs) == (3, 5, 10)
+        assert (c.train.batch_size, c.train.num_epochs) == (16, 10)
+    assert tuple(c.grid.warmup_ratio) == (0.06,) and c.train.weight_decay == 0.1
+    assert c.train.learning_rate in tuple(c.grid.learning_rate)
+    assert c.metric == "3ml" and glue_config.get_config(task).metric == "maelm"
+    # MAE-LM's own split differs on SST-2 (with its large tasks).
+    maelm_small = len(glue_config.get_config(task).grid.batch_size) > 1
+    assert maelm_small == (task not in THREEML_LARGE | {"sst2"})
+
+
 def _rows(table):
     """Sweep rows from {setting: [score of seed 1, seed 2, ...]}."""
     return [{"setting": name, "median": {"acc": float(np.median(scores))},

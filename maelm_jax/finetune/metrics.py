@@ -91,6 +91,17 @@ def task_metrics(task: glue.Task, labels: np.ndarray, predictions: np.ndarray) -
 
 # Task -> the metric the MAE-LM paper reports (and averages).
 PAPER_METRIC = {name: task.primary_metric for name, task in glue.TASKS.items()}
+# The mean of MNLI's matched and mismatched accuracy (`mnli_mean`).
+MNLI_MEAN = "m+mm/accuracy"
+# Paper -> task -> the one number by which runs of the task are compared, as the paper
+# reports it: MAE-LM's (Table 1) one metric per task; 3ML's (Table 3) the mean of the pair
+# where it reports two (MRPC and QQP F1/accuracy, STS-B Pearson/Spearman, MNLI-m/mm).
+REPORTED_METRIC = {
+    "maelm": {name: ("m/" if name == "MNLI" else "") + metric
+              for name, metric in PAPER_METRIC.items()},
+    "3ml": {**PAPER_METRIC, "MRPC": "acc_and_f1", "STS-B": "corr", "QQP": "acc_and_f1",
+            "MNLI": MNLI_MEAN},
+}
 # Task -> the GLUE leaderboard's task score: the mean of these metrics.
 LEADERBOARD_METRICS = {
     "CoLA": ("mcc",),
@@ -102,6 +113,13 @@ LEADERBOARD_METRICS = {
     "QNLI": ("accuracy",),
     "RTE": ("accuracy",),
 }
+
+
+def mnli_mean(scores: Mapping[str, float]) -> dict:
+    """{MNLI_MEAN: ...} from MNLI's scores ("m/accuracy", "mm/accuracy")."""
+    return {MNLI_MEAN: (scores["m/accuracy"] + scores["mm/accuracy"]) / 2}
+
+
 AVERAGED_TASKS = ("MNLI", "QQP", "QNLI", "SST-2", "CoLA", "RTE", "MRPC", "STS-B")
 
 

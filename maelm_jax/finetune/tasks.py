@@ -73,7 +73,8 @@ class GlueTask:
 
     @property
     def primary_metric(self) -> str:
-        return self._prefix(self.task.eval_splits[0]) + self.task.primary_metric
+        """The score runs are compared by: the config's paper's (config.metric)."""
+        return metrics.REPORTED_METRIC[self.config.metric][self.task.name]
 
     def _prefix(self, split: str) -> str:
         """MNLI reports matched and mismatched: "m/accuracy", "mm/accuracy"."""
@@ -110,6 +111,8 @@ class GlueTask:
             predictions = self._predictions(split, run_eval(split.sequences, split.targets))
             for k, v in metrics.task_metrics(self.task, self._labels[name], predictions).items():
                 out[self._prefix(name) + k] = 100.0 * v
+        if self.task.name == "MNLI":
+            out.update(metrics.mnli_mean(out))
         return out
 
     def write_outputs(self, workdir: paths.Path, run_eval: RunEval) -> list[str]:
