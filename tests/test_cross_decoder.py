@@ -127,3 +127,32 @@ def test_kind_is_validated():
     c.model.decoder.kind = "bart"
     with pytest.raises(config_lib.ConfigError, match="model.decoder.kind"):
         config_lib.validate(c)
+
+
+@pytest.mark.parametrize("kind", ["self", "cross"])
+def test_both_decoders_drop_out_after_their_input_layernorm(kind):
+    """With no layer at all, a decoder's output is its input LayerNorm's, dropped out at
+    the decoder's rate in training (0: untouched), as after the encoder's embeddings."""
+    from maelm_jax.models import decoder as decoder_lib
+    from maelm_jax.models import layers
+
+    rate = 0.5
+    stack = layers.StackConfig(num_layers=0, d_model=16, num_heads=2, d_ff=32, dropout=rate)
+    cfg = decoder_lib.DecoderConfig(stack=stack, seq_len=8, kind=kind)
+    module = (decoder_lib.Decoder if kind == "self" else decoder_lib.CrossDecoder)(cfg)
+    enc_out = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 16))
+    enc_index = jnp.tile(jnp.array([0, 1, 3, 4, 6]), (2, 1))
+    args = (enc_out, enc_index) + ((jnp.ones(16),) if kind == "self"
+                                   else (jnp.tile(jnp.array([2, 5, 7]), (2, 1)),))
+    params = module.init(jax.random.PRNGKey(1), *args)
+    clean = np.asarray(module.apply(params, *args, deterministic=True))
+    dropped = np.asarray(module.apply(params, *args, deterministic=False,
+                                      rngs={"dropout": jax.random.PRNGKey(2)}))
+    zero = dropped == 0
+    assert 0.3 < zero.mean() < 0.7
+    np.testing.assert_allclose(dropped[~zero], clean[~zero] / (1 - rate), rtol=1e-5, atol=1e-6)
+    off = type(module)(decoder_lib.DecoderConfig(
+        stack=layers.StackConfig(num_layers=0, d_model=16, num_heads=2, d_ff=32), seq_len=8,
+        kind=kind))
+    np.testing.assert_allclose(off.apply(params, *args, deterministic=False,
+                                         rngs={"dropout": jax.random.PRNGKey(2)}), clean)

@@ -2,8 +2,8 @@
 
 ``Decoder`` (kind "self", MAE-LM and 3ML_self) sees the full length L: encoder outputs
 scattered back to their original positions and the [MASK] word embedding everywhere else,
-plus its own absolute positions 0..L-1 and its own embedding LayerNorm. Bidirectional
-self-attention; no dropout by default (the MAE-LM paper found dropout-free decoding
+plus its own absolute positions 0..L-1 and its own embedding LayerNorm (then dropout, as
+every layer's). Bidirectional self-attention; no dropout by default (the MAE-LM paper found dropout-free decoding
 slightly more stable; 3ML uses 0.1 on the whole model).
 
 ``CrossDecoder`` (kind "cross", 3ML_cross, 3ML Section 3 and Fig. 2 right) sees only the
@@ -95,6 +95,9 @@ class Decoder(nn.Module):
         # Sown (a no-op unless the "intermediates" collection is mutable) for diagnostics.
         self.sow("intermediates", "input", x)
         x = layers.layer_norm("ln_embed", stack.dtype)(x)
+        # As after the encoder's embedding LayerNorm (and the fairseq encoder stack that the
+        # official decoder reuses): 3ML's dropout covers the whole model; 0 for MAE-LM.
+        x = Dropout(stack.dropout)(x, deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         bias = None
         if cfg.rel_pos_buckets:
