@@ -191,11 +191,11 @@ def glob(pattern: str) -> list[str]:
     return [f"{scheme}://{match}" for match in fs.glob(inner)]
 
 
-def object_identity(uri: str) -> list:
-    """[uri, size, version] of an object in a bucket: what tells that it changed (the
-    version is fsspec's ukey, from the object's metadata: generation, checksum)."""
+def object_info(uri: str) -> tuple[dict, str]:
+    """(the metadata of an object in a bucket: size, checksums, ...; fsspec's ukey, a
+    version that changes with the object)."""
     fs, inner, _ = _filesystem(uri)
-    return [uri, fs.size(inner), fs.ukey(inner)]
+    return fs.info(inner), fs.ukey(inner)
 
 
 def upload(local: pathlib.Path, target: Path) -> None:

@@ -16,6 +16,7 @@ through `maelm_jax.paths`, never by SentencePiece's own file access.
 import io
 import os
 import random
+import re
 from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
@@ -143,6 +144,12 @@ def train_tokenizer(documents: Iterable[str], model_prefix_or_path: str, vocab_s
         _train(_sample_sentences(documents, max_sentences, seed), model, vocab_size,
                model_type, lowercase, num_threads or os.cpu_count() or 1)
     except RuntimeError as e:  # SentencePiece reports bad settings as RuntimeError
+        most = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= "
+                         r"(\d+)", str(e))
+        if most:  # a small or repetitive corpus: the one error a user can act on directly
+            raise TokenizerError(
+                f"vocab_size={vocab_size}: the training text yields at most {most.group(1)} "
+                f"{model_type} pieces; lower config.tokenizer.vocab_size or add text") from None
         raise TokenizerError(f"training tokenizer {model_path!r} failed: "
                              f"{str(e).splitlines()[0]}") from None
     # Readers never see a half-written model.

@@ -17,6 +17,8 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       tempfile.mkdtemp(prefix="maelm-jax-test-compile-cache-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# The per-user cache (maelm_jax/user_cache.py) of the session, not the user's own.
+os.environ.setdefault("MAELM_JAX_CACHE", tempfile.mkdtemp(prefix="maelm-jax-test-cache-"))
 
 import pytest
 

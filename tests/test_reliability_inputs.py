@@ -294,14 +294,15 @@ def test_multi_megabyte_single_line_is_split_and_bounded(tmp_path, caplog):
         tok = pipeline.setup_tokenizer(c, tmp_path)
         data = pipeline.prepare_data(c, tmp_path, tok)
     assert ("data.sources.main: 1 line(s) longer than 4096 characters split at whitespace; "
-            "1 document(s) longer than 1000000 characters split at line breaks") in caplog.text
+            "1 document(s) longer than 1000000 characters cut into parts of at most 20000"
+            ) in caplog.text
     assert data.train["main"].shape[0] > 1000
     # The tokenizer learnt from the pieces (SentencePiece would have skipped the whole line).
     assert len(tok.encode(["river123 stone456"])[0]) < 8
 
     documents = list(sources.iter_documents({"kind": "text", "path": str(line)}))
-    assert len(documents) == 4  # 3 MB in parts of at most 1M characters
-    assert all(len(d) <= sources.MAX_DOCUMENT_CHARS for d in documents)
+    assert len(documents) > 150  # 3 MB in parts of at most 20K characters
+    assert all(len(d) <= sources.DOCUMENT_PART_CHARS for d in documents)
     assert max(len(x) for d in documents for x in d.split("\n")) <= sources.MAX_LINE_CHARS
     # Only whitespace changed: the same words in the same order.
     assert " ".join(" ".join(documents).split()) == " ".join(line.read_text().split())

@@ -3,13 +3,14 @@
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import ml_collections
 import numpy as np
 import pytest
 
-from maelm_jax.data import builtin_corpus, sources
+from maelm_jax.data import builtin_corpus, digests, sources
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -296,12 +297,41 @@ def test_fingerprint_changes_when_a_file_or_a_setting_changes(tmp_path):
     _write(path, "some text, longer now")
     second = sources.source_fingerprint(source)
     assert second != first
+    # The content decides, not the modification time...
     stat = os.stat(path)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert sources.source_fingerprint(source) != second
+    assert sources.source_fingerprint(source) == second
+    # ... which tells when to read the file again: the same size, other bytes.
+    _write(path, "some text, LONGER now")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+    assert sources.source_fingerprint(source) not in (first, second)
     _write(tmp_path / "b.txt", "another file")
     assert sources.source_fingerprint({**source, "path": f"{tmp_path}/*.txt"}) != (
         sources.source_fingerprint(source))
+
+
+def test_a_copied_corpus_has_the_same_fingerprint_and_is_hashed_once(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    for name in ("a.txt", "b.md"):
+        _write(corpus / name, f"the text of {name}")
+    source = {"kind": "text", "path": str(corpus)}
+    first = sources.source_fingerprint(source)
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(corpus, copy)
+    assert sources.source_fingerprint({**source, "path": str(copy)}) == first
+    assert sources.source_fingerprint({**source, "path": f"{copy}/*"}) == first
+    # Another order of the same files is another stream of documents.
+    assert sources.source_fingerprint({**source, "path": f"{copy}/b.md,{copy}/a.txt"}
+                                      ) != first
+    # Remembered: an unchanged file is not read again.
+    hashed = []
+    sha256_of = digests.sha256_of
+    monkeypatch.setattr(digests, "sha256_of", lambda p: hashed.append(p) or sha256_of(p))
+    assert sources.source_fingerprint({**source, "path": str(copy)}) == first
+    assert not hashed
+    (copy / "a.txt").write_text("changed")
+    sources.source_fingerprint({**source, "path": str(copy)})
+    assert hashed == [str(copy / "a.txt")]
 
 
 def test_builtin_fingerprint_is_stable():

@@ -21,22 +21,35 @@ kind               fields (default)
 
 ``path`` is a file, a directory (all its files, recursively, hidden files skipped), a glob
 (``**`` allowed) or several of those separated by commas (or a list), local or in a
-bucket (``gs://bucket/corpus/*.txt``). Files are read as
+bucket (``gs://bucket/corpus/*.txt``). Compressed files (gzip, bzip2, xz, zstd: ``.gz``,
+``.bz2``, ``.xz``, ``.zst``, or recognised by their first bytes) are decompressed as they
+are read, by fsspec's codecs. Files are read as
 UTF-8, line by line, so a multi-GB file is never held in memory; invalid bytes are either
 replaced by U+FFFD and counted (``encoding_errors="replace"``) or fatal (``"strict"``).
 TFDS sources read through ``tfds.data_source`` (ArrayRecord random access), which needs no
 TensorFlow.
 
-Pathological text (a minified file, a whole book on one line, a file without blank lines)
-is bounded here, for every kind, before the tokenizer sees it: a line longer than
-``MAX_LINE_CHARS`` is split at whitespace into lines of at most that length (the tokenizer
-treats a line break like a space, so the tokens do not change; SentencePiece's trainer
-would otherwise skip the whole line), and a document longer than ``MAX_DOCUMENT_CHARS`` is
-split at line breaks into consecutive documents, so no single document can take long to
-tokenise or pack. Both are counted in ``ReadStats`` and logged by the preparation.
+Pathological text (a minified file, a whole book on one line, a file without blank lines,
+text8's single 100 MB line, stray NUL bytes) is cleaned and bounded here, for every kind,
+before the tokenizer sees it:
+
+* control characters (C0 and C1: NUL, form feed, vertical tab, a carriage return inside a
+  line, ...; tab and newline excepted) become spaces, as the tokenizer's normaliser would
+  treat them as whitespace at best and Python's ``splitlines`` as line breaks;
+* a line longer than ``MAX_LINE_CHARS`` is split at whitespace into lines of at most that
+  length (the tokenizer treats a line break like a space, so the tokens do not change;
+  SentencePiece's trainer would otherwise skip the whole line);
+* a document longer than ``MAX_DOCUMENT_CHARS`` is no real document (Wikipedia's longest
+  articles are a fifth of that): it is cut at line breaks into consecutive parts of at
+  most ``DOCUMENT_PART_CHARS``, each a document of its own, so that no document takes long
+  to tokenise or pack and a corpus without document boundaries still has enough documents
+  for the validation split (held out by document).
+
+All three are counted in ``ReadStats`` and logged by the preparation.
 """
 
 import codecs
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -44,25 +57,38 @@ import logging
 import os
 import platform
 import re
-from typing import Any, Iterable, Iterator, Mapping
+from typing import IO, Any, Iterable, Iterator, Mapping
+
+import fsspec.compression
+import fsspec.utils
 
 from maelm_jax import errors, paths
-from maelm_jax.data import builtin_corpus
+from maelm_jax.data import builtin_corpus, digests
 
 ENCODING_ERRORS = ("replace", "strict")
 DOC_SEPARATORS = ("blank_line", "line")
 FILE_KINDS = ("text", "jsonl", "wikiextractor")
 
 # Bump when a reader changes what it yields, so fingerprints of prepared data change too.
-_READER_VERSION = 2
+_READER_VERSION = 3
 # Longest line yielded (characters). 4 bytes per character at most, so every line fits
 # SentencePiece's max_sentence_length (tokenizer._MAX_SENTENCE_BYTES = 16384 bytes).
 MAX_LINE_CHARS = 4096
-# Longest document yielded (characters): about 250K tokens, well under a second to encode.
+# Longest document yielded whole (characters): about 250K tokens, well under a second to
+# encode. A longer one is cut into parts of at most DOCUMENT_PART_CHARS (about 5K tokens):
+# a 20 MB line becomes about a thousand documents, of which validation_fraction = 0.01
+# holds out about ten.
 MAX_DOCUMENT_CHARS = 1_000_000
+DOCUMENT_PART_CHARS = 20_000
+# Control characters (Unicode category Cc) but tab and newline.
+_CONTROL_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # Records fetched per ArrayRecord read: amortises the per-call overhead.
 _TFDS_BATCH = 1024
 _GLOB_CHARS = re.compile(r"[*?[]")
+# A compressed file's first bytes (bzip2's: "BZh", the block size, a block's magic), for
+# files whose name does not say (fsspec's infer_compression reads the suffix).
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"),
+          (re.compile(rb"BZh[1-9]1AY&SY"), "bz2"))
 
 # kind -> (required fields, optional fields with their defaults).
 _KIND_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
@@ -101,18 +127,24 @@ class ReadStats:
     replaced: int = 0
     # Lines longer than MAX_LINE_CHARS, split into shorter ones.
     long_lines: int = 0
-    # Documents longer than MAX_DOCUMENT_CHARS, split into consecutive documents.
+    # Documents longer than MAX_DOCUMENT_CHARS, cut into parts.
     long_documents: int = 0
+    # Control characters replaced by spaces.
+    control_chars: int = 0
 
     def bounded_summary(self) -> str:
-        """What the length bounds did, for the preparation log ("" when nothing)."""
+        """What the cleaning and the length bounds did, for the preparation log ("" when
+        nothing)."""
         parts = []
+        if self.control_chars:
+            parts.append(f"{self.control_chars} control character(s) (NUL, form feed, ...) "
+                         "replaced by spaces")
         if self.long_lines:
             parts.append(f"{self.long_lines} line(s) longer than {MAX_LINE_CHARS} characters "
                          "split at whitespace")
         if self.long_documents:
             parts.append(f"{self.long_documents} document(s) longer than {MAX_DOCUMENT_CHARS} "
-                         "characters split at line breaks")
+                         f"characters cut into parts of at most {DOCUMENT_PART_CHARS}")
         return "; ".join(parts)
 
 
@@ -182,6 +214,8 @@ def iter_documents(source: Mapping[str, Any], encoding_errors: str = "replace",
     settings = source_settings(source)
     stats = stats if stats is not None else ReadStats()
     for raw in _raw_documents(settings, encoding_errors, stats):
+        raw, replaced = _CONTROL_CHARS.subn(" ", raw)
+        stats.control_chars += replaced
         for document in _bounded(raw.strip(), stats):
             document = document.strip()
             if document:
@@ -200,9 +234,15 @@ def _bounded(document: str, stats: ReadStats) -> list[str]:
     if len(document) <= MAX_DOCUMENT_CHARS:
         return ["\n".join(lines)]
     stats.long_documents += 1
+    return _parts(lines)
+
+
+def _parts(lines: list[str]) -> list[str]:
+    """Consecutive lines joined into parts of at most DOCUMENT_PART_CHARS (a longer line
+    is a part of its own)."""
     parts, part, size = [], [], 0
     for line in lines:
-        if part and size + len(line) + 1 > MAX_DOCUMENT_CHARS:
+        if part and size + len(line) + 1 > DOCUMENT_PART_CHARS:
             parts.append("\n".join(part))
             part, size = [], 0
         part.append(line)
@@ -235,16 +275,20 @@ def source_fingerprint(source: Mapping[str, Any]) -> str:
 
     It covers the settings (with defaults filled in; ``weight`` excluded because it changes
     the mixture, not this source's documents), the reader version and: for file kinds each
-    matched file's absolute path, size and mtime; for builtin the Python version; for tfds
-    the prepared dataset's version and per-split sizes. ``encoding_errors`` is an argument
-    of ``iter_documents``, not a setting: callers that vary it must hash it themselves.
+    matched file's size and content digest, in order (`digests.content_identity`; not the
+    path, so a copy of the corpus elsewhere is the same source); for builtin the Python
+    version; for tfds the prepared dataset's version and per-split sizes.
+    ``encoding_errors`` is an argument of ``iter_documents``, not a setting: callers that
+    vary it must hash it themselves.
     """
     settings = source_settings(source)
     settings.pop("weight")
     payload: dict[str, Any] = {"reader_version": _READER_VERSION, "settings": settings}
     kind = settings["kind"]
     if kind in FILE_KINDS:
-        payload["files"] = [_file_identity(p) for p in resolve_paths(settings["path"])]
+        # What the files hold, in order; not where they are (a copied corpus is the same).
+        files = resolve_paths(settings.pop("path"))
+        payload["files"] = [digests.content_identity(file) for file in files]
     elif kind == "builtin":
         payload["python"] = platform.python_version()
         payload["builtin"] = [builtin_corpus.CORPUS_VERSION, builtin_corpus.MIN_DOCSTRING_WORDS,
@@ -317,14 +361,6 @@ def _check_readable(path: str, field_name: str) -> None:
         raise SourceError(f"{field_name}: file {path!r} is empty")
 
 
-def _file_identity(path: str) -> list[Any]:
-    """[absolute path, size, version]: what tells that a file changed."""
-    if paths.is_uri(path):
-        return paths.object_identity(path)
-    stat = os.stat(path)
-    return [os.path.abspath(path), stat.st_size, stat.st_mtime_ns]
-
-
 def _raw_documents(settings: dict[str, Any], encoding_errors: str,
                    stats: ReadStats) -> Iterator[str]:
     kind = settings["kind"]
@@ -348,11 +384,57 @@ def _raw_documents(settings: dict[str, Any], encoding_errors: str,
             yield from _wikiextractor_documents(lines)
 
 
-def _read_lines(path: str, encoding_errors: str, stats: ReadStats) -> Iterator[tuple[int, str]]:
-    """Yields (1-based line number, line without its newline), streaming the file."""
-    replaced_before = stats.replaced
+def compression(path: str) -> str | None:
+    """The file's compression (an fsspec codec name: "gzip", "bz2", "xz", "zstd") from its
+    suffix, else from its first bytes; None for a plain file."""
+    by_name = fsspec.utils.infer_compression(path)
+    if by_name is None and path.endswith(".zst"):
+        by_name = "zstd"  # named even where fsspec has no zstd codec, to say what is missing
+    if by_name:
+        return by_name
     with paths.Path(path).open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        head = f.read(10)
+    for magic, name in _MAGIC:
+        if head.startswith(magic) if isinstance(magic, bytes) else magic.match(head):
+            return name
+    return None
+
+
+@contextlib.contextmanager
+def open_bytes(path: str) -> Iterator[IO[bytes]]:
+    """The file's bytes, decompressed as they are read when it is compressed; local or in a
+    bucket."""
+    codec_name = compression(path)
+    codec = fsspec.compression.compr.get(codec_name)
+    if codec_name and codec is None:
+        raise SourceError(f"{path}: a {codec_name} file, and this Python has no {codec_name} "
+                          "codec (pip install backports.zstd)")
+    with paths.Path(path).open("rb") as raw:
+        if codec is None:
+            yield raw
+            return
+        with codec(raw, mode="rb") as f:
+            yield f
+
+
+def _read_lines(path: str, encoding_errors: str, stats: ReadStats) -> Iterator[tuple[int, str]]:
+    """Yields (1-based line number, line without its newline), streaming the file (and
+    decompressing it, when it is compressed)."""
+    replaced_before = stats.replaced
+    with open_bytes(path) as f:
+        lines = enumerate(f, start=1)
+        lineno = 0
+        while True:
+            try:
+                lineno, raw = next(lines)
+            except StopIteration:
+                break
+            except Exception as e:  # each codec has errors of its own (zlib, lzma, zstd)
+                kind = compression(path)
+                raise SourceError(
+                    f"{path}: cannot read past line {lineno} ({e}); a damaged or truncated "
+                    f"{kind} file?" if kind else f"{path}: cannot read past line {lineno} "
+                    f"({e})") from None
             if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8):]  # a BOM is an encoding mark, not text
             yield lineno, _decode(raw, encoding_errors, stats, f"{path}:{lineno}").rstrip("\r\n")
@@ -380,18 +462,19 @@ def _blank_line_documents(lines: Iterable[tuple[int, str]], stats: ReadStats) ->
     for _, line in lines:
         if line.strip():
             if paragraph and size + len(line) > MAX_DOCUMENT_CHARS:
-                # A file without blank lines is not one document to hold in memory.
+                # A file without blank lines is not one document to hold in memory: it is
+                # cut into parts as it is read, as _bounded cuts other over-long documents.
                 stats.long_documents += not continued  # once per document
                 continued = True
-                yield "\n".join(paragraph)
+                yield from _parts(paragraph)
                 paragraph, size = [], 0
             paragraph.append(line)
             size += len(line) + 1
         elif paragraph:
-            yield "\n".join(paragraph)
+            yield from (_parts(paragraph) if continued else ["\n".join(paragraph)])
             paragraph, size, continued = [], 0, False
     if paragraph:
-        yield "\n".join(paragraph)
+        yield from (_parts(paragraph) if continued else ["\n".join(paragraph)])
 
 
 def _jsonl_documents(lines: Iterable[tuple[int, str]], path: str,
