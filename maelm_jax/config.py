@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import jax.numpy as jnp
 import ml_collections
 
 from absl import logging
@@ -75,7 +74,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # Bucketing of relative distances, for the encoder and the decoder: "t5" (Raffel et al.,
     # as both papers cite) or "maelm", the official MAE-LM code's (relative_position.BUCKET_FNS).
     c.model.rel_pos_bucket_fn = "t5"
-    c.model.dtype = "float32"  # compute dtype; parameters stay float32
+    # Compute dtype (layers.DTYPES): "auto" is bfloat16 on GPUs and TPUs, float32 on CPUs.
+    # Parameters, optimiser state, softmax, LayerNorm statistics and the loss stay float32.
+    c.model.dtype = "auto"
     # Attention kernel of the encoder and decoder (layers.ATTENTION_IMPLS): "auto" takes
     # cuDNN's fused attention on GPUs at half precision and our einsums elsewhere.
     c.model.attention_impl = "auto"
@@ -313,7 +314,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain_lib.PretrainConfig:
     """The frozen model description the Flax modules take."""
     m = config.model
-    dtype = jnp.dtype(m.dtype)
+    dtype = layers.resolve_dtype(m.dtype)
     attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
     encoder = encoder_lib.from_architecture(
         encoder_lib.model_architecture(m, vocab_size=vocab_size,

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax.numpy as jnp
 import ml_collections
 
 from maelm_jax import flops as flops_lib
+from maelm_jax.models import layers
 
 # Substring of jax.Device.device_kind -> (bfloat16, float32) dense peak TFLOP/s per device.
 # Checked in order: more specific names first. TPU v2 and v3 expose each core as a device.
@@ -47,9 +49,10 @@ def peak_tflops(device_kind: str, dtype: str, override: float = 0.0) -> Optional
     kind is not in PEAK_TFLOPS."""
     if override > 0:
         return override
+    single_precision = layers.resolve_dtype(dtype) == jnp.float32
     for name, (half, single) in PEAK_TFLOPS:
         if name.lower() in device_kind.lower():
-            return single if dtype == "float32" else half
+            return single if single_precision else half
     return None
 
 

@@ -133,7 +133,7 @@ def encoder_fields(prefix: str = "model") -> dict[str, Field]:
         f"{prefix}.rel_pos_buckets": integer(0),  # evenness: the kind's validate
         f"{prefix}.rel_pos_max_distance": integer(1),
         f"{prefix}.rel_pos_bucket_fn": choice("t5", "maelm"),  # relative_position.BUCKET_FNS
-        f"{prefix}.dtype": choice("float32", "bfloat16", "float16"),
+        f"{prefix}.dtype": choice("auto", "float32", "bfloat16", "float16"),  # layers.DTYPES
     }
 
 

@@ -310,6 +310,19 @@ def test_attention_impl_auto_resolves_per_backend():
     assert layers.resolve_attention_impl("xla", jnp.float32, "cpu") == "xla"
 
 
+def test_compute_dtype_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
+    assert layers.resolve_dtype("auto", "gpu") == jnp.bfloat16
+    assert layers.resolve_dtype("auto", "tpu") == jnp.bfloat16
+    assert layers.resolve_dtype("auto", "cpu") == jnp.float32
+    assert layers.resolve_dtype("float16", "gpu") == jnp.float16
+    c = tiny_config("maelm")
+    assert c.model.dtype == "auto"  # the default
+    cfg = config_lib.model_config(c, TINY_VOCAB)  # this backend: the CPU
+    assert cfg.encoder.stack.dtype == jnp.float32 and cfg.decoder.stack.dtype == jnp.float32
+    c.model.dtype = "bfloat16"
+    assert config_lib.model_config(c, TINY_VOCAB).encoder.stack.dtype == jnp.bfloat16
+
+
 def test_fused_attention_model_matches_and_keeps_einsum_for_dropout(monkeypatch):
     """A whole MAE-LM forward with attention_impl="xla" goes through the fused call and
     equals the einsum one; in training with attention dropout the encoder takes the einsum

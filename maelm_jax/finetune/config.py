@@ -123,7 +123,7 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # the papers' <s>), or "mean", the mean over the real tokens (sentence-embedding
     # style; helps small encoders whose <s> state carries little).
     c.model.pooling = "first"
-    c.model.dtype = "float32"  # compute dtype; "bfloat16" on accelerators
+    c.model.dtype = "auto"  # compute dtype: bfloat16 on GPUs and TPUs, float32 on CPUs
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "files"  # "files" (GLUE TSVs / SQuAD JSON) or "tfds" (ArrayRecord)

@@ -90,14 +90,14 @@ def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "f
     arch: a record as `architecture` writes it; fields added since the first release may be
     absent (ADDED gives what such a record meant). where: names the record in the
     ArchitectureError raised for a missing, mistyped or unknown field, e.g. the file.
-    dtype: the compute dtype (a name or a dtype). rel_pos_init: how a fresh relative bias is
+    dtype: the compute dtype (a layers.DTYPES name, "auto" included, or a dtype). rel_pos_init: how a fresh relative bias is
     initialised. run: the StackConfig fields outside the architecture (dropout,
     attention_dropout, activation_dropout, attention_impl, scan_layers, remat_policy);
     StackConfig's defaults for those not given.
     """
     arch = _checked(arch, where)
     stack = layers.StackConfig(**{k: v for k, v in arch.items() if k in _STACK_FIELDS},
-                               dtype=jnp.dtype(dtype), **run)
+                               dtype=layers.resolve_dtype(dtype), **run)
     return EncoderConfig(stack=stack, rel_pos_init=rel_pos_init,
                          **{k: v for k, v in arch.items() if k not in _STACK_FIELDS})
 

@@ -17,6 +17,7 @@ from absl import logging
 from maelm_jax import config as config_lib
 from maelm_jax import distributed, errors, fill_mask, masking, mfu, paths, sharding
 from maelm_jax.data import loader, pipeline
+from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import preemption
@@ -148,8 +149,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     device_kind = jax.devices()[0].device_kind
     utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size, device_kind)
     if utilisation.peak:
-        logging.info("MFU against %.1f peak TFLOP/s per device (%s, %s)", utilisation.peak,
-                     device_kind, config.model.dtype)
+        logging.info("MFU against %.1f peak TFLOP/s per device (%s, %s compute)",
+                     utilisation.peak, device_kind, layers.resolve_dtype(config.model.dtype))
     else:
         logging.info("no peak FLOP/s known for device kind %r: logging TFLOP/s per device "
                      "without MFU (config.train.peak_tflops_per_device sets one)", device_kind)
