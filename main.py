@@ -17,7 +17,7 @@ import pathlib
 from absl import app, flags
 from absl import logging as absl_logging
 
-from maelm_jax import cli, distributed, errors, fill_mask, host_memory
+from maelm_jax import cli, compile_cache, distributed, errors, fill_mask, host_memory
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
@@ -39,6 +39,11 @@ flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (
 flags.DEFINE_bool("keep_host_memory", True, "Have glibc's malloc keep freed memory for reuse "
                   "instead of unmapping XLA's per-step scratch buffer (CPU steps: up to about a "
                   "sixth faster; maelm_jax/host_memory.py). Linux with glibc only.")
+flags.DEFINE_bool("compilation_cache", True, "Keep compiled programs (and XLA's autotuning "
+                  "results) on disk, so that the next run of the same program compiles in "
+                  "seconds (maelm_jax/compile_cache.py).")
+flags.DEFINE_string("compilation_cache_dir", "", "Where: default $JAX_COMPILATION_CACHE_DIR, "
+                    "else ~/.cache/maelm_jax/jax ($MAELM_JAX_CACHE/jax).")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process "
                     "runs outside TPU pods and SLURM (which are detected automatically).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
@@ -67,6 +72,10 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.INFO)
     if not FLAGS.library_logs:
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
+    if FLAGS.compilation_cache:
+        compile_cache.enable(FLAGS.compilation_cache_dir)
+    else:
+        compile_cache.disable()
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
         mode = FLAGS.config.get("mode", "pretrain")

@@ -325,7 +325,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 log = step % t.log_every == 0 or step == num_steps
                 if step == start + 1:
                     jax.block_until_ready(state)
-                    logging.info("compiled and ran the first step in %.1fs",
+                    logging.info("compiled (or loaded from the compilation cache) and ran "
+                                 "the first step in %.1fs",
                                  time.perf_counter() - clock)
                     if not log:  # keep compilation out of examples/s, unless it is all
                         timed_from, clock = step, time.perf_counter()

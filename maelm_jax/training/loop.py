@@ -230,7 +230,8 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 # Keep compilation out of the first window's steps/s and ETA.
                 jax.block_until_ready(state)
                 logging.info(
-                    "compiled and ran the first step in %.1fs",
+                    "compiled (or loaded from the compilation cache) and ran the first step "
+                    "in %.1fs",
                     time.perf_counter() - throughput.time,
                 )
                 throughput = _Throughput(step, tokens_per_step, t.num_steps)
