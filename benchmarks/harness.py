@@ -176,12 +176,43 @@ def median_seconds(call, repeats: int) -> float:
     return statistics.median(times)
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """fp32 GFLOP/s of a jitted n x n matmul, the median of `repeats` after a warm-up: the
-    machine's speed, printed beside absolute times."""
-    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), jax.numpy.float32)
+def matmul_gflops(n: int = 2048, repeats: int = 5, dtype=jax.numpy.float32) -> float:
+    """GFLOP/s of a jitted n x n matmul at `dtype`, the median of `repeats` after a
+    warm-up: the machine's speed, printed beside absolute times."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
     matmul = jax.jit(jax.numpy.matmul)
     return 2 * n ** 3 / median_seconds(lambda: matmul(x, x).block_until_ready(), repeats) / 1e9
+
+
+def on_accelerator() -> bool:
+    return jax.default_backend() in ("gpu", "tpu")
+
+
+def machine_speed() -> tuple[str, float]:
+    """(what was measured, TFLOP/s): on a GPU or TPU a bf16 8192^3 matmul, the peak that
+    MFU is measured against here (an H100 reaches about 800 TFLOP/s); on a CPU the fp32
+    2048^3 matmul printed beside absolute CPU times."""
+    if on_accelerator():
+        return ("bf16 jitted 8192x8192 matmul",
+                matmul_gflops(8192, 10, jax.numpy.bfloat16) / 1e3)
+    return "fp32 jitted 2048x2048 matmul", matmul_gflops() / 1e3
+
+
+def describe_speed(what: str, tflops: float) -> str:
+    if on_accelerator():
+        return f"{what}: {tflops:.0f} TFLOP/s (median of 10; the MFU peak here)"
+    return f"{what}: {1e3 * tflops:.1f} GFLOP/s (median of 5)"
+
+
+def device_line() -> str:
+    """jax's version, backend and device kind, for the first line of a benchmark."""
+    return (f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} x "
+            f"{jax.devices()[0].device_kind})")
+
+
+def six_nt_tflops(num_params: int, tokens_per_step: int, seconds: float) -> float:
+    """Model TFLOP/s by the 6 N T convention (N parameters, T tokens per step)."""
+    return 6 * num_params * tokens_per_step / seconds / 1e12
 
 
 # --- flags ---------------------------------------------------------------------------------

@@ -1,9 +1,19 @@
-r"""Train-step throughput of our MLM and MAE-LM against Hugging Face's RobertaForMaskedLM
-(PyTorch, CPU) at the same configuration, in one run.
+r"""Train-step throughput of our objectives against Hugging Face's RobertaForMaskedLM
+(PyTorch) at the same configuration, in one run, on the CPU or a GPU.
 
     pip install -r requirements-bench.txt   # torch (CPU build) and transformers
     python benchmarks/peer_hf.py [--config=configs/benchmark/peer.py[:layers=12]] \
         [--config.train.batch_size=64 --config.train.prng_impl=rbg --threads=1 ...]
+    python benchmarks/peer_hf.py --config=configs/benchmark/peer.py:base   # a GPU: BERT-base
+
+On a GPU (JAX's default backend, and torch sees CUDA) the peer is what a PyTorch user runs
+there: the model on the GPU, bf16 autocast, SDPA attention (`attn_implementation="sdpa"`,
+which keeps attention dropout inside its fused kernel), fused AdamW; it is timed eager
+and under `torch.compile` (--peer_compile), and the faster of the two is the peer. Ours
+computes in bfloat16 (model.dtype "auto"). Every step is synchronised (block_until_ready,
+torch.cuda.synchronize) before the clock stops. MFU is printed for every side by the
+6 N T convention (N parameters, T tokens per step) against a bf16 8192^3 matmul measured
+in the same run; JAX is told not to preallocate GPU memory, so both fit.
 
 The configuration is a pretraining config's, as for main.py: --config (default
 configs/benchmark/peer.py: 4 layers x 256, 4 heads, FFN 1024, vocabulary 8000, L = 128,
@@ -28,9 +38,10 @@ round (`harness.round_ratios`), printed with its range and the ratio of the fast
 the two sides of a round ran back to back, so a slow phase of the machine that spans a
 round hits both, and the paired ratio moves less between runs than the ratio of medians.
 
-Targets, as throughput ratios ours / peer: MLM >= 1.5x and MAE-LM >= 1.2x. A jitted fp32
-2048x2048 matmul's GFLOP/s, measured in the same run, lets absolute times be compared
-across machines.
+Targets, as throughput ratios ours / peer: on the CPU MLM >= 1.5x and MAE-LM >= 1.2x; on a
+GPU MLM, 3ML_self and 3ML_cross >= 1.5x and MAE-LM >= 1.3x. A jitted matmul's speed (fp32
+2048^3 on the CPU, bf16 8192^3 on a GPU), measured in the same run, lets absolute times be
+compared across machines.
 
 MAE-LM's decoder in configs/benchmark/peer.py has max(1, layers // 3) layers at full width:
 the base model's encoder-to-decoder depth ratio (12:4), so the decoder's share of the step
@@ -63,40 +74,61 @@ Caveats:
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
-import harness
-import jax
-import ml_collections
-import numpy as np
-from absl import app, flags
+# Before JAX starts: on a GPU the peer needs memory too (JAX takes 75 % by default).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from maelm_jax import cli, tokenizer
+import statistics  # noqa: E402
+import time  # noqa: E402
 
-TARGETS = {"mlm": 1.5, "maelm": 1.2}  # minimum throughput ratio ours / peer
+import harness  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from maelm_jax import cli, tokenizer  # noqa: E402
+
+# Minimum throughput ratio ours / peer, per machine kind.
+TARGETS = {"cpu": {"mlm": 1.5, "maelm": 1.2},
+           "gpu": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5}}
 
 FLAGS = flags.FLAGS
 harness.define_config("peer.py")
 harness.define_timing_flags(steps=3)
-flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads (XLA uses every "
-                     "core regardless).", lower_bound=1)
+flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads on the CPU (XLA uses "
+                     "every core regardless).", lower_bound=1)
 flags.DEFINE_enum("peer", "hf", ["hf", "none"], "none: time only our side (no torch needed).")
+flags.DEFINE_enum("peer_compile", "auto", ["auto", "eager", "compile", "both"],
+                  "The peer eager, under torch.compile, or both (the faster counts); auto: "
+                  "both on a GPU, eager on the CPU.")
+flags.DEFINE_list("objectives", [], "Our sides (mlm always runs); default: mlm and maelm on "
+                  f"the CPU, all of {', '.join(harness.OBJECTIVES)} on a GPU.")
+
+
+@flags.validator("objectives")
+def _known_objectives(chosen: list[str]) -> bool:
+    unknown = sorted(set(chosen) - set(harness.OBJECTIVES))
+    if unknown:
+        raise flags.ValidationError(f"unknown {', '.join(unknown)}; expected some of "
+                                    f"{', '.join(harness.OBJECTIVES)}")
+    return True
 
 
 class PeerBench(harness.Timed):
     """RobertaForMaskedLM's train step, recording times the way harness.Bench.run does.
 
     `ours` is our MLM's config: the peer takes its encoder's sizes and dropout, its
-    vocabulary, length, masking rate and optimiser settings.
+    vocabulary, length, masking rate and optimiser settings. device "cuda": bf16 autocast,
+    SDPA attention, fused AdamW, each step synchronised; `compiled`: under torch.compile.
     """
 
-    def __init__(self, ours: ml_collections.ConfigDict, tokens: np.ndarray):
+    def __init__(self, ours: ml_collections.ConfigDict, tokens: np.ndarray, device: str,
+                 compiled: bool):
         super().__init__()
         import torch
         import transformers
 
-        self.torch = torch
+        self.torch, self.device = torch, device
         train, m = ours.train, ours.model
         self.mask_ratio = ours.masking.mask_ratio
         self.clip_norm = train.clip_norm
@@ -109,59 +141,96 @@ class PeerBench(harness.Timed):
             # RoBERTa numbers positions from padding_idx + 1 = 2.
             max_position_embeddings=ours.data.seq_len + 2,
             hidden_dropout_prob=m.dropout, attention_probs_dropout_prob=m.attention_dropout)
-        self.model = transformers.RobertaForMaskedLM(config).train()
-        self.attention = self.model.config._attn_implementation
+        cuda = device == "cuda"
+        model = transformers.RobertaForMaskedLM(
+            config, **({"attn_implementation": "sdpa"} if cuda else {})).to(device).train()
+        self.attention = model.config._attn_implementation
+        self.num_params = sum(p.numel() for p in model.parameters())  # tied counted once
         # Our optimiser's hyper-parameters (a constant rate: the schedule costs nothing).
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=train.learning_rate, betas=(train.adam_b1, train.adam_b2),
-            eps=train.adam_eps, weight_decay=train.weight_decay)
-        self.tokens = torch.from_numpy(tokens).long()
+            model.parameters(), lr=train.learning_rate, betas=(train.adam_b1, train.adam_b2),
+            eps=train.adam_eps, weight_decay=train.weight_decay,
+            **({"fused": True} if cuda else {}))
+        self.parameters = list(model.parameters())
+        self.model = torch.compile(model) if compiled else model
+        self.name = "peer (torch.compile)" if compiled else "peer"
+        self.tokens = torch.from_numpy(tokens).long().to(device)
         self.build_seconds = time.perf_counter() - start
-        self.num_params = sum(p.numel() for p in self.model.parameters())  # tied counted once
 
     def mask(self):
         """DataCollatorForLanguageModeling.torch_mask_tokens, without a tokenizer (the random
         ids hold no special tokens)."""
         torch, ids = self.torch, self.tokens.clone()
         labels = ids.clone()
-        masked = torch.bernoulli(torch.full(ids.shape, self.mask_ratio)).bool()
+        full = lambda p: torch.full(ids.shape, p, device=self.device)  # noqa: E731
+        masked = torch.bernoulli(full(self.mask_ratio)).bool()
         labels[~masked] = -100
-        replaced = torch.bernoulli(torch.full(ids.shape, 0.8)).bool() & masked
+        replaced = torch.bernoulli(full(0.8)).bool() & masked
         ids[replaced] = tokenizer.MASK_ID
-        randomized = torch.bernoulli(torch.full(ids.shape, 0.5)).bool() & masked & ~replaced
-        ids[randomized] = torch.randint(self.vocab_size, ids.shape)[randomized]
+        randomized = torch.bernoulli(full(0.5)).bool() & masked & ~replaced
+        ids[randomized] = torch.randint(self.vocab_size, ids.shape, device=self.device)[randomized]
         return ids, labels
 
-    def step_once(self) -> None:  # synchronous on the CPU
+    def step_once(self) -> None:
+        torch = self.torch
         ids, labels = self.mask()
-        self.model(input_ids=ids, labels=labels).loss.backward()
-        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device == "cuda"):
+            loss = self.model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
         self.optimizer.step()
         self.optimizer.zero_grad()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+
+def _peer_benches(config, tokens, kind: str) -> dict:
+    """The peer's sides: eager and/or compiled (--peer_compile), each built and warmed."""
+    import torch
+    import transformers
+
+    device = "cuda" if kind == "gpu" and torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(FLAGS.threads)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__} on {device}"
+          + (f": torch.get_num_threads() = {torch.get_num_threads()}" if device == "cpu"
+             else f" ({torch.cuda.get_device_name()}), bf16 autocast, fused AdamW"))
+    modes = FLAGS.peer_compile
+    if modes == "auto":
+        modes = "both" if device == "cuda" else "eager"
+    benches = {}
+    for compiled in {"eager": [False], "compile": [True], "both": [False, True]}[modes]:
+        b = PeerBench(config, tokens, device, compiled)
+        benches[b.name] = b
+        print(f"  {b.name:22s} built in {b.build_seconds:.1f} s; attention {b.attention}; "
+              f"{b.mask_ratio:.0%} masked per step, 80-10-10")
+    return benches
 
 
 def main(argv) -> None:
     del argv  # cli.tool_flags_parser refuses stray arguments
     kept = harness.start_host_memory()
+    kind = "gpu" if harness.on_accelerator() else "cpu"
+    targets = TARGETS[kind]
+    objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:]
+                            if o in (FLAGS.objectives or targets)]
     config = FLAGS.config
-    configs = harness.objective_configs(config, ("mlm", "maelm"))
+    configs = harness.objective_configs(config, objectives)
     if FLAGS.peer == "hf":
         try:
-            import torch
-            import transformers
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
         except ImportError as e:
             cli.fail(f"--peer=hf needs torch and transformers ({e}): "
                      f"pip install -r requirements-bench.txt (or pass --peer=none)", cli.program())
-        torch.set_num_threads(FLAGS.threads)
-        print(f"torch {torch.__version__}, transformers {transformers.__version__}: "
-              f"torch.get_num_threads() = {torch.get_num_threads()}")
-    print(f"jax {jax.__version__} on {jax.default_backend()}: XLA's CPU client uses all "
-          f"{os.cpu_count()} CPUs (by default; not set here)")
+    print(harness.device_line() + (f": XLA's CPU client uses all {os.cpu_count()} CPUs (by "
+                                   "default; not set here)" if kind == "cpu" else ""))
     print("host memory: " + ("glibc malloc keeps freed memory (--keep_host_memory)" if kept
                              else "the C allocator's defaults"))
     print(f"load average {os.getloadavg()[0]:.1f} before starting (other work on the "
           f"machine skews the timings, torch's most)")
-    print(f"fp32 jitted 2048x2048 matmul: {harness.matmul_gflops():.1f} GFLOP/s (median of 5)")
+    what, peak = harness.machine_speed()
+    print(harness.describe_speed(what, peak))
     m = config.model
     print(f"encoder {m.num_layers} x {m.d_model} ({m.num_heads} heads, FFN {m.d_ff}), "
           f"MAE-LM decoder {m.decoder.num_layers} x {m.decoder.d_model}, "
@@ -174,39 +243,45 @@ def main(argv) -> None:
     benches = {}
     for objective, objective_config in configs.items():
         b = benches[objective] = harness.Bench(objective_config, tokens)
-        print(f"  {objective:5s} compiled in {b.compile_seconds:.1f} s; "
+        print(f"  {objective:9s} compiled in {b.compile_seconds:.1f} s; "
               f"n_enc={b.counts.n_enc}, k={b.counts.k}")
     if FLAGS.peer == "hf":
-        b = benches["peer"] = PeerBench(configs["mlm"], tokens)
-        print(f"  peer  RobertaForMaskedLM built in {b.build_seconds:.1f} s; "
-              f"attention {b.attention}; {b.mask_ratio:.0%} masked per step, 80-10-10")
+        benches.update(_peer_benches(configs["mlm"], tokens, kind))
     harness.time_rotated(benches, FLAGS.warmup, FLAGS.repeats, FLAGS.steps)
 
     tokens_per_step = config.train.batch_size * config.data.seq_len
     print()
-    print(f"{'side':5s} {'params':>12s} {'ms/step':>9s} {'min ms':>9s} {'cpu ms':>9s} "
-          f"{'faults':>8s} {'tokens/s':>9s}")
+    print(f"{'side':22s} {'params':>12s} {'ms/step':>9s} {'min ms':>9s} {'cpu ms':>9s} "
+          f"{'faults':>8s} {'tokens/s':>9s} {'MFU 6NT':>8s}")
     wall = {}
     for side, b in benches.items():
         # "min ms" and "cpu ms" (process CPU time, all threads) show how much other load
         # on the machine inflated the median wall time; "faults" (minor page faults per
         # step) how much fresh memory the step had the kernel map and zero.
         wall[side] = s = statistics.median(b.wall)
-        print(f"{side:5s} {b.num_params:12,d} {1e3 * s:9.1f} {1e3 * min(b.wall):9.1f} "
+        mfu = harness.six_nt_tflops(b.num_params, tokens_per_step, s) / peak
+        print(f"{side:22s} {b.num_params:12,d} {1e3 * s:9.1f} {1e3 * min(b.wall):9.1f} "
               f"{1e3 * statistics.median(b.cpu):9.1f} {statistics.median(b.faults):8.0f} "
-              f"{tokens_per_step / s:9.0f}")
+              f"{tokens_per_step / s:9.0f} {mfu:8.1%}")
 
     print()
-    if "peer" not in wall:
+    peers = [side for side in benches if side.startswith("peer")]
+    if not peers:
         print("peer: skipped (--peer=none)")
         return
+    peer = min(peers, key=lambda side: wall[side])  # eager or compiled: the faster counts
+    if len(peers) > 1:
+        print(f"the peer is its faster mode: {peer}")
     # The verdict is on the median of the per-round ratios (each round times both sides
     # back to back); the ratio of the fastest steps shows each side's best on this machine.
-    for objective, target in TARGETS.items():
-        ratios = harness.round_ratios(benches["peer"].wall, benches[objective].wall, FLAGS.steps)
+    for objective in objectives:
+        if objective not in targets:
+            continue
+        target = targets[objective]
+        ratios = harness.round_ratios(benches[peer].wall, benches[objective].wall, FLAGS.steps)
         ratio = statistics.median(ratios)  # tokens/s ours over tokens/s peer
         verdict = "meets" if ratio >= target else "misses"
-        best = min(benches["peer"].wall) / min(benches[objective].wall)
+        best = min(benches[peer].wall) / min(benches[objective].wall)
         print(f"{objective} / peer: {ratio:.2f}x tokens/s, median of {len(ratios)} rounds "
               f"(range {min(ratios):.2f}-{max(ratios):.2f}x; fastest steps {best:.2f}x; "
               f"target >= {target}x: {verdict})")

@@ -10,7 +10,8 @@ all alike, and reports the medians:
         [--config.model.num_layers=12 --config.data.seq_len=512 --objectives=maelm]
 
 The sizes are a pretraining config's, as for main.py: --config (default
-configs/benchmark/step_time.py: a 4 x 768 encoder, L = 128, batch 8) and any
+configs/benchmark/step_time.py: a 4 x 768 encoder, L = 128, batch 8; on a GPU pass
+--config=configs/benchmark/peer.py:base for BERT-base at L = 512, batch 32) and any
 --config.<field>=<value>, such as --config.model.scan_layers=true,
 --config.model.remat_policy=dots or --config.train.prng_impl=rbg. Dropout is two fields,
 --config.model.dropout and --config.model.attention_dropout (the 3ML decoders take both).
@@ -39,10 +40,9 @@ import os
 import statistics
 
 import harness
-import jax
 from absl import app, flags
 
-from maelm_jax import cli
+from maelm_jax import cli, mfu
 
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
 
@@ -69,9 +69,9 @@ def main(argv) -> None:
     objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:] if o in FLAGS.objectives]
     configs = harness.objective_configs(config, objectives)
     tokens = harness.random_tokens(config)
-    print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s), "
-          f"{os.cpu_count()} CPUs); fp32 jitted 2048x2048 matmul: "
-          f"{harness.matmul_gflops():.1f} GFLOP/s; host memory: "
+    what, peak = harness.machine_speed()
+    print(f"{harness.device_line()}, {os.cpu_count()} CPUs; {harness.describe_speed(what, peak)}; "
+          "host memory: "
           + ("glibc malloc keeps freed memory" if kept else "the C allocator's defaults"))
     m = config.model
     print(f"encoder {m.num_layers} x {m.d_model} ({m.num_heads} heads, FFN {m.d_ff}), "
@@ -92,7 +92,7 @@ def main(argv) -> None:
     tokens_per_step = config.train.batch_size * config.data.seq_len
     print()
     print(f"{'objective':9s} {'n_enc':>5s} {'ms/step':>9s} {'min ms':>9s} {'cpu ms':>9s} "
-          f"{'steps/s':>8s} {'tokens/s':>9s} {'GFLOP/step':>10s} {'GFLOP/s':>8s}")
+          f"{'steps/s':>8s} {'tokens/s':>9s} {'GFLOP/step':>10s} {'GFLOP/s':>8s} {'MFU':>6s}")
     wall, cpu = {}, {}
     for objective, b in benches.items():
         # Medians over all timed steps; "min ms" and "cpu ms" (process CPU time over all
@@ -101,7 +101,8 @@ def main(argv) -> None:
         cpu[objective] = statistics.median(b.cpu)
         print(f"{objective:9s} {b.counts.n_enc:5d} {1e3 * s:9.1f} {1e3 * min(b.wall):9.1f} "
               f"{1e3 * cpu[objective]:9.1f} {1 / s:8.3f} {tokens_per_step / s:9.0f} "
-              f"{b.flops / 1e9:10.2f} {b.flops / 1e9 / s:8.1f}")
+              f"{b.flops / 1e9:10.2f} {b.flops / 1e9 / s:8.1f} "
+              f"{mfu.model_flops(b.flops) / s / 1e12 / peak:6.1%}")
 
     print()
     for objective in objectives[1:]:
@@ -114,7 +115,8 @@ def main(argv) -> None:
               f"relative difference {gap:+.1%} (target within {TARGET:.0%}: {verdict}; "
               f"process CPU time {cpu_gap:+.1%})")
     print("FLOPs as in 3ML App. D: fwd+bwd = 2 x fwd; biases, norms, softmax, dropout, "
-          "gathers/scatters and the optimiser update not counted.")
+          "gathers/scatters and the optimiser update not counted. MFU: the same model FLOPs "
+          f"counted fwd+bwd = 3 x fwd (as the training logs do), against the {what}.")
 
 
 if __name__ == "__main__":

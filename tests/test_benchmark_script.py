@@ -87,3 +87,28 @@ def test_benchmark_configs_hold_the_documented_sizes():
     for layers, decoder_layers in ((12, 4), (2, 1)):
         c = variants.load(f"{CONFIGS / 'peer.py'}:layers={layers}")
         assert (c.model.num_layers, c.model.decoder.num_layers) == (layers, decoder_layers)
+
+
+def test_peer_base_variant_is_bert_base_and_iterates_at_fewer_layers():
+    base = variants.load(f"{CONFIGS / 'peer.py'}:base")
+    config_lib.validate(base)
+    assert (shape(base.model), shape(base.model.decoder)) == ((12, 768, 12, 3072),
+                                                              (4, 768, 12, 3072))
+    assert sizes(base) == (512, 32, 32768) and base.model.scan_layers
+    assert base.model.dropout == base.model.attention_dropout == 0.1
+    two = variants.load(f"{CONFIGS / 'peer.py'}:base,layers=2")
+    assert (two.model.num_layers, two.model.decoder.num_layers, two.model.d_model) == (2, 1, 768)
+
+
+def test_compile_cache_script_measures_cold_and_cached():
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "compile_cache.py"),
+         "--config.model.num_layers=1", "--config.data.seq_len=16", "--steps=1"],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
+        check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("(defaults)")]
+    assert len(rows) == 1 and len(rows[0]) == 5
+    cold, cached = float(rows[0][1]), float(rows[0][2])
+    assert cold > 0 and cached > 0
