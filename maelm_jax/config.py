@@ -259,6 +259,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"a multiple of {prefix}.num_heads={stack.num_heads}",
             stack.d_model,
         )
+        head_dim = stack.d_model // stack.num_heads
+        _require(
+            m.attention_impl != "pallas" or (head_dim >= 16 and head_dim & (head_dim - 1) == 0),
+            f"{prefix}.num_heads",
+            f"heads of a power-of-two size >= 16 with model.attention_impl='pallas' (the "
+            f"kernel's tiles; {prefix}.d_model={stack.d_model})",
+            stack.num_heads,
+        )
     for prefix, stack in (("model", m), ("model.decoder", m.decoder)):
         _require(
             stack.rel_pos_buckets == 0

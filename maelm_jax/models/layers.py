@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import flax.linen as nn
 
+from maelm_jax.models import flash_attention
 from maelm_jax.models.dropout import Dropout
 
 Dtype = Any
@@ -153,11 +154,14 @@ def resolve_dtype(name: Any, backend: Optional[str] = None) -> jnp.dtype:
 
 # How attention is computed. "einsum": our own two einsums and a float32 softmax, the
 # reference. "xla" / "cudnn": jax.nn.dot_product_attention with that implementation (cuDNN's
-# fused kernel needs a GPU and bfloat16 or float16). "auto": "cudnn" on GPUs at half
-# precision, "einsum" elsewhere (on CPU and TPU XLA compiles both alike). Attention dropout
-# in training, and the attention diagnostics that read the probabilities, always take the
-# einsum path: the fused call has neither.
-ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
+# fused kernel needs a GPU and bfloat16 or float16); with attention dropout in training
+# they fall back to the einsum path, which materialises the probabilities. "pallas": our
+# flash-attention kernel (models/flash_attention.py) with the bias, the key mask and
+# dropout inside, bits drawn from the layer's "dropout" stream as every other dropout (a
+# GPU kernel; Pallas' interpreter on a CPU, for tests). "auto": "cudnn" on GPUs at half
+# precision, "einsum" elsewhere (on CPU and TPU XLA compiles both alike). The attention
+# diagnostics, which read the probabilities, always take the einsum path.
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 
 
 def resolve_attention_impl(name: str, dtype: Dtype, backend: Optional[str] = None) -> str:
@@ -205,11 +209,14 @@ class MultiHeadAttention(nn.Module):
         k = project("key", context)
         v = project("value", context)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "kv"))
+        diagnostics = self.is_mutable_collection("intermediates")
+        if cfg.attention_impl == "pallas" and not diagnostics:
+            out = self._flash_attention(q, k, v, bias, key_mask, deterministic)
+            return jnp.einsum("bqhd,hde->bqe", out, self._out_kernel()) + self._out_bias()
         if key_mask is not None:  # [B or 1, 1 (heads), n or 1, m]
             key_mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
         fused = (cfg.attention_impl in ("xla", "cudnn")
-                 and (deterministic or cfg.attention_dropout == 0.0)
-                 and not self.is_mutable_collection("intermediates"))
+                 and (deterministic or cfg.attention_dropout == 0.0) and not diagnostics)
         if fused:
             out = jax.nn.dot_product_attention(
                 q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=key_mask,
@@ -217,10 +224,40 @@ class MultiHeadAttention(nn.Module):
         else:
             dropout = Dropout(cfg.attention_dropout, deterministic=deterministic)
             out = self._einsum_attention(q, k, v, bias, key_mask, dropout)
-        w_out = self.param("out_kernel", normal_init(("heads", "kv", "embed")),
-                           (H, Dh, cfg.d_model), jnp.float32)
-        b_out = self.param("out_bias", zeros_init(("embed",)), (cfg.d_model,), jnp.float32)
-        return jnp.einsum("bqhd,hde->bqe", out, w_out.astype(cfg.dtype)) + b_out.astype(cfg.dtype)
+        return jnp.einsum("bqhd,hde->bqe", out, self._out_kernel()) + self._out_bias()
+
+    def _out_kernel(self) -> jax.Array:
+        """The output projection [heads, head_dim, D] in the compute dtype."""
+        cfg = self.cfg
+        return self.param("out_kernel", normal_init(("heads", "kv", "embed")),
+                          (cfg.num_heads, cfg.head_dim, cfg.d_model), jnp.float32
+                          ).astype(cfg.dtype)
+
+    def _out_bias(self) -> jax.Array:
+        return self.param("out_bias", zeros_init(("embed",)), (self.cfg.d_model,),
+                          jnp.float32).astype(self.cfg.dtype)
+
+    def _flash_attention(self, q, k, v, bias, key_mask, deterministic: bool) -> jax.Array:
+        """The Pallas kernel: dropout inside, its seed from the "dropout" stream.
+
+        A per-key mask [B, m] goes in as it is; a per-query one ([B or 1, n, m], causal)
+        is folded into the bias.
+        """
+        cfg = self.cfg
+        rate = 0.0 if deterministic else cfg.attention_dropout
+        seed = (jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32) if rate
+                else jnp.zeros((2,), jnp.uint32))
+        key_valid = None
+        if key_mask is not None and key_mask.ndim == 2:
+            key_valid = jnp.broadcast_to(key_mask, (q.shape[0], k.shape[1]))
+        elif key_mask is not None:
+            blocked = jnp.where(key_mask[:, None], 0.0, flash_attention.MASKED)
+            blocked = jnp.broadcast_to(blocked, blocked.shape[:1] + (cfg.num_heads,)
+                                       + blocked.shape[2:])
+            bias = blocked if bias is None else bias.astype(jnp.float32) + blocked
+        return flash_attention.attention(
+            q, k, v, None if bias is None else bias.astype(q.dtype), key_valid, seed,
+            scale=1.0 / float(cfg.head_dim) ** 0.5, dropout_rate=rate)
 
     def _einsum_attention(self, q, k, v, bias, key_mask, dropout: Dropout) -> jax.Array:
         """q [B, n, H, Dh], k and v [B, m, H, Dh] -> [B, n, H, Dh]; float32 logits and softmax."""

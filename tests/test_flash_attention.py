@@ -1,0 +1,145 @@
+"""The Pallas flash-attention kernel (models/flash_attention.py), run by Pallas' interpreter
+on the CPU: the same outputs and gradients as the einsum formula with the same keep mask,
+masking, padding of ragged lengths, dropout's statistics, and the model's "pallas" path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax.models import flash_attention as fa
+from maelm_jax.models import layers
+from maelm_jax.models import pretrain as pretrain_lib
+
+from tiny_config import TINY_VOCAB, tiny_config, tiny_model
+
+SCALE = 0.25
+
+
+def reference(q, k, v, bias, key_valid, seed, rate):
+    """The formula, with the kernel's keep mask: softmax(scale q.k + bias), keys masked,
+    the probabilities dropped out and rescaled, times v."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * SCALE
+    if bias is not None:
+        s = s + bias
+    if key_valid is not None:
+        s = jnp.where(key_valid[:, None, None, :], s, fa.MASKED)
+    p = jax.nn.softmax(s, axis=-1)
+    if rate:
+        p = jnp.where(fa.keep_mask(seed, p.shape, rate), p / (1 - rate), 0.0)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def _inputs(B=2, n=70, m=90, H=2, D=16, bias_batch=1):
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(keys[0], (B, n, H, D))
+    k = jax.random.normal(keys[1], (B, m, H, D))
+    v = jax.random.normal(keys[2], (B, m, H, D))
+    bias = jax.random.normal(keys[3], (bias_batch, H, n, m))
+    return q, k, v, bias
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+@pytest.mark.parametrize("bias_batch, masked", [(1, True), (2, False), (None, True)])
+def test_kernel_matches_the_formula_forward_and_backward(rate, bias_batch, masked):
+    """Lengths that fill no whole block (70 queries, 90 keys: padded inside), a bias shared
+    by the batch or per row (or none), keys masked per row."""
+    q, k, v, bias = _inputs(bias_batch=bias_batch or 1)
+    bias = bias if bias_batch else None
+    valid = (jnp.arange(90)[None] < jnp.array([[90], [77]])) if masked else None
+    seed = jnp.array([123, 456], jnp.uint32)
+    out = fa.attention(q, k, v, bias, valid, seed, scale=SCALE, dropout_rate=rate)
+    want = reference(q, k, v, bias, valid, seed, rate)
+    assert out.shape == q.shape
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+
+    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    kernel = lambda *a: jnp.sum(jnp.sin(fa.attention(  # noqa: E731
+        *a[:3], a[3] if bias is not None else None, valid, seed, scale=SCALE,
+        dropout_rate=rate)))
+    formula = lambda *a: jnp.sum(jnp.sin(reference(  # noqa: E731
+        *a[:3], a[3] if bias is not None else None, valid, seed, rate)))
+    got = jax.grad(kernel, argnums)(q, k, v, bias)
+    expected = jax.grad(formula, argnums)(q, k, v, bias)
+    for name, g, e in zip("q k v bias".split(), got, expected):
+        assert g.shape == e.shape, name
+        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
+    if masked:  # a masked key takes no attention, so no gradient reaches it
+        assert float(jnp.abs(got[1][1, 77:]).max()) == 0.0
+        assert float(jnp.abs(got[2][1, 77:]).max()) == 0.0
+
+
+def test_keep_mask_statistics_and_independence():
+    rate = 0.1
+    mask = np.asarray(fa.keep_mask(jnp.array([1, 2], jnp.uint32), (4, 3, 128, 128), rate))
+    n = mask.size
+    dropped = 1 - mask.mean()
+    assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / n)
+    # Rows (batch, head) and neighbouring elements are independent: pairs dropped together
+    # as often as chance says.
+    flat = mask.reshape(12, -1)
+    for a, b in ((flat[0], flat[1]), (flat[:, :-1].ravel(), flat[:, 1:].ravel())):
+        both = np.mean(~a & ~b)
+        assert abs(both - rate ** 2) < 5 * np.sqrt(rate ** 2 / a.size)
+    other = np.asarray(fa.keep_mask(jnp.array([1, 3], jnp.uint32), (4, 3, 128, 128), rate))
+    assert np.mean(other != mask) > 0.15  # another seed, other bits
+
+
+def test_dropout_is_unbiased_and_its_output_varies_as_expected():
+    """Over many seeds the dropped-out output averages to the plain one; a uniform
+    attention over m keys of constant values 1 gives outputs of variance rate/(1-rate)/m."""
+    q, k, v, bias = _inputs(B=1, n=64, m=64, H=1, D=16)
+    rate, seeds = 0.2, 64
+    plain = fa.attention(q, k, v, bias, None, jnp.zeros(2, jnp.uint32), scale=SCALE)
+    outs = jnp.stack([fa.attention(q, k, v, bias, None, jnp.array([s, 7], jnp.uint32),
+                                   scale=SCALE, dropout_rate=rate) for s in range(seeds)])
+    spread = jnp.std(outs, axis=0) / np.sqrt(seeds)
+    assert float(jnp.mean(jnp.abs(outs.mean(0) - plain) / (spread + 1e-6))) < 1.5
+    ones = jnp.ones_like(v)
+    flat = fa.attention(jnp.zeros_like(q), k, ones, None, None, jnp.array([9, 9], jnp.uint32),
+                        scale=SCALE, dropout_rate=rate)
+    np.testing.assert_allclose(float(jnp.var(flat[..., 0])), rate / (1 - rate) / 64, rtol=0.3)
+
+
+def _pallas_and_einsum(objective="maelm", **model):
+    c = tiny_config(objective)
+    c.model.update(model)
+    plain, batch, params = tiny_model(c)
+    c.model.attention_impl = "pallas"
+    flash = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    return plain, flash, batch, params
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_model_on_the_pallas_path(scan):
+    """MAE-LM with attention dropout, per-layer or scanned layers: the deterministic forward
+    is the einsum path's; in training the output is a function of the dropout key, and the
+    gradient reaches the relative position table through the kernel's bias gradient."""
+    plain, flash, batch, params = _pallas_and_einsum(
+        "maelm", attention_dropout=0.2, scan_layers=scan)
+    np.testing.assert_allclose(flash.apply({"params": params}, batch, deterministic=True),
+                               plain.apply({"params": params}, batch, deterministic=True),
+                               atol=1e-5, rtol=1e-5)
+    run = lambda key: flash.apply({"params": params}, batch, deterministic=False,  # noqa: E731
+                                  rngs={"dropout": jax.random.PRNGKey(key)})
+    np.testing.assert_array_equal(run(1), run(1))  # a function of the dropout key
+    assert not np.allclose(run(1), run(2), atol=1e-5)
+    grads = jax.grad(lambda p: jnp.sum(flash.apply(
+        {"params": p}, batch, deterministic=False, rngs={"dropout": jax.random.PRNGKey(1)})
+        ** 2))(params)
+    table = grads["encoder"]["relative_bias"]["rel_embedding"]
+    assert float(jnp.abs(table).max()) > 0  # the bias gradient reaches the bucket table
+
+
+def test_causal_mask_is_folded_into_the_bias():
+    cfg = layers.StackConfig(num_layers=1, d_model=32, num_heads=2, d_ff=64,
+                             attention_impl="pallas")
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, 10, 32))
+    causal = jnp.tril(jnp.ones((1, 10, 10), bool))
+    attn = layers.MultiHeadAttention(cfg)
+    params = attn.init(jax.random.PRNGKey(1), x, x, None, causal, True)
+    got = attn.apply(params, x, x, None, causal, True)
+    plain = layers.MultiHeadAttention(layers.StackConfig(num_layers=1, d_model=32, num_heads=2,
+                                                         d_ff=64))
+    np.testing.assert_allclose(got, plain.apply(params, x, x, None, causal, True), atol=1e-5)
