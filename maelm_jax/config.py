@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import ml_collections
 
 from absl import logging
@@ -324,6 +325,9 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
     m = config.model
     dtype = layers.resolve_dtype(m.dtype)
     attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
+    _require(attention_impl != "pallas" or jax.default_backend() in ("gpu", "cpu"),
+             "model.attention_impl", "'einsum' (or 'auto') on this backend: 'pallas' is a GPU "
+             f"(Triton) kernel, and this is a {jax.default_backend()}", m.attention_impl)
     encoder = encoder_lib.from_architecture(
         encoder_lib.model_architecture(m, vocab_size=vocab_size,
                                        max_positions=config.data.seq_len),
