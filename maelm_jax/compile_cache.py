@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 
 import jax
-from absl import logging
 
 from maelm_jax import user_cache
 
@@ -39,10 +38,17 @@ def enable(override: str = "") -> str:
     """Turns the cache on (before the first compile); returns its directory."""
     path = directory(override)
     jax.config.update("jax_compilation_cache_dir", path)
-    logging.info("compilation cache: %s (--nocompilation_cache runs without it)", path)
     return path
 
 
 def disable() -> None:
     """No persistent cache, whatever $JAX_COMPILATION_CACHE_DIR says."""
     jax.config.update("jax_enable_compilation_cache", False)
+
+
+def first_step_message() -> str:
+    """How the first step's program was obtained, for the log line that times it."""
+    if jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir:
+        return ("compiled (or loaded from the compilation cache in "
+                f"{jax.config.jax_compilation_cache_dir}) and ran the first step")
+    return "compiled (no compilation cache) and ran the first step"

@@ -106,9 +106,11 @@ def test_an_encoder_whose_mask_inputs_use_extra_dimensions_shows_the_gap():
     assert (n, n_mask) == (1000, 150)  # 50 sequences of 20 real tokens, 3 masked in each
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     grams = analysis_run.gram_sums(cfg, params, batches, mesh)
-    assert grams["with_mask"].shape == (3, 16, 16)  # embedding output + 2 layers
+    assert grams["with_mask"]["gram"].shape == (3, 16, 16)  # embedding output + 2 layers
+    assert grams["with_mask"]["sum"].shape == (3, 16)
+    assert float(grams["with_mask"]["count"]) == 1000 and float(grams["mask_only"]["count"]) == 150
     for tau in (0.999, 0.9999):  # every direction that carries energy
-        ranks = {name: rank.gram_ranks(g, tau) for name, g in grams.items()}
+        ranks = {name: rank.gram_ranks(g["gram"], tau) for name, g in grams.items()}
         assert ranks["without_mask"] == [8, 8, 8]
         assert ranks["with_mask"] == [9, 9, 9]
         assert ranks["mask_only"] == [1, 1, 1]
@@ -143,7 +145,25 @@ def test_gram_sums_agree_on_a_mesh():
     many = analysis_run.gram_sums(cfg, params, batches,
                                   sharding.make_mesh((2, 2, 2), jax.devices()[:8]))
     for name in rank.STATS:
-        np.testing.assert_allclose(many[name], one[name], rtol=2e-4, atol=1e-3)
+        for moment in ("gram", "sum", "count"):
+            np.testing.assert_allclose(many[name][moment], one[name][moment], rtol=2e-4,
+                                       atol=1e-3)
+
+
+def test_centring_leaves_out_a_common_offset():
+    """H = a large offset along one axis + noise in five others: uncentred, the offset is
+    the one dimension that holds 90 % of the energy; centred, the five noise dimensions."""
+    rng = np.random.default_rng(0)
+    h = np.zeros((4000, 12))
+    h[:, 0] = 10.0
+    h[:, 1:6] = rng.normal(size=(4000, 5))
+    moments = {"gram": (h.T @ h)[None], "sum": h.sum(axis=0)[None], "count": len(h)}
+    centred = h - h.mean(axis=0)
+    np.testing.assert_allclose(rank.centred_grams(moments)[0], centred.T @ centred,
+                               rtol=1e-9, atol=1e-6)
+    assert rank.gram_ranks(moments["gram"], 0.9) == [1]
+    assert rank.gram_ranks(rank.centred_grams(moments), 0.9) == [5]
+    assert rank.effective_rank_of_matrix(centred, 0.9) == 5
 
 
 # ------------------------------------------------------------------ on tiny runs
@@ -183,13 +203,18 @@ def test_analysis_of_a_workdir_and_a_checkpoint_writes_its_files(tiny_run, tmp_p
         for stat in rank.STATS:
             assert all(isinstance(r, int) and 1 <= r <= 32 for r in run[stat]), run[stat]
             assert run["last_layer"][stat] == run[stat][-1]
+            centred = run["centred"][stat]
+            assert all(isinstance(r, int) and 1 <= r <= 32 for r in centred), centred
+            assert run["centred"]["last_layer"][stat] == centred[-1]
     # The same encoder read the same masked blocks: the same ranks.
     assert {s: saved["runs"][0][s] for s in rank.STATS} == {
         s: saved["runs"][1][s] for s in rank.STATS}
     table = (tmp_path / "rank" / report.MARKDOWN_FILE).read_text()
     last = saved["runs"][0]["last_layer"]
+    centred = saved["runs"][0]["centred"]["last_layer"]
     assert (f"| mlm | pretraining | 32 | 2 | 1600 | {last['without_mask']} | "
-            f"{last['with_mask']} | {last['mask_only']} (250) |") in table
+            f"{last['with_mask']} | {last['mask_only']} (250) | {centred['without_mask']} | "
+            f"{centred['with_mask']} | {centred['mask_only']} |") in table
     assert table.count("| 2 |") >= 2  # per-layer rows of both runs
     from matplotlib.image import imread
 

@@ -61,6 +61,8 @@ def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
     # 3ML is 80-10-10 at 40 %: [MASK] figures sit next to random and unchanged ones.
     assert "eval_mask_accuracy" in result["pretraining"]["3ml_cross"]
     assert [r["label"] for r in result["rank"]["runs"]] == list(MODELS)
+    assert all(set(r["centred"]["last_layer"]) == {"with_mask", "without_mask", "mask_only"}
+               for r in result["rank"]["runs"])
     assert result["pretraining"]["mlm"]["train_flops"] > 0
     assert result["pretraining"]["3ml_cross"]["train_flops"] > 0  # eq. (4)
     # The control: the same encoder from random weights, fine-tuned alike.
@@ -107,6 +109,9 @@ def test_the_report_and_plots_are_written(study):
     table = (out / report.MARKDOWN_FILE).read_text()
     rows = [line for line in table.splitlines() if re.match(r"\| (MLM|MAE-LM|3ML_\w+) \|", line)]
     assert [r.split(" | ")[0] for r in rows] == ["| MLM", "| 3ML_cross"]
+    header = next(line for line in table.splitlines() if line.startswith("| model |"))
+    assert "| centred rank (no [MASK]) | centred rank (with [MASK]) |" in header
+    assert all(len(r.split(" | ")) == len(header.split(" | ")) for r in rows)
     assert any(line.startswith("| from scratch (control) |") for line in table.splitlines())
     assert "| RTE |" in table and "MRPC" not in table.split("\n\n")[2]
     assert json.loads((out / report.JSON_FILE).read_text())["glue"] == result["glue"]

@@ -50,6 +50,10 @@ def rank_defaults() -> ml_collections.ConfigDict:
     # <step> directories; comma-separated or a list. Each is one line of the plots.
     c.runs = ""
     c.tau = 0.9  # rank_tau: the smallest k whose top-k squared singular values hold tau
+    # Also the ranks of the centred representations (each statistic's mean row subtracted),
+    # next to the paper's uncentred ones: the mean direction alone can hold much of the
+    # energy of a small model's H and count as a dimension.
+    c.center = True
     c.num_tokens = 0  # n, the rows of H (real tokens); 0 = 100 x each run's d_model
     c.mask_ratio = 0.15  # positions set to [MASK] in the "with [MASK]" inputs (Fig. 1)
     c.batch_size = 32  # sequences per forward pass (global; split over the mesh)
@@ -76,6 +80,7 @@ FIELDS: dict[str, schema.Field] = {
     "runs": schema.Field((str, list, tuple), "workdirs, comma-separated or a list",
                          lambda v: bool(_run_list(v))),
     "tau": schema.number(0.0, 1.0, low_open=True),
+    "center": schema.boolean(),
     "num_tokens": schema.integer(0),
     "mask_ratio": schema.number(0.0, 1.0, low_open=True, high_open=True),
     "batch_size": schema.integer(1),

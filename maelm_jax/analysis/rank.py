@@ -10,7 +10,11 @@ tau = 0.9 by default. The s_i^2 are the eigenvalues of the Gram matrix G = H^T H
 so H is never held: G is summed batch by batch on the devices (float32 products at the
 highest precision, so a TPU does not round them to bfloat16), and only its eigenvalues are
 computed, on the host in float64. As in the paper, H is not centred: the singular values
-are those of H itself, its mean direction included.
+are those of H itself, its mean direction included. With the row sums and the row count
+summed beside G, the centred matrix's Gram follows without a second pass,
+(H - 1 mu^T)^T (H - 1 mu^T) = G - s s^T / n with s the row sum and mu = s / n: its rank
+leaves out the mean direction, which a common offset of all representations (large in
+small or collapsed models) would otherwise count as a dimension.
 
 What `make_gram_step` sums, for every layer l = 0..L of the encoder (0: the embedding
 output after its LayerNorm; l >= 1: the output of layer l, after its last LayerNorm in a
@@ -70,6 +74,17 @@ def gram_ranks(grams: np.ndarray, tau: float) -> list[int]:
     return out
 
 
+def centred_grams(moments: dict) -> np.ndarray:
+    """[layers, d, d] Gram matrices of the rows minus their mean, from a statistic's
+    summed moments ("gram" [layers, d, d], "sum" [layers, d], "count" []): G - s s^T / n."""
+    g = np.asarray(moments["gram"], np.float64)
+    s = np.asarray(moments["sum"], np.float64)
+    n = float(moments["count"])
+    if n <= 0:
+        return np.zeros_like(g)
+    return g - s[:, :, None] * s[:, None, :] / n
+
+
 def hidden_states(encoder: encoder_lib.Encoder, params: Any, tokens: jax.Array,
                   key_mask: jax.Array) -> jax.Array:
     """The embedding output and every layer's output, [L + 1, B, n, d], for tokens [B, n]
@@ -90,12 +105,25 @@ def gram(h: jax.Array, weights: jax.Array) -> jax.Array:
                       preferred_element_type=jnp.float32)
 
 
-def zero_grams(num_layers: int, d_model: int) -> dict[str, jax.Array]:
-    return {name: jnp.zeros((num_layers + 1, d_model, d_model), jnp.float32) for name in STATS}
+def moments(h: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
+    """What a statistic sums over batches: the Gram matrices ("gram" [layers, d, d]), the
+    weighted row sums ("sum" [layers, d]) and the number of rows ("count" [])."""
+    return {"gram": gram(h, weights),
+            "sum": jnp.einsum("lbnd,bn->ld", h.astype(jnp.float32), weights,
+                              precision=jax.lax.Precision.HIGHEST),
+            "count": jnp.sum(weights)}
+
+
+def zero_grams(num_layers: int, d_model: int) -> dict[str, dict[str, jax.Array]]:
+    """Every statistic's `moments`, zero."""
+    return {name: {"gram": jnp.zeros((num_layers + 1, d_model, d_model), jnp.float32),
+                   "sum": jnp.zeros((num_layers + 1, d_model), jnp.float32),
+                   "count": jnp.zeros((), jnp.float32)} for name in STATS}
 
 
 def make_gram_step(encoder_cfg: encoder_lib.EncoderConfig) -> Callable:
-    """Returns step(params, grams, batch) -> grams, adding one batch to each statistic.
+    """Returns step(params, grams, batch) -> grams, adding one batch's `moments` to each
+    statistic's.
 
     batch: "original" and "masked" [B, n] int32 (the same sequences, without and with
     [MASK]; PAD_ID pads both), "counted" [B, n] float32 (1 for the tokens that are rows of
@@ -108,10 +136,11 @@ def make_gram_step(encoder_cfg: encoder_lib.EncoderConfig) -> Callable:
         key_mask = batch["original"] != tokenizer.PAD_ID
         with_mask = hidden_states(encoder, params, batch["masked"], key_mask)
         without_mask = hidden_states(encoder, params, batch["original"], key_mask)
-        return {
-            "with_mask": grams["with_mask"] + gram(with_mask, batch["counted"]),
-            "without_mask": grams["without_mask"] + gram(without_mask, batch["counted"]),
-            "mask_only": grams["mask_only"] + gram(with_mask, batch["is_mask"]),
+        added = {
+            "with_mask": moments(with_mask, batch["counted"]),
+            "without_mask": moments(without_mask, batch["counted"]),
+            "mask_only": moments(with_mask, batch["is_mask"]),
         }
+        return jax.tree.map(jnp.add, grams, added)
 
     return step

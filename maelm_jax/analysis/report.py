@@ -1,7 +1,8 @@
 """The rank analysis's outputs: rank.json, rank.md and the plots of the MAE-LM paper's Fig. 1.
 
 * ``rank.json``: the settings and, per run, rank_tau per layer of each statistic
-  (maelm_jax/analysis/rank.py) with the number of rows n behind it.
+  (maelm_jax/analysis/rank.py) with the number of rows n behind it; with ``center``, the
+  same of the centred representations under "centred".
 * ``rank.md``: Table 3 (the last layer of every run), then Fig. 1's numbers per layer.
 * ``rank_layers.png`` (Fig. 1(a)): rank_tau per layer, input with [MASK] (solid) and
   without (dashed), one colour per run. ``rank_mask.png`` (Fig. 1(b)): rank_tau of the
@@ -39,20 +40,38 @@ def markdown(report: dict) -> str:
         "[MASK] rows (n) |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    centred = report.get("center", False)
+    if centred:
+        lines[-2] = lines[-2][:-1] + " centred: w/o [MASK] | w. [MASK] | [MASK] rows |"
+        lines[-1] += "---|---|---|"
     for run in report["runs"]:
         last = run["last_layer"]
-        lines.append(
-            f"| {run['label']} | {run['kind']} | {run['d_model']} | {run['num_layers']} | "
-            f"{run['tokens']} | {last['without_mask']} | {last['with_mask']} | "
-            f"{last['mask_only']} ({run['mask_tokens']}) |")
+        row = (f"| {run['label']} | {run['kind']} | {run['d_model']} | {run['num_layers']} | "
+               f"{run['tokens']} | {last['without_mask']} | {last['with_mask']} | "
+               f"{last['mask_only']} ({run['mask_tokens']}) |")
+        if centred:
+            c = run["centred"]["last_layer"]
+            row += f" {c['without_mask']} | {c['with_mask']} | {c['mask_only']} |"
+        lines.append(row)
+    if centred:
+        lines += ["", "Centred: each statistic's mean row subtracted before the singular "
+                  "values (the paper's ranks are uncentred)."]
     lines += ["", "## Per layer (Fig. 1; layer 0 is the embedding output)", ""]
     for run in report["runs"]:
-        lines += [f"### {run['label']}", "",
-                  "| layer | w. [MASK] (Fig. 1a) | w/o [MASK] (Fig. 1a) | [MASK] rows (Fig. 1b) |",
-                  "|---|---|---|---|"]
+        header = "| layer | w. [MASK] (Fig. 1a) | w/o [MASK] (Fig. 1a) | [MASK] rows (Fig. 1b) |"
+        rule = "|---|---|---|---|"
+        if centred:
+            header += " centred: w. [MASK] | w/o [MASK] | [MASK] rows |"
+            rule += "---|---|---|"
+        lines += [f"### {run['label']}", "", header, rule]
         for layer in run["layers"]:
-            lines.append(f"| {layer} | {run['with_mask'][layer]} | "
-                         f"{run['without_mask'][layer]} | {run['mask_only'][layer]} |")
+            row = (f"| {layer} | {run['with_mask'][layer]} | "
+                   f"{run['without_mask'][layer]} | {run['mask_only'][layer]} |")
+            if centred:
+                c = run["centred"]
+                row += (f" {c['with_mask'][layer]} | {c['without_mask'][layer]} | "
+                        f"{c['mask_only'][layer]} |")
+            lines.append(row)
         lines.append("")
     return "\n".join(lines)
 

@@ -62,9 +62,9 @@ def _source_description(source: ml_collections.ConfigDict) -> str:
 
 
 def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict], mesh,
-              rules: tuple = sharding.DEFAULT_RULES) -> dict[str, np.ndarray]:
-    """Every statistic's Gram matrices [layers + 1, d, d] over `batches` (inputs.py), summed
-    on the mesh: the encoder's parameters sharded by their logical axes, each batch split
+              rules: tuple = sharding.DEFAULT_RULES) -> dict[str, dict[str, np.ndarray]]:
+    """Every statistic's moments (rank.moments: Gram matrices [layers + 1, d, d], row sums
+    [layers + 1, d], row count) over `batches` (inputs.py), summed on the mesh: the encoder's parameters sharded by their logical axes, each batch split
     over data x fsdp, the sums replicated (and donated from step to step). One compilation:
     every batch has the same shape."""
     tokens = jnp.zeros((1, 8), jnp.int32)
@@ -82,7 +82,7 @@ def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict
         for batch in batches:
             grams = step(params, grams, {k: sharding.global_batch_from_full(v, mesh)
                                          for k, v in batch.items()})
-    return {name: np.asarray(g) for name, g in jax.device_get(grams).items()}
+    return jax.tree.map(np.asarray, jax.device_get(grams))
 
 
 def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
@@ -119,10 +119,18 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
 
     start = time.perf_counter()
     grams = gram_sums(enc, pretrained.params, batches, mesh, rules)
-    ranks = {name: rank.gram_ranks(grams[name], config.tau) for name in rank.STATS}
+    ranks = {name: rank.gram_ranks(grams[name]["gram"], config.tau) for name in rank.STATS}
     logging.info("%s: rank_%g of the last layer %d without [MASK], %d with, %d of the [MASK] "
                  "rows (%.1fs)", label, config.tau, ranks["without_mask"][-1],
                  ranks["with_mask"][-1], ranks["mask_only"][-1], time.perf_counter() - start)
+    centred = {}
+    if config.center:
+        centred = {name: rank.gram_ranks(rank.centred_grams(grams[name]), config.tau)
+                   for name in rank.STATS}
+        centred["last_layer"] = {name: values[-1] for name, values in centred.items()}
+        logging.info("%s: centred, %d without [MASK], %d with, %d of the [MASK] rows", label,
+                     centred["without_mask"][-1], centred["with_mask"][-1],
+                     centred["mask_only"][-1])
     kind = "fine-tuning" if run_cfg.get("mode") == "finetune" else "pretraining"
     return {
         "label": label,
@@ -139,6 +147,7 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
         "layers": list(range(num_layers + 1)),
         **ranks,
         "last_layer": {name: values[-1] for name, values in ranks.items()},
+        **({"centred": centred} if centred else {}),
     }
 
 
@@ -163,6 +172,7 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
                for path, label in zip(runs, _labels(runs))]
     out = {
         "tau": config.tau,
+        "center": config.center,
         "mask_ratio": config.mask_ratio,
         "seed": config.seed,
         "source": config.source.to_dict(),

@@ -43,7 +43,7 @@ from absl import logging
 from jax.sharding import PartitionSpec
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import paths, sharding
+from maelm_jax import compile_cache, paths, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
@@ -325,8 +325,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 log = step % t.log_every == 0 or step == num_steps
                 if step == start + 1:
                     jax.block_until_ready(state)
-                    logging.info("compiled (or loaded from the compilation cache) and ran "
-                                 "the first step in %.1fs",
+                    logging.info("%s in %.1fs", compile_cache.first_step_message(),
                                  time.perf_counter() - clock)
                     if not log:  # keep compilation out of examples/s, unless it is all
                         timed_from, clock = step, time.perf_counter()

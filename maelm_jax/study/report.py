@@ -54,26 +54,30 @@ def markdown(result: dict) -> str:
     names, glue = result["models"], result["glue"]
     tasks = sorted({t for per_task in glue.values() for t in per_task})
     rank = {r["path"]: r["last_layer"] for r in result["rank"]["runs"]}
+    centred = {r["path"]: r.get("centred", {}).get("last_layer", {})
+               for r in result["rank"]["runs"]}
     header = (["model", "[MASK] loss", "[MASK] acc. %", "unigram acc. %", "rank (no [MASK])",
-               "rank (with [MASK])"] + tasks + (["GLUE avg."] if tasks else [])
+               "rank (with [MASK])", "centred rank (no [MASK])", "centred rank (with [MASK])"]
+              + tasks + (["GLUE avg."] if tasks else [])
               + ["pretraining time", "training FLOPs"])
     lines = ["# Laptop-scale study", "",
              "Same corpus, tokenizer, token budget, optimiser settings and seed for every "
              f"model; rank_tau with tau = {result['rank']['tau']:g} on held-out blocks "
-             f"(last encoder layer); GLUE: dev medians over seeds {result['seeds']}"
+             "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians over seeds {result['seeds']}"
              + (f" from {result['glue_dir']}" if result["glue_dir"] else
                 " (no glue_dir given: no fine-tuning)") + ".", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for n in names:
         p = result["pretraining"][n]
-        r = rank.get(p["workdir"], {})
+        r, c = rank.get(p["workdir"], {}), centred.get(p["workdir"], {})
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
         row = [_NAMES.get(n, n), _fmt(p.get("eval_mask_loss")),
                _fmt(None if p.get("eval_mask_accuracy") is None
                     else 100 * p["eval_mask_accuracy"], ".1f"),
                _fmt(None if p.get("eval_unigram_accuracy") is None
                     else 100 * p["eval_unigram_accuracy"], ".1f"),
-               _fmt(r.get("without_mask"), "d"), _fmt(r.get("with_mask"), "d")]
+               _fmt(r.get("without_mask"), "d"), _fmt(r.get("with_mask"), "d"),
+               _fmt(c.get("without_mask"), "d"), _fmt(c.get("with_mask"), "d")]
         row += [_fmt(s, ".1f") for s in scores]
         if tasks:
             row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
@@ -82,7 +86,7 @@ def markdown(result: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     for n in result.get("controls", []):
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
-        row = [_NAMES.get(n, n)] + ["—"] * 5 + [_fmt(s, ".1f") for s in scores]
+        row = [_NAMES.get(n, n)] + ["—"] * 7 + [_fmt(s, ".1f") for s in scores]
         row += [_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"), "—", "—"]
         lines.append("| " + " | ".join(row) + " |")
     if tasks:

@@ -69,7 +69,7 @@ def _rank(config, names: list[str], pretrained: dict, out: paths.Path) -> dict:
     done = out / rank_report.JSON_FILE
     runs = [pretrained[n]["workdir"] for n in names]
     recorded = json.loads(paths.read_text(done)) if done.is_file() else None
-    if recorded and [r["path"] for r in recorded["runs"]] == runs:
+    if recorded and [r["path"] for r in recorded["runs"]] == runs and recorded.get("center"):
         logging.info("study: the rank analysis is done, skipping")
         return recorded
     c = rank_config.rank_defaults()

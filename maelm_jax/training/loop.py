@@ -15,7 +15,8 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, errors, fill_mask, masking, mfu, paths, sharding
+from maelm_jax import (compile_cache, distributed, errors, fill_mask, masking, mfu, paths,
+                       sharding)
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -230,8 +231,7 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 # Keep compilation out of the first window's steps/s and ETA.
                 jax.block_until_ready(state)
                 logging.info(
-                    "compiled (or loaded from the compilation cache) and ran the first step "
-                    "in %.1fs",
+                    "%s in %.1fs", compile_cache.first_step_message(),
                     time.perf_counter() - throughput.time,
                 )
                 throughput = _Throughput(step, tokens_per_step, t.num_steps)
