@@ -153,3 +153,57 @@ def test_mistakes_are_named(tiny_tokenizer, tmp_path, field, value, message):
     with pytest.raises(errors.UserError, match="^" + re.escape(message)):
         study_run.run(c, str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def _wikiextractor(directory, documents):
+    directory.mkdir(parents=True)
+    (directory / "wiki_00").write_text("".join(
+        f'<doc id="{i}" url="u" title="T{i}">\nT{i}\n{text}\n</doc>\n'
+        for i, text in enumerate(documents)))
+
+
+def test_the_gpu_preset_holds_its_sizes_and_every_model():
+    from configs.study import gpu
+
+    c = gpu.get_config()
+    assert names_of(c.models) == ["mlm", "maelm", "3ml_self", "3ml_cross"] and c.scratch
+    p = c.pretrain
+    assert set(p.data.sources) == {"large", "wiki"}
+    assert all(s.kind == "wikiextractor" for s in p.data.sources.values())
+    assert (p.model.num_layers, p.model.d_model, p.model.num_heads, p.model.d_ff) == (
+        6, 512, 8, 2048)
+    assert (p.tokenizer.vocab_size, p.data.seq_len, p.train.batch_size) == (16384, 128, 256)
+    assert {"SST-2", "CoLA", "MRPC", "STS-B", "RTE", "QNLI", "MNLI"} <= set(c.tasks)
+    assert len(c.seeds) >= 3
+    assert gpu.get_config("pretrain").model.d_model == 512
+    with pytest.raises(ValueError, match="unknown config variant 'big'"):
+        gpu.get_config("big")
+
+
+def names_of(value):
+    return config_lib.names(value)
+
+
+def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
+    """gpu.py:tiny: two WikiExtractor corpora, the four models and the control, centred
+    ranks, a GLUE task found and one absent."""
+    from configs.study import gpu
+    from test_cloud_paths import _documents
+
+    documents = _documents(300)
+    _wikiextractor(tmp_path / "large", documents[::2])
+    _wikiextractor(tmp_path / "wiki", documents[1::2])
+    _write_glue(tmp_path / "glue")
+    c = gpu.get_config("tiny")
+    c.pretrain.data.sources.large.path = str(tmp_path / "large")
+    c.pretrain.data.sources.wiki.path = str(tmp_path / "wiki")
+    c.glue_dir = str(tmp_path / "glue")
+    c.seeds = (1,)
+    result = study_run.run(c, str(tmp_path / "out"))
+    assert result["models"] == ["mlm", "maelm", "3ml_self", "3ml_cross"]
+    assert result["controls"] == ["scratch"]
+    assert set(result["glue"]["maelm"]) == {"RTE"}  # SST-2 and the others are absent
+    for run in result["rank"]["runs"]:
+        assert set(run["centred"]["last_layer"]) == {"with_mask", "without_mask", "mask_only"}
+    meta = json.loads(next((tmp_path / "out" / "data").glob("*/meta.json")).read_text())
+    assert set(meta["sources"]) == {"large", "wiki"}

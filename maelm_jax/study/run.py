@@ -83,10 +83,13 @@ def _glue_tasks(config) -> list[str]:
     if not config.glue_dir:
         return []
     tasks = config_lib.names(config.tasks)
-    found = [t for t in tasks if (paths.Path(config.glue_dir) / t).is_dir()]
+    found = [t for t in tasks
+             if glue.split_available(glue.get_task(config_lib.GLUE_TASKS[t]), "train",
+                                     source="files", data_dir=config.glue_dir)]
     for task in tasks:
         if task not in found:
-            logging.warning("study: %s is not in %s, skipped", task, config.glue_dir)
+            logging.warning("study: %s has no training data in %s, skipped", task,
+                            config.glue_dir)
     return found
 
 
