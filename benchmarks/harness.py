@@ -236,6 +236,19 @@ def define_timing_flags(steps: int) -> None:
     define_host_memory_flag()
 
 
+def define_objectives_flag(default: list[str], help_text: str) -> None:
+    """--objectives: some of OBJECTIVES, checked (mlm always runs)."""
+    flags.DEFINE_list("objectives", default, help_text)
+
+    @flags.validator("objectives")
+    def _known(chosen: list[str]) -> bool:
+        unknown = sorted(set(chosen) - set(OBJECTIVES))
+        if unknown:
+            raise flags.ValidationError(f"unknown {', '.join(unknown)}; expected some of "
+                                        f"{', '.join(OBJECTIVES)}")
+        return True
+
+
 def define_host_memory_flag() -> None:
     """--keep_host_memory, applied by start_host_memory."""
     flags.DEFINE_bool("keep_host_memory", True, "Tune glibc's malloc to reuse XLA's per-step "

@@ -101,17 +101,8 @@ flags.DEFINE_enum("peer", "hf", ["hf", "none"], "none: time only our side (no to
 flags.DEFINE_enum("peer_compile", "auto", ["auto", "eager", "compile", "both"],
                   "The peer eager, under torch.compile, or both (the faster counts); auto: "
                   "both on a GPU, eager on the CPU.")
-flags.DEFINE_list("objectives", [], "Our sides (mlm always runs); default: mlm and maelm on "
-                  f"the CPU, all of {', '.join(harness.OBJECTIVES)} on a GPU.")
-
-
-@flags.validator("objectives")
-def _known_objectives(chosen: list[str]) -> bool:
-    unknown = sorted(set(chosen) - set(harness.OBJECTIVES))
-    if unknown:
-        raise flags.ValidationError(f"unknown {', '.join(unknown)}; expected some of "
-                                    f"{', '.join(harness.OBJECTIVES)}")
-    return True
+harness.define_objectives_flag([], "Our sides (mlm always runs); default: mlm and maelm "
+                               f"on the CPU, all of {', '.join(harness.OBJECTIVES)} on a GPU.")
 
 
 class PeerBench(harness.Timed):

@@ -49,17 +49,8 @@ TARGET = 0.05  # allowed relative gap between the measured time ratio and the FL
 FLAGS = flags.FLAGS
 harness.define_config("step_time.py")
 harness.define_timing_flags(steps=2)
-flags.DEFINE_list("objectives", list(harness.OBJECTIVES),
-                  f"Comma-separated, from {', '.join(harness.OBJECTIVES)} (mlm always runs).")
-
-
-@flags.validator("objectives")
-def _known_objectives(chosen: list[str]) -> bool:
-    unknown = sorted(set(chosen) - set(harness.OBJECTIVES))
-    if unknown:
-        raise flags.ValidationError(f"unknown {', '.join(unknown)}; expected some of "
-                                    f"{', '.join(harness.OBJECTIVES)}")
-    return True
+harness.define_objectives_flag(list(harness.OBJECTIVES), "Comma-separated, from "
+                               f"{', '.join(harness.OBJECTIVES)} (mlm always runs).")
 
 
 def main(argv) -> None:

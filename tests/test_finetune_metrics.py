@@ -196,11 +196,14 @@ def test_a_3ml_run_reports_and_selects_by_the_pair_means(pair_tasks, tiny_tokeni
         c = glue_config.get_config(f"{name},{paper}")
         c.data.data_dir = str(pair_tasks)
         task = tasks.GlueTask(c, tiny_tokenizer, 32)
-        run_eval = lambda sequences, targets: [
-            (np.arange(len(sequences)), {"prediction": predict(targets["labels"])})]
+        def run_eval(sequences, targets):
+            return [(np.arange(len(sequences)), {"prediction": predict(targets["labels"])})]
+
         return task.primary_metric, task.score(run_eval)
 
-    flip_last = lambda labels: np.concatenate([labels[:-1], [(labels[-1] + 1) % 2]])
+    def flip_last(labels):
+        return np.concatenate([labels[:-1], [(labels[-1] + 1) % 2]])
+
     primary, got = scores("mrpc", "3ml", flip_last)  # labels 0 1 0 1, last one wrong
     assert primary == "acc_and_f1"
     assert got[primary] == pytest.approx((75.0 + 100 * 2 / 3) / 2)  # acc 3/4, F1 2/3

@@ -109,6 +109,7 @@ def test_the_report_and_plots_are_written(study):
     table = (out / report.MARKDOWN_FILE).read_text()
     rows = [line for line in table.splitlines() if re.match(r"\| (MLM|MAE-LM|3ML_\w+) \|", line)]
     assert [r.split(" | ")[0] for r in rows] == ["| MLM", "| 3ML_cross"]
+    assert "GLUE: dev medians over seeds [1] from " in table
     header = next(line for line in table.splitlines() if line.startswith("| model |"))
     assert "| centred rank (no [MASK]) | centred rank (with [MASK]) |" in header
     assert all(len(r.split(" | ")) == len(header.split(" | ")) for r in rows)

@@ -118,7 +118,8 @@ def test_load_and_train_errors_are_clear(tmp_path):
     garbage.write_bytes(b"not a model")
     with pytest.raises(tk.TokenizerError, match=r"is not a SentencePiece model"):
         tk.load_tokenizer(str(garbage))
-    with pytest.raises(tk.TokenizerError, match=r"^vocab_size=5000: the training text yields at most"):
+    with pytest.raises(tk.TokenizerError,
+                       match=r"^vocab_size=5000: the training text yields at most"):
         tk.train_tokenizer(["tiny corpus"] * 5, tmp_path / "big", 5000)
     with pytest.raises(tk.TokenizerError, match=r"^vocab_size: expected at least 262"):
         tk.train_tokenizer(["tiny corpus"], tmp_path / "small", 100)

@@ -64,9 +64,10 @@ def _source_description(source: ml_collections.ConfigDict) -> str:
 def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict], mesh,
               rules: tuple = sharding.DEFAULT_RULES) -> dict[str, dict[str, np.ndarray]]:
     """Every statistic's moments (rank.moments: Gram matrices [layers + 1, d, d], row sums
-    [layers + 1, d], row count) over `batches` (inputs.py), summed on the mesh: the encoder's parameters sharded by their logical axes, each batch split
-    over data x fsdp, the sums replicated (and donated from step to step). One compilation:
-    every batch has the same shape."""
+    [layers + 1, d], row count) over `batches` (inputs.py), summed on the mesh: the
+    encoder's parameters sharded by their logical axes, each batch split over data x fsdp,
+    the sums replicated (and donated from step to step). One compilation: every batch has
+    the same shape."""
     tokens = jnp.zeros((1, 8), jnp.int32)
     boxed = jax.eval_shape(lambda: encoder_lib.Encoder(encoder_cfg).init(
         jax.random.PRNGKey(0), tokens, tokens)["params"])

@@ -95,15 +95,20 @@ def _scores(q, k, bias_ref, valid_ref, q_slice, k_slice, scale):
     return s
 
 
+def _program(seed_ref, num_heads: int, block: int):
+    """This program's (dropout stream, its block of the grid's first axis as a slice and
+    as indices) for a grid (block, batch, head)."""
+    i = pl.program_id(0)
+    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
+                        num_heads)
+    return stream, pl.ds(i * block, block), i * block + jnp.arange(block)
+
+
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, o_ref, lse_ref, *,
                     scale, rate, num_heads, key_stride):
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    i = pl.program_id(0)
-    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
-                        num_heads)
-    q_slice = pl.ds(i * BLOCK_Q, BLOCK_Q)
-    queries = i * BLOCK_Q + jnp.arange(BLOCK_Q)
+    stream, q_slice, queries = _program(seed_ref, num_heads, BLOCK_Q)
     q = q_ref[...]
 
     def body(j, carry):
@@ -142,11 +147,7 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, lse_
     (dbias_refs: the one output [n, BLOCK_K] of it when there is a bias)."""
     dbias_ref = dbias_refs[0] if dbias_refs else None
     num_queries, head_dim = q_ref.shape
-    j = pl.program_id(0)
-    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
-                        num_heads)
-    k_slice = pl.ds(j * BLOCK_K, BLOCK_K)
-    keys = j * BLOCK_K + jnp.arange(BLOCK_K)
+    stream, k_slice, keys = _program(seed_ref, num_heads, BLOCK_K)
     k, v = k_ref[k_slice, :], v_ref[k_slice, :]
 
     def body(i, carry):
@@ -181,11 +182,7 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, lse_r
     """One query block: dQ over every key block."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    i = pl.program_id(0)
-    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
-                        num_heads)
-    q_slice = pl.ds(i * BLOCK_Q, BLOCK_Q)
-    queries = i * BLOCK_Q + jnp.arange(BLOCK_Q)
+    stream, q_slice, queries = _program(seed_ref, num_heads, BLOCK_Q)
     q, do = q_ref[...], do_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
 

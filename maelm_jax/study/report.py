@@ -63,7 +63,8 @@ def markdown(result: dict) -> str:
     lines = ["# Laptop-scale study", "",
              "Same corpus, tokenizer, token budget, optimiser settings and seed for every "
              f"model; rank_tau with tau = {result['rank']['tau']:g} on held-out blocks "
-             "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians over seeds {result['seeds']}"
+             "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians "
+             f"over seeds {result['seeds']}"
              + (f" from {result['glue_dir']}" if result["glue_dir"] else
                 " (no glue_dir given: no fine-tuning)") + ".", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
