@@ -25,7 +25,6 @@ from __future__ import annotations
 import statistics
 import time
 
-import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,6 +33,8 @@ from absl import app, flags
 from maelm_jax import cli
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import layers
+
+import harness
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch", 32, "Batch size.", lower_bound=1)
@@ -93,7 +94,7 @@ def check(dtype) -> bool:
             (_pallas(q, k, v, bias, keys[4], 0.0),
              *jax.jit(jax.grad(loss(_pallas), (0, 1, 2, 3)))(q, k, v, bias)),
             (_einsum(q, k, v, bias, keys[4], 0.0),
-             *jax.jit(jax.grad(loss(_einsum), (0, 1, 2, 3)))(q, k, v, bias))):
+             *jax.jit(jax.grad(loss(_einsum), (0, 1, 2, 3)))(q, k, v, bias)), strict=False):
         error = _relative(got, want)
         ok &= _report(f"pallas vs einsum, no dropout, {name}", error <= tolerance,
                       f"relative error {error:.2e} (<= {tolerance:g})")
@@ -119,7 +120,7 @@ def check(dtype) -> bool:
     # v's gradient is P~^T do: P~ as the forward dropped it, read out with one-hot values.
     do = jax.random.normal(keys[3], (B, L, H, D), jnp.float32)
     qq, kk = (0.3 * jax.random.normal(key, (B, n, H, D), dtype) for key, n in
-              zip(keys[:2], (L, m)))
+              zip(keys[:2], (L, m), strict=False))
     dv = jax.jit(jax.grad(lambda v_: jnp.sum(_pallas(qq, kk, v_, flat_bias, keys[4], rate)
                                               .astype(jnp.float32) * do)))(one_hot)
     p_dropped = jax.jit(lambda: _pallas(qq, kk, one_hot, flat_bias, keys[4], rate))()

@@ -23,10 +23,11 @@ import subprocess
 import sys
 import tempfile
 
-import harness
 from absl import app, flags
 
 from maelm_jax import cli
+
+import harness
 
 TARGETS = {"cold": 45.0, "cached": 5.0}  # seconds, BERT-base on one H100
 

@@ -16,10 +16,11 @@ per-layer stack grows about linearly with depth).
 
 from __future__ import annotations
 
-import harness
 from absl import app, flags
 
 from maelm_jax import cli
+
+import harness
 
 TARGET = 1.5  # scanned deepest / scanned shallowest compile time
 

@@ -20,10 +20,9 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from maelm_jax import cli
+from maelm_jax import cli, host_memory, sharding, tokenizer
 from maelm_jax import config as config_lib
 from maelm_jax import flops as flops_lib
-from maelm_jax import host_memory, sharding, tokenizer
 from maelm_jax.training import setup as setup_lib
 
 # The benchmarks' default config files, found from this file so the scripts run from any

@@ -81,12 +81,13 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import statistics  # noqa: E402
 import time  # noqa: E402
 
-import harness  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from maelm_jax import cli, tokenizer  # noqa: E402
+
+import harness  # noqa: E402
 
 # Minimum throughput ratio ours / peer, per machine kind.
 TARGETS = {"cpu": {"mlm": 1.5, "maelm": 1.2},

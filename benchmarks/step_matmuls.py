@@ -36,8 +36,9 @@ import numpy as np
 from absl import app, flags
 from jax import lax
 
-import harness
 from maelm_jax import cli
+
+import harness
 
 FLAGS = flags.FLAGS
 
@@ -71,7 +72,7 @@ class Dot:
         lhs = [next(letters) for _ in self.lhs]
         rhs = [next(letters) for _ in self.rhs]
         for l_dim, r_dim in zip(self.lhs_batch + self.lhs_contract,
-                                self.rhs_batch + self.rhs_contract):
+                                self.rhs_batch + self.rhs_contract, strict=False):
             rhs[r_dim] = lhs[l_dim]
         batch = [lhs[i] for i in self.lhs_batch]
         lhs_free = [c for i, c in enumerate(lhs)

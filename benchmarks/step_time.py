@@ -39,10 +39,11 @@ from __future__ import annotations
 import os
 import statistics
 
-import harness
 from absl import app, flags
 
 from maelm_jax import cli, mfu
+
+import harness
 
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
 

@@ -11,15 +11,13 @@ import json
 
 import jax
 import ml_collections
-
 from absl import logging
 
 from maelm_jax import errors, masking, schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers
-from maelm_jax.models import relative_position
+from maelm_jax.models import layers, relative_position
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import steps as steps_lib
 

@@ -14,7 +14,8 @@ encoder reads ``<mask>`` there. The workdir is only read. A pretraining run with
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -84,7 +85,7 @@ class FillMasker:
         self._applies: dict[int, Any] = {}  # one jitted model per text length
 
     @classmethod
-    def from_workdir(cls, workdir: str) -> "FillMasker":
+    def from_workdir(cls, workdir: str) -> FillMasker:
         """The newest finished checkpoint of a pretraining workdir (read only)."""
         try:
             run_dir, step_dir = loading.resolve_checkpoint(workdir)
@@ -189,7 +190,7 @@ def format_filled(filled: Filled, tok: tokenizer_lib.Tokenizer) -> str:
     lines = [f"input: {_decode(body, tok)}"]
     for m in range(len(filled.masked)):
         guesses = " | ".join(f"{tok.id_to_piece(int(t))} {p:.3f}"
-                             for t, p in zip(filled.top_ids[m], filled.top_probs[m]))
+                             for t, p in zip(filled.top_ids[m], filled.top_probs[m], strict=False))
         truth = ("" if filled.targets is None
                  else f" (true: {tok.id_to_piece(int(filled.targets[m]))})")
         lines.append(f"  {MASK_MARK} {m + 1}{truth}: {guesses}")

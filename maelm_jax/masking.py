@@ -61,7 +61,7 @@ class MaskCounts:
         random_frac: float = 0.0,
         delta: float = 0.0,
         remove_masked: bool = True,
-    ) -> "MaskCounts":
+    ) -> MaskCounts:
         """Derives the counts; raises ValueError naming the offending setting."""
         if not 0.0 < mask_ratio < 1.0:
             raise ValueError(f"masking.mask_ratio must be in (0, 1), got {mask_ratio}")

@@ -17,8 +17,6 @@ its peak. CPUs are not listed: benchmarks measure a matmul's speed on them inste
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax.numpy as jnp
 import ml_collections
 
@@ -43,7 +41,7 @@ PEAK_TFLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
 )
 
 
-def peak_tflops(device_kind: str, dtype: str, override: float = 0.0) -> Optional[float]:
+def peak_tflops(device_kind: str, dtype: str, override: float = 0.0) -> float | None:
     """The peak dense TFLOP/s of one device of `device_kind` at compute `dtype`
     ("bfloat16" and "float16" count as bfloat16), `override` if positive, None if the
     kind is not in PEAK_TFLOPS."""

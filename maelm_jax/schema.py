@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ml_collections
 
@@ -65,7 +66,8 @@ def number(low: float | None = None, high: float | None = None, low_open: bool =
            high_open: bool = False) -> Field:
     """A finite int or float within the bounds; ``*_open`` excludes the bound itself."""
     if low is not None and high is not None:
-        words = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        left, right = "(" if low_open else "[", ")" if high_open else "]"
+        words = f"a number in {left}{low:g}, {high:g}{right}"
     elif low is not None:
         words = f"a number {'>' if low_open else '>='} {low:g}"
     elif high is not None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -123,7 +124,7 @@ def process_rows(mesh: Mesh, batch_size: int) -> tuple[int, int]:
     starts = [idx[0].start or 0 for idx in index_map.values()]
     stops = [batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
     start, stop = min(starts), max(stops)
-    rows = {r for a, b in zip(starts, stops) for r in range(a, b)}
+    rows = {r for a, b in zip(starts, stops, strict=False) for r in range(a, b)}
     if len(rows) != stop - start:
         raise MeshError("this process's devices hold non-contiguous rows of the batch; order "
                         "the mesh's devices by process (jax.make_mesh does)")

@@ -17,7 +17,7 @@ import io
 import os
 import random
 import re
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 from absl import logging

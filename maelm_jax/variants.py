@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import ml_collections
 

@@ -23,9 +23,8 @@ import math
 import jax
 from absl import app, flags
 
-from maelm_jax import cli
+from maelm_jax import cli, sharding
 from maelm_jax import config as config_lib
-from maelm_jax import sharding
 from maelm_jax.models import layers
 from maelm_jax.training import setup as setup_lib
 

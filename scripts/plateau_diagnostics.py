@@ -4,7 +4,8 @@
         --steps=1000 --every=250 --config.model.decoder.rel_pos_buckets=32
 
 Prepares the tokenizer and blocks like main.py (in --workdir), trains --steps steps of
-the config's own train step (its learning-rate schedule stretched to --steps), and every --every steps prints, on fixed validation blocks:
+the config's own train step (its learning-rate schedule stretched to --steps), and every
+--every steps prints, on fixed validation blocks:
 
 * eval loss and masked-token accuracy;
 * the gradient norm of each top-level module (encoder layers, decoder, LM head, tables):
@@ -24,9 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli
+from maelm_jax import cli, masking, paths, sharding
 from maelm_jax import config as config_lib
-from maelm_jax import masking, paths, sharding
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import setup as setup_lib

@@ -20,12 +20,13 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # The per-user cache (maelm_jax/user_cache.py) of the session, not the user's own.
 os.environ.setdefault("MAELM_JAX_CACHE", tempfile.mkdtemp(prefix="maelm-jax-test-cache-"))
 
-import pytest
+# The environment above must be set before JAX is imported, hence imports below code.
+import pytest  # noqa: E402
 
-from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.data import builtin_corpus
+from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
+from maelm_jax.data import builtin_corpus  # noqa: E402
 
-from tiny_config import TINY_VOCAB
+from tiny_config import TINY_VOCAB  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

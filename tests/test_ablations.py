@@ -185,7 +185,8 @@ def test_every_preset_validates_and_builds(spec):
         return
     # Built abstractly (shapes only, no memory) at batch 1.
     model = pretrain_lib.PretrainModel(model_cfg)
-    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    def i32(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.int32)
     batch = masking.MaskedBatch(i32(1, counts.seq_len), i32(1, counts.n_enc), i32(1, counts.k),
                                 i32(1, counts.k), jax.ShapeDtypeStruct((1, counts.k), jnp.float32))
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), batch)

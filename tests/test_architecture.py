@@ -6,13 +6,14 @@ import json
 
 import jax.numpy as jnp
 import pytest
-from tiny_config import tiny_config
 
 from maelm_jax import config as pretrain_config
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+
+from tiny_config import tiny_config
 
 RECORD = {"num_layers": 2, "d_model": 32, "num_heads": 4, "d_ff": 64, "pre_ln": False,
           "vocab_size": 100, "max_positions": 40, "rel_pos_buckets": 8,

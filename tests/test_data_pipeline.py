@@ -48,7 +48,8 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
     # Every training document's tokens appear in order, each followed by </s>.
     train_docs = [d for d in docs if not packing.is_validation(d, c.data.validation_fraction)]
     stream = np.concatenate([train[:, 1:].ravel()])
-    expected = np.concatenate([ids + [tokenizer.EOS_ID] for ids in tiny_tokenizer.encode(train_docs)])
+    expected = np.concatenate([ids + [tokenizer.EOS_ID]
+                               for ids in tiny_tokenizer.encode(train_docs)])
     n = len(stream)
     assert n == (len(expected) // (L - 1)) * (L - 1)
     np.testing.assert_array_equal(stream, expected[:n])

@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-import jax
 import flax.linen as nn
+import jax
 import numpy as np
 import pytest
 

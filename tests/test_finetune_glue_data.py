@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
-from conftest import require_shared_data
 
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import data, glue, submission
+
+from conftest import require_shared_data
 
 BOS, EOS, PAD = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.PAD_ID
 

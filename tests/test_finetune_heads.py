@@ -85,8 +85,8 @@ def test_classifier_dropout_is_the_heads_own():
     for head_dropout in (0.0, 0.5):
         model = heads.SequenceClassifier(quiet, 2, head_dropout)
         params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens, mask)["params"]
-        run = jax.jit(lambda key: model.apply({"params": params}, tokens, mask, False,
-                                           rngs={"dropout": key}))
+        run = jax.jit(lambda key, model=model, params=params: model.apply(
+            {"params": params}, tokens, mask, False, rngs={"dropout": key}))
         a, b = run(jax.random.PRNGKey(1)), run(jax.random.PRNGKey(2))
         assert np.allclose(a, b) == (head_dropout == 0.0)
 

@@ -8,8 +8,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import require_shared_data
-from tiny_config import tiny_config
 
 from configs.finetune import glue as glue_config
 from maelm_jax import tokenizer as tokenizer_lib
@@ -17,6 +15,9 @@ from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import loading, train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import loop
+
+from conftest import require_shared_data
+from tiny_config import tiny_config
 
 
 @pytest.fixture(scope="module")

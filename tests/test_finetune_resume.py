@@ -15,11 +15,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 from configs.finetune import glue as glue_config
 from maelm_jax.finetune import tasks, train
 from maelm_jax.training import preemption
+
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 WORDS = {1: ["good", "great", "fine", "lovely", "fun"], 0: ["bad", "awful", "poor", "dull"]}
 
@@ -229,7 +230,7 @@ def _assert_close(got, want, where="", atol=1e-6):
             _assert_close(got[key], want[key], f"{where}.{key}", atol)
     elif isinstance(want, list):
         assert len(got) == len(want), where
-        for i, (a, b) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(got, want, strict=False)):
             _assert_close(a, b, f"{where}[{i}]", atol)
     elif isinstance(want, (float, np.ndarray)):
         assert np.allclose(got, want, rtol=0, atol=atol), where

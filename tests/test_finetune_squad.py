@@ -4,11 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from conftest import require_shared_data
 
 from configs.finetune import squad as squad_config
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import squad, squad_postprocess, train
+
+from conftest import require_shared_data
 
 CONTEXT = "The cat sat on the mat."
 # Tokens "The", " cat", " sat", " on", " the", " mat", "." as sentencepiece reports them.
@@ -105,7 +106,8 @@ def test_every_context_token_has_exactly_one_max_context_window():
         spans = squad.windows(num_tokens, max_len, stride)
         assert spans[0][0] == 0 and sum(spans[-1]) == num_tokens
         owners = np.zeros(num_tokens, int)
-        for (start, length), mask in zip(spans, squad.max_context_masks(spans, num_tokens)):
+        masks = squad.max_context_masks(spans, num_tokens)
+        for (start, length), mask in zip(spans, masks, strict=True):
             owners[start:start + length] += mask
         assert owners.tolist() == [1] * num_tokens
 

@@ -62,7 +62,7 @@ def _paper_blk(n, d):
 
 def test_roberta_equation_2():
     # RoBERTa-base shapes: b=2048, l=12, n=512, d=768, |V|=50265; k = n r = 77 predicted.
-    b, l, n, d, vocab, nr = 2048, 12, 512, 768, 50265, 77
+    b, l, n, d, vocab, nr = 2048, 12, 512, 768, 50265, 77  # noqa: E741 (the paper's names)
     eq2 = 2 * b * (l * _paper_blk(n, d) + 2 * nr * (d * d + d * vocab))
     assert flops.mlm_step_flops(b, l, n, d, 4 * d, nr, vocab) == eq2
 

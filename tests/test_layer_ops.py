@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from maelm_jax.models import dropout, layers
 
@@ -70,11 +71,12 @@ def test_add_per_batch_is_a_broadcast_add_with_its_gradient(rows):
     x = jax.random.normal(jax.random.key(0), (3, 4, 5, 5))
     shared = jax.random.normal(jax.random.key(1), (rows, 4, 5, 5))
     weights = jax.random.normal(jax.random.key(2), x.shape)
-    loss = lambda add: lambda a, b: jnp.sum(jnp.tanh(add(a, b)) * weights)
+    def loss(add):
+        return lambda a, b: jnp.sum(jnp.tanh(add(a, b)) * weights)
     np.testing.assert_allclose(layers.add_per_batch(x, shared), x + shared)
     got = jax.grad(loss(layers.add_per_batch), argnums=(0, 1))(x, shared)
     want = jax.grad(loss(jnp.add), argnums=(0, 1))(x, shared)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=False):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
@@ -83,15 +85,15 @@ def test_cross_entropy_is_minus_the_log_softmax_at_the_target():
     logits = jax.random.normal(jax.random.key(0), (2, 7, 50)) * 3
     targets = jax.random.randint(jax.random.key(1), (2, 7), 0, 50)
 
-    def reference(l):
-        log_probs = jax.nn.log_softmax(l, axis=-1)
+    def reference(z):
+        log_probs = jax.nn.log_softmax(z, axis=-1)
         return -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
 
     np.testing.assert_allclose(layers.cross_entropy(logits, targets), reference(logits),
                                rtol=1e-5)
     np.testing.assert_allclose(
-        jax.grad(lambda l: jnp.sum(layers.cross_entropy(l, targets)))(logits),
-        jax.grad(lambda l: jnp.sum(reference(l)))(logits), rtol=1e-5, atol=1e-7)
+        jax.grad(lambda z: jnp.sum(layers.cross_entropy(z, targets)))(logits),
+        jax.grad(lambda z: jnp.sum(reference(z)))(logits), rtol=1e-5, atol=1e-7)
 
 
 def test_gelu_is_the_exact_gelu_with_its_gradient():

@@ -31,7 +31,8 @@ def random_tokens(seed: int, batch: int, length: int, pad_tail: int = 0) -> jnp.
             0.0,
             dict(k=77, k_mask=77, k_random=0, k_keep=0, k_in_enc=0, n_enc=435),
         ),
-        # 3ML 40 % of 128: k = 51 (51.2); [MASK] = round(40.8) = 41, random = round(5.1) = 5, keep 5.
+        # 3ML 40 % of 128: k = 51 (51.2); [MASK] = round(40.8) = 41, random = round(5.1) = 5,
+        # keep 5.
         (
             128,
             0.4,

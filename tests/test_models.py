@@ -2,18 +2,17 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
-import flax.linen as nn
 import pytest
 
 from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding, tokenizer
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers
-from maelm_jax.models import relative_position
+from maelm_jax.models import layers, relative_position
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
 from maelm_jax.training import setup as setup_lib
@@ -102,15 +101,17 @@ def test_decoder_has_no_dropout_and_encoder_does():
     model, counts, _ = _model("maelm", dropout=0.0, attention_dropout=0.0)
     b = _batch(counts)
     params = model.init(jax.random.PRNGKey(0), b)
-    run = lambda seed: model.apply(
-        params, b, deterministic=False, rngs={"dropout": jax.random.PRNGKey(seed)}
-    )
+    def run(seed):
+        return model.apply(
+            params, b, deterministic=False, rngs={"dropout": jax.random.PRNGKey(seed)}
+        )
     np.testing.assert_array_equal(run(1), run(2))  # only the encoder could drop anything
     model, counts, _ = _model("maelm", dropout=0.3)
     params = model.init(jax.random.PRNGKey(0), b)
-    run = lambda seed: model.apply(
-        params, b, deterministic=False, rngs={"dropout": jax.random.PRNGKey(seed)}
-    )
+    def run(seed):
+        return model.apply(
+            params, b, deterministic=False, rngs={"dropout": jax.random.PRNGKey(seed)}
+        )
     assert not np.allclose(run(1), run(2))
 
 
@@ -123,7 +124,8 @@ def test_decoder_sees_mask_embedding_at_removed_positions():
     base = model.apply(params, b)
     removed = int(np.setdiff1d(np.arange(counts.seq_len), np.asarray(b.enc_index[0]))[0])
     kept = int(b.enc_index[0, 0])
-    poke = lambda pos: b._replace(inputs=b.inputs.at[0, pos].set(7))
+    def poke(pos):
+        return b._replace(inputs=b.inputs.at[0, pos].set(7))
     np.testing.assert_array_equal(model.apply(params, poke(removed)), base)
     assert not np.allclose(model.apply(params, poke(kept))[0], base[0])
 
@@ -252,9 +254,10 @@ def test_every_parameter_has_logical_axes():
     trainer = setup_lib.build(_model("maelm")[2], VOCAB, single_device_mesh())
     state, specs = trainer.init(), trainer.state.logical_specs.params
     leaves = jax.tree.leaves(state.params)
-    spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    spec_leaves = jax.tree.leaves(
+        specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
     assert len(leaves) == len(spec_leaves)
-    for array, spec in zip(leaves, spec_leaves):
+    for array, spec in zip(leaves, spec_leaves, strict=False):
         assert len(spec) == array.ndim and all(name for name in spec), spec
 
 

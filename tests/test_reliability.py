@@ -68,12 +68,14 @@ def _expect_user_error(config, workdir, match):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (lambda c: setattr(c.masking, "mask_ratio", 1.5), r"config.masking.mask_ratio: expected a number in \(0, 1\)"),
+    (lambda c: setattr(c.masking, "mask_ratio", 1.5),
+     r"config.masking.mask_ratio: expected a number in \(0, 1\)"),
     (lambda c: setattr(c.masking, "mask_ratio", 0.01), "predicts k < 1"),
     (lambda c: setattr(c.masking, "mask_ratio", 0.99), "encoder length of 0"),
     (lambda c: setattr(c.model, "num_heads", 3), "config.model.d_model: expected a multiple of"),
     (lambda c: setattr(c.model.decoder, "d_model", 31), "config.model.decoder.d_model"),
-    (lambda c: setattr(c.mesh, "shape", (3, 1, 1)), r"config.mesh.shape=\(3, 1, 1\) needs 3 devices"),
+    (lambda c: setattr(c.mesh, "shape", (3, 1, 1)),
+     r"config.mesh.shape=\(3, 1, 1\) needs 3 devices"),
     (lambda c: (setattr(c.mesh, "shape", (8, 1, 1)), setattr(c.train, "batch_size", 12)),
      "batch_size=12 .* not divisible by the data-parallel size 8"),
     (lambda c: setattr(c.data.sources.main, "path", "/nonexistent/*.txt"),
@@ -141,7 +143,8 @@ def test_workdir_of_another_run_is_refused_unless_allowed(tmp_path, tiny_tokeniz
 
 
 def test_cli_errors_are_one_line_without_traceback(tmp_path):
-    base = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={tmp_path / 'w'}"]
+    base = [sys.executable, "main.py", "--config=tests/tiny_config.py",
+            f"--workdir={tmp_path / 'w'}"]
     for extra, message in (
         (["--config.masking.mask_ration=0.2"], "mask_ration"),
         (["--config.masking.mask_ratio=2"], "config.masking.mask_ratio"),

@@ -63,7 +63,8 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     assert recorded["tokenizer"]["model_path"] == str(tmp_path / "tok.model")
     assert recorded["data"]["sources"]["main"]["path"] == str(tmp_path / "text" / "*.txt")
     assert recorded["data"]["cache_dir"] == str(tmp_path / "cache")
-    assert (tmp_path / "cache").is_dir() and (tmp_path / "runs" / "pre" / "checkpoints" / "2").is_dir()
+    assert (tmp_path / "cache").is_dir()
+    assert (tmp_path / "runs" / "pre" / "checkpoints" / "2").is_dir()
     # Resuming from the same directory with the same relative config is the same run.
     c.train.num_steps = 3
     loop.train_and_evaluate(c, "runs/pre")
@@ -106,7 +107,7 @@ def test_cli_switches_the_corpus_and_lists_a_sources_fields(tmp_path, tiny_token
         "kind": "text", "path": str(tmp_path / "corpus.txt"), "weight": 1.0}
 
 
-# ---------------------------------------------------------------- files that are not what they should be
+# ------------------------------------------------- files that are not what they should be
 
 def test_mistyped_config_file_or_section_is_one_line(tmp_path):
     result = _main(["--config=configs/nope.py", "--workdir=w"], tmp_path)
@@ -280,7 +281,8 @@ def _single_line_file(path, megabytes, seed=0):
     words = np.array(["river", "stone", "alpha", "omega", "delta", "sky", "wood", "field"])
     picks = rng.integers(0, len(words), megabytes * 150_000)
     numbers = rng.integers(0, 1000, len(picks))
-    text = " ".join(f"{w}{n}" for w, n in zip(words[picks], numbers))[: megabytes * 1_000_000]
+    text = " ".join(f"{w}{n}" for w, n in zip(words[picks], numbers, strict=True))
+    text = text[: megabytes * 1_000_000]
     path.write_text(text + "\n")
     return path
 

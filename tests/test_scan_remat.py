@@ -1,11 +1,11 @@
 """Scanned and rematerialised layers: the same function as the per-layer stack, the same
 train step, one compilation, and checkpoints that restore across the two layouts."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import flax.linen as nn
 
 from maelm_jax import sharding, tokenizer
 from maelm_jax.finetune import loading
@@ -39,7 +39,7 @@ def test_scanned_stack_computes_the_per_layer_function(pre_ln):
     # Every layer's output is sown alike (the rank analysis reads them), the last after
     # ln_final for pre-LN.
     assert len(scanned_hidden) == len(hidden) == 3
-    for a, b in zip(scanned_hidden, hidden):
+    for a, b in zip(scanned_hidden, hidden, strict=False):
         np.testing.assert_allclose(a, b, atol=1e-5)
     back = layer_layout.to_per_layer({"stack": stacked})["stack"]
     jax.tree.map(np.testing.assert_array_equal, back, params)

@@ -212,7 +212,7 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
         for i in range(2)
     ]
     outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
-    for p, out in zip(procs, outputs):
+    for p, out in zip(procs, outputs, strict=False):
         assert p.returncode == 0, out[-3000:]
     assert "process 1 of 2" in outputs[1]
     expected = _train_losses(single)

@@ -189,6 +189,7 @@ def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
     """gpu.py:tiny: two WikiExtractor corpora, the four models and the control, centred
     ranks, a GLUE task found and one absent."""
     from configs.study import gpu
+
     from test_cloud_paths import _documents
 
     documents = _documents(300)

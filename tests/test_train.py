@@ -69,7 +69,8 @@ def test_same_step_same_masks_and_dropout(impl):
         np.random.default_rng(0).integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32
     )
     host_state = jax.device_get(state)  # the step donates its input: pass fresh copies
-    fresh = lambda: jax.tree.map(np.array, host_state)
+    def fresh():
+        return jax.tree.map(np.array, host_state)
     _, a = train_step(fresh(), tokens)
     _, b = train_step(fresh(), tokens)
     assert float(a["loss"]) == float(b["loss"])
@@ -168,9 +169,11 @@ def test_kill_and_resume_continues_exactly(tmp_path, tiny_tokenizer):
     reference = _read_metrics(full)
 
     ckpt_dir = tmp_path / "killed" / "checkpoints"
-    in_progress = lambda: ckpt_dir.exists() and any(
-        "tmp" in p.name for p in ckpt_dir.iterdir() if p.name.split(".")[0] not in ("", "1"))
-    after_20 = lambda: (ckpt_dir / "20").exists()
+    def in_progress():
+        return ckpt_dir.exists() and any(
+            "tmp" in p.name for p in ckpt_dir.iterdir() if p.name.split(".")[0] not in ("", "1"))
+    def after_20():
+        return (ckpt_dir / "20").exists()
     resumed_from = []
     for condition, what in ((in_progress, "a checkpoint save was caught in progress"),
                             (after_20, "checkpoint 20 was written")):

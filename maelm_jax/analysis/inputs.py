@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import ml_collections
 import numpy as np

@@ -34,7 +34,8 @@ inside an encoder. Padding rows are never counted.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

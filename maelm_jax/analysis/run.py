@@ -170,7 +170,7 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for path in runs:  # every run is checked before the first one is analysed
         _resolve(path)
     results = [_analyse_run(config, path, label, mesh, rules)
-               for path, label in zip(runs, _labels(runs))]
+               for path, label in zip(runs, _labels(runs), strict=False)]
     out = {
         "tau": config.tau,
         "center": config.center,

@@ -34,7 +34,7 @@ import functools
 import inspect
 import os
 import sysconfig
-from typing import Iterator
+from collections.abc import Iterator
 
 # Bumped whenever what the corpus holds changes: prepared data is keyed on it.
 CORPUS_VERSION = 2

@@ -9,7 +9,7 @@ means starting at step s: the data position saved in a checkpoint is the step it
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import grain
 import numpy as np

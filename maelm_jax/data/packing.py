@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import time
 import zlib
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
@@ -121,7 +121,7 @@ def pack_source(
     docs = tokens = 0
     start = last_report = time.monotonic()
     for chunk in _chunks(documents, _ENCODE_CHUNK):
-        for doc, ids in zip(chunk, tok.encode(chunk)):
+        for doc, ids in zip(chunk, tok.encode(chunk), strict=False):
             split = "valid" if is_validation(doc, validation_fraction) else "train"
             writers[split].write(packers[split].add(ids))
             docs += 1
@@ -169,7 +169,7 @@ class PreparedData:
 
     @classmethod
     def load(cls, directory: paths.Path,
-             weights: dict[str, float] | None = None) -> "PreparedData":
+             weights: dict[str, float] | None = None) -> PreparedData:
         """The blocks in `directory`, mixed by `weights` (the config's; every source 1.0
         when None). The cache never decides the mixture: its key leaves the weights out."""
         meta = json.loads(paths.read_text(directory / "meta.json"))

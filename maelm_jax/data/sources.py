@@ -57,7 +57,8 @@ import logging
 import os
 import platform
 import re
-from typing import IO, Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, Any
 
 import fsspec.compression
 import fsspec.utils
@@ -555,7 +556,7 @@ def _tfds_documents(settings: dict[str, Any], encoding_errors: str,
                                download=settings["download"])
     for start in range(0, len(records), _TFDS_BATCH):
         indices = list(range(start, min(start + _TFDS_BATCH, len(records))))
-        for index, record in zip(indices, records.__getitems__(indices)):
+        for index, record in zip(indices, records.__getitems__(indices), strict=False):
             if feature not in record:
                 raise SourceError(f"source.feature: TFDS dataset {name!r} has no feature "
                                   f"{feature!r}; available: {', '.join(record)}")

@@ -64,7 +64,7 @@ def encode_texts(tok: tokenizer_lib.Tokenizer, texts: Sequence[Sequence[str]],
     columns = [tok.encode(list(column)) for column in texts]
     if len(columns) == 1:
         return [encode_single(a, max_len) for a in columns[0]]
-    return [encode_pair(a, b, max_len) for a, b in zip(*columns)]
+    return [encode_pair(a, b, max_len) for a, b in zip(*columns, strict=False)]
 
 
 def buckets_for(max_len: int, buckets: Sequence[int]) -> tuple[int, ...]:

@@ -196,7 +196,7 @@ def read_tsv(data_dir: str, task: Task, split: str, require_labels: bool = True)
         if malformed and not is_test:  # a test row is kept: the submission needs every index
             skipped += 1
             continue
-        for column, c in zip(texts, text_cols):
+        for column, c in zip(texts, text_cols, strict=False):
             column.append(row[c].strip() if c < len(row) else "")
         has_label = label_idx is not None and label_idx < len(row) and row[label_idx].strip()
         labels.append(_label(task, row[label_idx], path, row_number) if has_label

@@ -26,8 +26,8 @@ import numpy as np
 from maelm_jax import config as pretrain_config
 from maelm_jax import errors, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.models import layer_layout
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layer_layout
 from maelm_jax.training import workdir as workdir_lib
 
 CONFIG_FILE = "config.json"

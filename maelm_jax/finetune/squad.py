@@ -159,7 +159,7 @@ def _encode_contexts(tok: tokenizer_lib.Tokenizer,
     unique = list(dict.fromkeys(contexts))
     encoded = tok.encode_with_offsets(unique)
     return {c: (np.asarray(e["ids"], np.int32), np.asarray(e["offsets"], np.int64).reshape(-1, 2))
-            for c, e in zip(unique, encoded)}
+            for c, e in zip(unique, encoded, strict=False)}
 
 
 def make_features(examples: Sequence[SquadExample], tok: tokenizer_lib.Tokenizer,
@@ -173,7 +173,7 @@ def make_features(examples: Sequence[SquadExample], tok: tokenizer_lib.Tokenizer
     contexts = _encode_contexts(tok, [e.context for e in examples])
     out = SquadFeatures([], [], [], [], [], [], [], [], [])
     misaligned = 0
-    for e_index, (example, q_ids) in enumerate(zip(examples, questions)):
+    for e_index, (example, q_ids) in enumerate(zip(examples, questions, strict=False)):
         ids, offsets = contexts[example.context]
         out.offsets.append(offsets)
         span = None
@@ -188,7 +188,8 @@ def make_features(examples: Sequence[SquadExample], tok: tokenizer_lib.Tokenizer
         q_ids = q_ids[:max_query_len]
         context_start = len(q_ids) + 3
         spans = windows(len(ids), max_seq_len - len(q_ids) - 4, doc_stride)
-        for (w_start, w_len), is_max in zip(spans, max_context_masks(spans, len(ids))):
+        is_max_context = max_context_masks(spans, len(ids))
+        for (w_start, w_len), is_max in zip(spans, is_max_context, strict=True):
             out.sequences.append(np.asarray(
                 [BOS, *q_ids, EOS, EOS, *ids[w_start:w_start + w_len], EOS], np.int32))
             out.example_index.append(e_index)

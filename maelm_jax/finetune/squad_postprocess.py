@@ -84,7 +84,7 @@ def postprocess(examples: Sequence[squad.SquadExample], features: squad.SquadFea
                             "end_logit": None, "char_start": -1, "char_end": -1})
             entries.sort(key=lambda x: -x["score"])
         if entries:
-            for entry, p in zip(entries, _softmax([x["score"] for x in entries])):
+            for entry, p in zip(entries, _softmax([x["score"] for x in entries]), strict=False):
                 entry["probability"] = float(p)
         odds = null_score - best["score"] if best and np.isfinite(null_score) else NO_SPAN_NULL_ODDS
         out.best_span[example.qid] = best["text"] if best else ""

@@ -25,6 +25,6 @@ def write_submission(directory: paths.Path, task: glue.Task, split: str,
     _, _, stem = task.split_info(split)
     paths.make_dirs(directory)
     path = directory / f"{stem}.tsv"
-    rows = zip(index, glue.label_strings(task, predictions))
+    rows = zip(index, glue.label_strings(task, predictions), strict=False)
     paths.write_text(path, "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
     return path

@@ -42,7 +42,7 @@ _SHORT = {"learning_rate": "lr", "batch_size": "bs", "num_epochs": "ep", "warmup
 def settings(config: ml_collections.ConfigDict) -> list[dict]:
     """Every combination of the grid's values, in a fixed order."""
     values = [tuple(config.grid[f]) for f in GRID_FIELDS]
-    return [dict(zip(GRID_FIELDS, combo)) for combo in itertools.product(*values)]
+    return [dict(zip(GRID_FIELDS, combo, strict=False)) for combo in itertools.product(*values)]
 
 
 def setting_name(setting: dict) -> str:
@@ -111,7 +111,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
             "setting": name,
             "hyperparameters": setting,
             "median": {k: _median([r["dev"][k] for r in per_seed]) for k in metric_names},
-            "per_seed": {str(s): r["dev"][primary] for s, r in zip(seeds, per_seed)},
+            "per_seed": {str(s): r["dev"][primary] for s, r in zip(seeds, per_seed, strict=False)},
             "wall_seconds": sum(r["wall_seconds"] for r in per_seed),
         })
     primary = per_seed[0]["primary_metric"]

@@ -42,8 +42,8 @@ import optax
 from absl import logging
 from jax.sharding import PartitionSpec
 
-from maelm_jax import config as pretrain_config
 from maelm_jax import compile_cache, paths, sharding
+from maelm_jax import config as pretrain_config
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
@@ -54,6 +54,7 @@ from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import preemption
 from maelm_jax.training import workdir as workdir_lib
+
 
 @flax.struct.dataclass
 class FinetuneState:

@@ -3,8 +3,8 @@
 ``Decoder`` (kind "self", MAE-LM and 3ML_self) sees the full length L: encoder outputs
 scattered back to their original positions and the [MASK] word embedding everywhere else,
 plus its own absolute positions 0..L-1 and its own embedding LayerNorm (then dropout, as
-every layer's). Bidirectional self-attention; no dropout by default (the MAE-LM paper found dropout-free decoding
-slightly more stable; 3ML uses 0.1 on the whole model).
+every layer's). Bidirectional self-attention; no dropout by default (the MAE-LM paper
+found dropout-free decoding slightly more stable; 3ML uses 0.1 on the whole model).
 
 ``CrossDecoder`` (kind "cross", 3ML_cross, 3ML Section 3 and Fig. 2 right) sees only the
 removed [MASK] positions: a learned [MASK] vector in the decoder's own space plus the
@@ -31,16 +31,14 @@ relative position bias of the decoder's own (`rel_pos_buckets`, the official
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from maelm_jax import masking
 from maelm_jax.models import layers, relative_position
 from maelm_jax.models.dropout import Dropout
-
 
 KINDS = ("self", "cross", "causal_cross", "cross_only")
 # The decoder's self-attention among the [MASK] queries, per cross kind.
@@ -69,9 +67,9 @@ class Decoder(nn.Module):
         enc_out: jax.Array,
         enc_index: jax.Array,
         mask_embedding: jax.Array,
-        encoder_positions: Optional[jax.Array] = None,
+        encoder_positions: jax.Array | None = None,
         deterministic: bool = True,
-        reset: Optional[jax.Array] = None,
+        reset: jax.Array | None = None,
     ) -> jax.Array:
         """enc_out [B, n_enc, D_enc] at positions enc_index [B, n_enc]; mask_embedding [D_enc].
 
@@ -110,7 +108,7 @@ class Decoder(nn.Module):
 
 
 def _position_table(module: nn.Module, cfg: DecoderConfig,
-                    encoder_positions: Optional[jax.Array]) -> jax.Array:
+                    encoder_positions: jax.Array | None) -> jax.Array:
     """The decoder's absolute position table [L, D_dec]: its own, or the encoder's."""
     stack, L = cfg.stack, cfg.seq_len
     if cfg.share_positions:
@@ -127,7 +125,7 @@ def _position_table(module: nn.Module, cfg: DecoderConfig,
     )(jnp.arange(L))
 
 
-def _projection(module: nn.Module, d_enc: int, stack: layers.StackConfig) -> Optional[nn.Dense]:
+def _projection(module: nn.Module, d_enc: int, stack: layers.StackConfig) -> nn.Dense | None:
     """3ML's linear layer from the encoder width to the decoder's; None if they are equal."""
     if d_enc == stack.d_model:
         return None
@@ -153,7 +151,7 @@ class CrossDecoder(nn.Module):
         enc_out: jax.Array,
         enc_index: jax.Array,
         dec_index: jax.Array,
-        encoder_positions: Optional[jax.Array] = None,
+        encoder_positions: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
         """enc_out [B, n_enc, D_enc] at original positions enc_index [B, n_enc]; the removed

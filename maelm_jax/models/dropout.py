@@ -22,7 +22,6 @@ element's decision is still a function of (key, its index) alone:
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import jax
 import jax.extend.random as jex_random
@@ -83,10 +82,10 @@ class Dropout(nn.Module):
     """
 
     rate: float
-    deterministic: Optional[bool] = None
+    deterministic: bool | None = None
 
     @nn.compact
-    def __call__(self, x: jax.Array, deterministic: Optional[bool] = None) -> jax.Array:
+    def __call__(self, x: jax.Array, deterministic: bool | None = None) -> jax.Array:
         deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
         if deterministic or self.rate == 0.0:
             return x

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from maelm_jax import errors
 from maelm_jax.models import layers, relative_position
@@ -90,10 +90,10 @@ def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "f
     arch: a record as `architecture` writes it; fields added since the first release may be
     absent (ADDED gives what such a record meant). where: names the record in the
     ArchitectureError raised for a missing, mistyped or unknown field, e.g. the file.
-    dtype: the compute dtype (a layers.DTYPES name, "auto" included, or a dtype). rel_pos_init: how a fresh relative bias is
-    initialised. run: the StackConfig fields outside the architecture (dropout,
-    attention_dropout, activation_dropout, attention_impl, scan_layers, remat_policy);
-    StackConfig's defaults for those not given.
+    dtype: the compute dtype (a layers.DTYPES name, "auto" included, or a dtype).
+    rel_pos_init: how a fresh relative bias is initialised. run: the StackConfig fields
+    outside the architecture (dropout, attention_dropout, activation_dropout,
+    attention_impl, scan_layers, remat_policy); StackConfig's defaults for those not given.
     """
     arch = _checked(arch, where)
     stack = layers.StackConfig(**{k: v for k, v in arch.items() if k in _STACK_FIELDS},
@@ -163,7 +163,7 @@ class Encoder(nn.Module):
         self,
         tokens: jax.Array,
         positions: jax.Array,
-        key_mask: Optional[jax.Array] = None,
+        key_mask: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
         """tokens [B, n] int32; positions [B, n] int32, or [1, n] when every row has the same

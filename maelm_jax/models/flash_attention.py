@@ -32,7 +32,6 @@ of anything. On a CPU the same kernels run in Pallas' interpret mode (slowly; fo
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -288,7 +287,7 @@ def _attention_bwd(scale, rate, key_stride, interpret, residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _pad_to(x: Optional[jax.Array], axis: int, size: int, value=0) -> Optional[jax.Array]:
+def _pad_to(x: jax.Array | None, axis: int, size: int, value=0) -> jax.Array | None:
     if x is None or x.shape[axis] == size:
         return x
     widths = [(0, 0)] * x.ndim
@@ -296,9 +295,9 @@ def _pad_to(x: Optional[jax.Array], axis: int, size: int, value=0) -> Optional[j
     return jnp.pad(x, widths, constant_values=value)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: Optional[jax.Array],
-              key_valid: Optional[jax.Array], seed: jax.Array, *, scale: float,
-              dropout_rate: float = 0.0, interpret: Optional[bool] = None) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
+              key_valid: jax.Array | None, seed: jax.Array, *, scale: float,
+              dropout_rate: float = 0.0, interpret: bool | None = None) -> jax.Array:
     """softmax(scale q.k + bias, keys where key_valid), dropped out at dropout_rate, times v.
 
     q [B, n, H, D], k and v [B, m, H, D] (D a power of two >= 16 on a GPU); bias

@@ -14,7 +14,8 @@ model of the other (checkpoint.Checkpointer.restore) and fine-tuning reads both.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ LAYER_AXIS = "layers"  # the stacked leaves' leading logical axis
 _PER_LAYER = re.compile(r"^layer_(\d+)$")
 
 
-def is_stacked(tree: Any) -> Optional[bool]:
+def is_stacked(tree: Any) -> bool | None:
     """True if the tree's Transformer stacks are stacked, False if per layer, None if it
     holds no stack. Works on nested dicts of any leaves (e.g. orbax's metadata tree)."""
     if isinstance(tree, dict):
@@ -56,7 +57,8 @@ def is_stacked(tree: Any) -> Optional[bool]:
 
 def _map_stacks(tree: Any, fn: Callable[[dict], dict]) -> Any:
     """`tree` with fn applied to every Transformer stack's dict."""
-    holds_stack = lambda x: isinstance(x, dict) and isinstance(x.get(STACK), dict)
+    def holds_stack(x):
+        return isinstance(x, dict) and isinstance(x.get(STACK), dict)
     return jax.tree.map(lambda x: {**x, STACK: fn(x[STACK])} if holds_stack(x) else x,
                         tree, is_leaf=holds_stack)
 

@@ -9,11 +9,11 @@ softmax are always float32.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from maelm_jax.models import flash_attention
 from maelm_jax.models.dropout import Dropout
@@ -143,7 +143,7 @@ def layer_norm(name: str, dtype: Dtype) -> nn.LayerNorm:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def resolve_dtype(name: Any, backend: Optional[str] = None) -> jnp.dtype:
+def resolve_dtype(name: Any, backend: str | None = None) -> jnp.dtype:
     """DTYPES' name (or a dtype) as a dtype; "auto" for this backend
     (jax.default_backend() unless given)."""
     if isinstance(name, str) and name == "auto":
@@ -164,7 +164,7 @@ def resolve_dtype(name: Any, backend: Optional[str] = None) -> jnp.dtype:
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 
 
-def resolve_attention_impl(name: str, dtype: Dtype, backend: Optional[str] = None) -> str:
+def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None) -> str:
     """ATTENTION_IMPLS' "auto" for this backend (jax.default_backend() unless given)."""
     if name != "auto":
         return name
@@ -183,8 +183,8 @@ class MultiHeadAttention(nn.Module):
         self,
         x: jax.Array,
         context: jax.Array,
-        bias: Optional[jax.Array],
-        key_mask: Optional[jax.Array],
+        bias: jax.Array | None,
+        key_mask: jax.Array | None,
         deterministic: bool,
     ) -> jax.Array:
         """x [B, n, D] attends to context [B, m, D].
@@ -310,8 +310,8 @@ class TransformerLayer(nn.Module):
     def __call__(
         self,
         x: jax.Array,
-        bias: Optional[jax.Array],
-        key_mask: Optional[jax.Array],
+        bias: jax.Array | None,
+        key_mask: jax.Array | None,
         deterministic: bool,
     ) -> jax.Array:
         """x [B, n, D] -> [B, n, D]."""
@@ -352,8 +352,8 @@ class CrossTransformerLayer(nn.Module):
         self,
         x: jax.Array,
         context: jax.Array,
-        self_bias: Optional[jax.Array],
-        cross_bias: Optional[jax.Array],
+        self_bias: jax.Array | None,
+        cross_bias: jax.Array | None,
         deterministic: bool,
     ) -> jax.Array:
         """x [B, n, D] (queries, in ascending position order), context [B, m, D] -> [B, n, D].
@@ -364,7 +364,8 @@ class CrossTransformerLayer(nn.Module):
         if self.self_attention not in SELF_ATTENTION_KINDS:
             raise ValueError(f"self_attention must be one of {SELF_ATTENTION_KINDS}, "
                              f"got {self.self_attention!r}")
-        drop = lambda y: Dropout(cfg.dropout)(y, deterministic=deterministic)
+        def drop(y):
+            return Dropout(cfg.dropout)(y, deterministic=deterministic)
         cross_attn = MultiHeadAttention(cfg, name="cross_attention")
         mlp = FeedForward(cfg, name="mlp")
         ln_cross = layer_norm("ln_cross_attention", cfg.dtype)
@@ -447,8 +448,8 @@ class TransformerStack(nn.Module):
     def __call__(
         self,
         x: jax.Array,
-        bias: Optional[jax.Array],
-        key_mask: Optional[jax.Array],
+        bias: jax.Array | None,
+        key_mask: jax.Array | None,
         deterministic: bool,
     ) -> jax.Array:
         cfg = self.cfg

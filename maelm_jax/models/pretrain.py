@@ -16,11 +16,11 @@ Both run the LM head only at the k predicted positions.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from maelm_jax import masking, tokenizer
 from maelm_jax.models import decoder as decoder_lib
@@ -34,7 +34,7 @@ OBJECTIVES = ("maelm", "mlm")
 class PretrainConfig:
     objective: str
     encoder: encoder_lib.EncoderConfig
-    decoder: Optional[decoder_lib.DecoderConfig]  # None for mlm
+    decoder: decoder_lib.DecoderConfig | None  # None for mlm
     misaligned_positions: bool = False  # maelm: encoder positions 0..n_enc-1
 
 
@@ -140,7 +140,7 @@ def split_predictions(batch: masking.MaskedBatch) -> PredictionSplit:
 
 def masked_lm_sums(
     logits: jax.Array, targets: jax.Array, weights: jax.Array,
-    category: Optional[jax.Array] = None,
+    category: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
     """Sums over predicted tokens: cross-entropy, correct predictions, and the token count.
 

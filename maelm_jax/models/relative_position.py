@@ -4,9 +4,9 @@ encoder and decoders share across their layers."""
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
 
 from maelm_jax.models.layers import normal_init
 

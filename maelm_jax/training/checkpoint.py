@@ -24,13 +24,13 @@ import contextlib
 import hashlib
 import json
 import re
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 import orbax.checkpoint as ocp
+from absl import logging
 
 from maelm_jax import distributed, errors, paths
 from maelm_jax.models import layer_layout
@@ -61,7 +61,7 @@ class Checkpointer:
         )
         self._undigested: list[int] = []  # saves started whose digests are not written
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:

@@ -14,9 +14,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from maelm_jax import compile_cache, distributed, errors, fill_mask, masking, mfu, paths, sharding
 from maelm_jax import config as config_lib
-from maelm_jax import (compile_cache, distributed, errors, fill_mask, masking, mfu, paths,
-                       sharding)
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -24,6 +23,7 @@ from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import preemption
 from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib
+
 
 def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str, float]:
     """Masked-token loss, accuracy and perplexity on fixed validation batches and masks;
@@ -274,7 +274,7 @@ def _fetch_checked(unchecked: list[tuple[int, dict]], policy: str, ckpt) -> list
     non-finite policy to them: "stop" raises NonFiniteError naming the first bad step,
     "skip" warns for each (the step has already dropped its update)."""
     fetched = jax.device_get([m for _, m in unchecked])
-    for (step, _), metrics in zip(unchecked, fetched):
+    for (step, _), metrics in zip(unchecked, fetched, strict=False):
         if metrics["nonfinite"] > 0:
             if policy == "stop":
                 ckpt.wait()

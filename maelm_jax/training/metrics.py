@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import math
 
-from absl import logging
 import tensorboardX
+from absl import logging
 
 from maelm_jax import paths
 

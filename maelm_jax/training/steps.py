@@ -11,7 +11,8 @@ paper's loss exactly.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -22,7 +23,6 @@ from jax.sharding import Mesh, PartitionSpec
 
 from maelm_jax import masking, sharding
 from maelm_jax.models import pretrain as pretrain_lib
-
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
 # bits on every backend and sharding, and the most work per random bit (it is computed
@@ -162,7 +162,8 @@ def make_train_step(
         # A non-finite loss or gradient never reaches the parameters or Adam's moments: the
         # update is dropped here, and the loop stops or counts it (config.train.nonfinite).
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        keep_if_finite = lambda new, old: jnp.where(finite, new, old)
+        def keep_if_finite(new, old):
+            return jnp.where(finite, new, old)
         params = jax.tree.map(keep_if_finite, params, state.params)
         opt_state = jax.tree.map(keep_if_finite, opt_state, state.opt_state)
         metrics = {
