@@ -91,6 +91,8 @@ def main(argv):
             study_run.run(FLAGS.config, FLAGS.workdir)
         else:
             loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+            if FLAGS.config.train.fill_mask_examples and distributed.is_leader():
+                fill_mask.after_pretraining(FLAGS.workdir)  # what the finished run learned
     except preemption.Preempted as e:  # a checkpoint is saved: not a failure
         absl_logging.warning("%s", e)
     except errors.UserError as e:

@@ -19,7 +19,15 @@ from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers, relative_position
 from maelm_jax.models import pretrain as pretrain_lib
-from maelm_jax.training import steps as steps_lib
+
+# JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
+# bits on every backend and sharding, and the most work per random bit (it is computed
+# with integer arithmetic on the vector units). rbg: XLA's RngBitGenerator for the bits,
+# threefry for splitting and folding, so keys derive as well as threefry's; much cheaper
+# on TPU and GPU, but the bits may differ between backends and XLA versions. unsafe_rbg:
+# RngBitGenerator for splitting and folding too: the cheapest, and keys derived from keys
+# are of lower statistical quality (fine for dropout, the usual choice for large TPU runs).
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 class ConfigError(errors.UserError):
@@ -135,7 +143,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.clip_norm = 2.0  # global-norm clipping; 0 disables
     c.train.nonfinite = "stop"  # a non-finite loss/gradient: "stop" (keep the last good
     #                              checkpoint) or "skip" the update and count it
-    # The PRNG implementation of masks and dropout (steps.PRNG_IMPLS; the trade-offs are
+    # The PRNG implementation of masks and dropout (PRNG_IMPLS; the trade-offs are
     # in maelm_jax/training/steps.py and the README's Performance section).
     c.train.prng_impl = "threefry2x32"
     # Peak dense TFLOP/s of one device, for the MFU in the train logs; 0 looks the device
@@ -198,7 +206,7 @@ FIELDS: dict[str, schema.Field] = {
     "train.warmup_steps": schema.integer(0),
     **schema.optimizer_fields("train"),
     "train.nonfinite": schema.choice("stop", "skip"),
-    "train.prng_impl": schema.choice(*steps_lib.PRNG_IMPLS),
+    "train.prng_impl": schema.choice(*PRNG_IMPLS),
     "train.peak_tflops_per_device": schema.number(0.0),
     "train.log_every": schema.integer(1),
     "train.eval_every": schema.integer(1),

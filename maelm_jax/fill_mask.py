@@ -8,18 +8,21 @@ is the pretraining run's whole network: for MAE-LM and 3ML the masked positions 
 out of the encoder and the decoder predicts them, exactly as in pretraining; for MLM the
 encoder reads ``<mask>`` there. The workdir is only read. A pretraining run with
 ``train.fill_mask_examples > 0`` ends with the same predictions for held-out blocks
-(``examples_from_blocks``), written to ``<workdir>/fill_mask.md``.
+(`after_pretraining`, which main.py calls when the run has finished), written to
+``<workdir>/fill_mask.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from maelm_jax import config as pretrain_config
 from maelm_jax import errors, masking, paths, schema
@@ -33,6 +36,9 @@ EXAMPLES_FILE = "fill_mask.md"
 # Held-out examples mask this share of a block's word-initial pieces, as pretraining masks
 # 15 % of positions.
 EXAMPLE_MASK_RATIO = 0.15
+# The held-out blocks the closing examples are spread over (the first of the validation
+# split; reading the whole split would only cost memory).
+_EXAMPLE_POOL = 4096
 
 
 class FillMaskError(errors.UserError):
@@ -221,6 +227,24 @@ def write_examples(workdir: paths.Path, examples: list[Filled],
     text = (f"# Fill-mask on held-out blocks, step {step}\n\n"
             + "\n\n".join(f"```\n{format_filled(f, tok)}\n```" for f in examples) + "\n")
     paths.write_text(workdir / EXAMPLES_FILE, text)
+    return text
+
+
+def after_pretraining(workdir: str) -> str | None:
+    """What a finished pretraining run learned: fill-mask on its train.fill_mask_examples
+    held-out blocks (from its first validation blocks), logged and written to
+    <workdir>/fill_mask.md. Returns the text; None when the run asks for no examples."""
+    run_dir = paths.resolve(workdir, "--workdir")
+    masker = FillMasker.from_workdir(str(run_dir))
+    count = masker.config.train.fill_mask_examples
+    if not count:
+        return None
+    _, blocks = inputs.validation_blocks(run_dir, masker.config, masker.tok)
+    blocks = np.stack(list(itertools.islice(blocks, _EXAMPLE_POOL)))
+    examples = examples_from_blocks(masker, blocks, count, masker.config.seed)
+    text = write_examples(run_dir, examples, masker.tok, masker.config.train.num_steps)
+    logging.info("what the model predicts on held-out text (also in %s):\n%s",
+                 run_dir / EXAMPLES_FILE, text)
     return text
 
 

@@ -27,6 +27,7 @@ def maelm_run(tmp_path_factory, tiny_tokenizer):
     c.train.fill_mask_examples = 2
     workdir = tmp_path_factory.mktemp("fill_mask") / "maelm"
     loop.train_and_evaluate(c, str(workdir))
+    fill_mask.after_pretraining(str(workdir))  # what main.py does when a run has finished
     return workdir
 
 

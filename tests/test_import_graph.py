@@ -82,3 +82,37 @@ def test_the_check_finds_a_lazy_relative_cycle(tmp_path):
     (pkg / "sub" / "b.py").write_text("from . import VALUE\n")
     graph = import_graph(tmp_path, "pkg")
     assert graph["pkg.sub.b"] == {"pkg.sub"} and find_cycle(graph) is None
+
+
+# The layers, lowest first: a module may import its own layer's and lower ones', never a
+# higher one's. Applications (fine-tuning, analysis, fill-mask, the study) sit on the
+# training engine; main.py, outside the package, calls them.
+LAYERS = (
+    ("maelm_jax.models",),
+    ("maelm_jax.data",),
+    ("maelm_jax.config", "maelm_jax.flops", "maelm_jax.mfu"),
+    ("maelm_jax.training",),
+    ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study"),
+)
+
+
+def _layer(module: str) -> int | None:
+    for level, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    return None  # the shared utilities below them all (paths, schema, tokenizer, ...)
+
+
+def _level(module: str) -> int:
+    level = _layer(module)
+    return -1 if level is None else level
+
+
+def test_no_module_imports_from_a_higher_layer():
+    graph = import_graph(REPO_ROOT, "maelm_jax")
+    upward = sorted((module, dependency) for module, deps in graph.items()
+                    for dependency in deps if _level(module) < _level(dependency))
+    assert not upward, f"imports from a higher layer: {upward}"
+    # The check is real: an application imports the engine, the engine the models.
+    assert any(_level(d) == 3 for d in graph["maelm_jax.finetune.train"])
+    assert any(_level(d) == 0 for d in graph["maelm_jax.training.steps"])

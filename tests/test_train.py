@@ -14,7 +14,7 @@ import pytest
 
 from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer, variants
-from maelm_jax.training import loop, steps
+from maelm_jax.training import loop
 from maelm_jax.training import setup as setup_lib
 
 from conftest import HANG_SECONDS, REPO_ROOT, require_shared_data, subprocess_env
@@ -58,7 +58,7 @@ def test_train_step_compiles_once(objective, accum, ablation):
     assert np.all(np.isfinite(losses))
 
 
-@pytest.mark.parametrize("impl", steps.PRNG_IMPLS)
+@pytest.mark.parametrize("impl", config_lib.PRNG_IMPLS)
 def test_same_step_same_masks_and_dropout(impl):
     """A step's randomness is a function of (seed, step) only: what resumption needs."""
     c = tiny_config("maelm")

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import compile_cache, distributed, errors, fill_mask, masking, mfu, paths, sharding
+from maelm_jax import compile_cache, distributed, errors, masking, mfu, paths, sharding
 from maelm_jax import config as config_lib
 from maelm_jax.data import loader, pipeline
 from maelm_jax.models import layers
@@ -178,29 +178,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     )
 
     try:
-        metrics, state = _train_loop(config, state, trainer, eval_data, batches,
-                                     ckpt, writer, utilisation, start, unigram_accuracy)
-        if t.fill_mask_examples and int(state.step) == t.num_steps:
-            _show_fill_mask(config, workdir, tok, data, jax.device_get(state.params))
+        metrics, _ = _train_loop(config, state, trainer, eval_data, batches,
+                                 ckpt, writer, utilisation, start, unigram_accuracy)
         return metrics
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.
         ckpt.close()
         writer.close()
-
-
-def _show_fill_mask(config, workdir: paths.Path, tok, data, params) -> None:
-    """What the model learned: fill-mask on a few held-out blocks, logged and written to
-    <workdir>/fill_mask.md (process 0)."""
-    if not distributed.is_leader():
-        return
-    blocks = np.concatenate([np.asarray(data.valid[n]) for n in sorted(data.valid)], axis=0)
-    masker = fill_mask.FillMasker(config, tok, params)
-    examples = fill_mask.examples_from_blocks(masker, blocks, config.train.fill_mask_examples,
-                                              config.seed)
-    text = fill_mask.write_examples(workdir, examples, tok, config.train.num_steps)
-    logging.info("what the model predicts on held-out text (also in %s):\n%s",
-                 workdir / fill_mask.EXAMPLES_FILE, text)
 
 
 def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, ckpt, writer,

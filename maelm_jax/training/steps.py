@@ -3,7 +3,7 @@
 Masks and dropout come from keys folded from (seed, step, micro-batch), so a step's
 randomness does not depend on what ran before it: a resumed run draws the same masks.
 Those keys use the PRNG implementation `prng_impl` (config.train.prng_impl, one of
-PRNG_IMPLS); parameter initialisation and evaluation masks always use threefry, so they
+config.PRNG_IMPLS); parameter initialisation and evaluation masks always use threefry, so they
 are the same whichever is chosen. Gradients are accumulated as sums over micro-batches
 and divided once by the number of predicted tokens in the global batch, which is the
 paper's loss exactly.
@@ -23,15 +23,6 @@ from jax.sharding import Mesh, PartitionSpec
 
 from maelm_jax import masking, sharding
 from maelm_jax.models import pretrain as pretrain_lib
-
-# JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
-# bits on every backend and sharding, and the most work per random bit (it is computed
-# with integer arithmetic on the vector units). rbg: XLA's RngBitGenerator for the bits,
-# threefry for splitting and folding, so keys derive as well as threefry's; much cheaper
-# on TPU and GPU, but the bits may differ between backends and XLA versions. unsafe_rbg:
-# RngBitGenerator for splitting and folding too: the cheapest, and keys derived from keys
-# are of lower statistical quality (fine for dropout, the usual choice for large TPU runs).
-PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 def train_key_data(seed: int, prng_impl: str = "threefry2x32") -> jax.Array:
