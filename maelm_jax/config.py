@@ -115,7 +115,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.model.decoder.attention_dropout = 0.0
     # Options of the official code, off in the paper: a T5 relative position bias of the
     # decoder's own (0 = off), and the encoder's position table shared with the decoder
-    # (equal widths only). See the README on MAE-LM and the unigram plateau.
+    # (equal widths only). See docs/plateau.md.
     c.model.decoder.rel_pos_buckets = 0
     c.model.decoder.rel_pos_max_distance = 128
     c.model.decoder.rel_pos_init = "normal"
@@ -144,7 +144,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.nonfinite = "stop"  # a non-finite loss/gradient: "stop" (keep the last good
     #                              checkpoint) or "skip" the update and count it
     # The PRNG implementation of masks and dropout (PRNG_IMPLS; the trade-offs are
-    # in maelm_jax/training/steps.py and the README's Performance section).
+    # in maelm_jax/training/steps.py and docs/performance.md).
     c.train.prng_impl = "threefry2x32"
     # Peak dense TFLOP/s of one device, for the MFU in the train logs; 0 looks the device
     # kind up in maelm_jax/mfu.py (no MFU for a kind it does not list, such as CPUs).

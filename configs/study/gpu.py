@@ -20,7 +20,7 @@ model pretrains in about 2.5 minutes if the step reaches about 1.3M tokens/s in 
 MAE-LM's decoder keeps the base model's 12:4 depth ratio (2 layers at full width); the
 3ML decoders are 2 layers at half width (3ML Table 4). The model is still small, so the
 quickstart's two aids stay (the relative bias's locality prior and the decoder's own
-relative bias; see the README on the unigram plateau).
+relative bias; see docs/plateau.md).
 
 `gpu.py:tiny` is the same study with laptop sizes, for tests and a dry run on a CPU.
 `gpu.py:pretrain` is the MLM pretraining config the study's models start from (what the

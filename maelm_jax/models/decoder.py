@@ -22,7 +22,7 @@ the encoder's outputs there.
 
 By default the decoder has no relative position bias and its own position table, as in the
 paper. Two options of the official code help a small decoder learn to read a masked
-position's neighbours sooner (see the README's notes on the unigram plateau): a T5
+position's neighbours sooner (see docs/plateau.md): a T5
 relative position bias of the decoder's own (`rel_pos_buckets`, the official
 `--decoder-rel-pos`) and the encoder's position table shared with the decoder
 (`share_positions`, the official `--share-pos-emb`).
