@@ -5,7 +5,9 @@ Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning
 `sweep = True` maelm_jax.finetune.sweep; the effective-rank analysis
 (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
 (configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask; the laptop-scale
-study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run. Each
+study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run; a pretraining config
+with `--config.mode=prepare` writes its corpus as ArrayRecord shards with Apache Beam
+(maelm_jax.data.prepare) for `--config.data.prepared` of later runs. Each
 mode's entry is picked here, so no module of maelm_jax has to import its caller.
 
 Any config field can be overridden with --config.<field>=<value>.
@@ -18,6 +20,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from maelm_jax import cli, compile_cache, distributed, errors, fill_mask, host_memory
+from maelm_jax import config as config_lib
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
@@ -89,6 +92,11 @@ def main(argv):
             fill_mask.run(FLAGS.config, FLAGS.workdir)
         elif mode == "study":
             study_run.run(FLAGS.config, FLAGS.workdir)
+        elif mode == "prepare":
+            from maelm_jax.data import prepare  # Apache Beam: imported only for this mode
+
+            config_lib.validate(FLAGS.config)
+            prepare.run(config_lib.resolve_paths(FLAGS.config), FLAGS.workdir)
         else:
             loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
             if FLAGS.config.train.fill_mask_examples and distributed.is_leader():

@@ -28,6 +28,7 @@ from maelm_jax.models import pretrain as pretrain_lib
 # RngBitGenerator for splitting and folding too: the cheapest, and keys derived from keys
 # are of lower statistical quality (fine for dropout, the usual choice for large TPU runs).
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+MODES = ("pretrain", "prepare")
 
 
 class ConfigError(errors.UserError):
@@ -36,6 +37,8 @@ class ConfigError(errors.UserError):
 
 def pretrain_defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
+    # "pretrain" trains; "prepare" writes the corpus as ArrayRecord shards into --workdir
+    # with Apache Beam (maelm_jax/data/prepare.py), for data.prepared of later runs.
     c.mode = "pretrain"
     c.objective = "maelm"  # "maelm" (MAE-LM / 3ML_self) or "mlm" (RoBERTa baseline)
     c.seed = 0  # parameters, data order, masks and dropout all derive from it
@@ -55,8 +58,21 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.data.seq_len = 512  # L: every block is exactly L tokens
     c.data.validation_fraction = 0.01  # documents held out (by hash) for eval
     c.data.cache_dir = ""  # prepared blocks; "" = <workdir>/data
+    # A directory written by mode "prepare" (local or gs://): training reads its shards
+    # instead of preparing the sources in the job (the sources still name the corpus: the
+    # manifest's fingerprint must be theirs).
+    c.data.prepared = ""
     c.data.encoding_errors = "replace"  # non-UTF-8 bytes: "replace" (and count) or "strict"
     c.data.prefetch = 2  # batches read ahead by a background thread
+
+    # mode "prepare": the Beam pipeline's runner, its local worker processes (DirectRunner),
+    # the blocks per ArrayRecord shard, and further Beam flags (another runner's project,
+    # region, temp_location, ...).
+    c.prepare = ml_collections.ConfigDict()
+    c.prepare.runner = "DirectRunner"
+    c.prepare.num_workers = 2
+    c.prepare.blocks_per_shard = 65536
+    c.prepare.beam_options = ()
 
     c.masking = ml_collections.ConfigDict()
     c.masking.mask_ratio = 0.15  # k = round(mask_ratio * L) positions predicted per sequence
@@ -163,7 +179,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
 # Every field's type and allowed values, declared once (maelm_jax/schema.py); validate()
 # adds the rules that relate several fields.
 FIELDS: dict[str, schema.Field] = {
-    "mode": schema.choice("pretrain"),
+    "mode": schema.choice(*MODES),
     "objective": schema.choice(*pretrain_lib.OBJECTIVES),
     "seed": schema.integer(0),
     "tokenizer.model_path": schema.path("a sentencepiece .model file, or empty to train one"),
@@ -176,6 +192,11 @@ FIELDS: dict[str, schema.Field] = {
     "data.seq_len": schema.integer(2),
     "data.validation_fraction": schema.number(0.0, 1.0, low_open=True, high_open=True),
     "data.cache_dir": schema.path("a directory, or empty for <workdir>/data"),
+    "data.prepared": schema.path("a directory written by --config.mode=prepare, or empty"),
+    "prepare.runner": schema.text("a Beam runner name"),
+    "prepare.num_workers": schema.integer(1),
+    "prepare.blocks_per_shard": schema.integer(1),
+    "prepare.beam_options": schema.sequence_of(schema.text(), words="a tuple of Beam flags"),
     "data.encoding_errors": schema.choice("replace", "strict"),
     "data.prefetch": schema.integer(0),
     "masking.mask_ratio": schema.number(0.0, 1.0, low_open=True, high_open=True),

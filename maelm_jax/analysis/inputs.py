@@ -20,7 +20,7 @@ from maelm_jax import config as pretrain_config
 from maelm_jax import masking, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as config_lib
-from maelm_jax.data import packing, sources
+from maelm_jax.data import packing, shards, sources
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import glue, squad
@@ -55,6 +55,10 @@ def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
     """(L, the pretraining run's validation blocks in eval order: all sources, each
     memory-mapped and read only as far as the analysis goes)."""
     d = run_cfg.data
+    if d.get("prepared"):  # shards of mode "prepare"
+        data = shards.load(d.prepared)
+        return data.seq_len, itertools.chain.from_iterable(
+            data.valid[n] for n in sorted(data.valid))
     cache_dir = paths.Path(d.cache_dir or workdir / "data")
     prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
                 if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]

@@ -62,8 +62,15 @@ def train_batches(
 
 def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int) -> list[np.ndarray]:
     """The first num_batches full [batch_size, L] batches of the validation split, in
-    fixed order (all sources concatenated), so successive evals are comparable."""
-    blocks = np.concatenate([np.asarray(data.valid[n]) for n in sorted(data.valid)], axis=0)
+    fixed order (all sources concatenated), so successive evals are comparable. Only those
+    blocks are read (the split of a large corpus is gigabytes)."""
+    wanted, parts = num_batches * batch_size, []
+    for name in sorted(data.valid):
+        take = min(wanted - sum(len(p) for p in parts), len(data.valid[name]))
+        if take > 0:
+            parts.append(np.asarray(data.valid[name][:take]))
+    blocks = (np.concatenate(parts, axis=0) if parts
+              else np.zeros((0, data.seq_len), np.int32))
     count = min(num_batches, len(blocks) // batch_size)
     if count == 0:
         # Fewer validation blocks than one batch: use them all as a single smaller batch.

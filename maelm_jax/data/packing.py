@@ -91,8 +91,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype("<i4")
 
 
-def _chunks(documents: Iterable[str], size: int,
-            max_chars: int = _ENCODE_CHUNK_CHARS) -> Iterator[list[str]]:
+def chunks(documents: Iterable[str], size: int = _ENCODE_CHUNK,
+           max_chars: int = _ENCODE_CHUNK_CHARS) -> Iterator[list[str]]:
+    """Documents in lists for one sentencepiece batch call each."""
     chunk, chars = [], 0
     for doc in documents:
         chunk.append(doc)
@@ -120,7 +121,7 @@ def pack_source(
     packers = {split: BlockPacker(seq_len) for split in writers}
     docs = tokens = 0
     start = last_report = time.monotonic()
-    for chunk in _chunks(documents, _ENCODE_CHUNK):
+    for chunk in chunks(documents):
         for doc, ids in zip(chunk, tok.encode(chunk), strict=False):
             split = "valid" if is_validation(doc, validation_fraction) else "train"
             writers[split].write(packers[split].add(ids))

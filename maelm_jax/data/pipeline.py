@@ -9,7 +9,7 @@ from absl import logging
 
 from maelm_jax import paths
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.data import packing, sources
+from maelm_jax.data import packing, shards, sources
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -69,6 +69,35 @@ def setup_tokenizer(
         max_sentences=tok_cfg.max_sentences,
         seed=config.seed,
     )
+
+
+def prepared_tokenizer(config: ml_collections.ConfigDict,
+                       workdir: paths.Path) -> tokenizer_lib.Tokenizer:
+    """The tokenizer of config.data.prepared, copied into the workdir (where fine-tuning
+    and fill-mask look for it). tokenizer.model_path, if set, must be the same model."""
+    source = paths.Path(config.data.prepared) / shards.TOKENIZER
+    if not source.is_file():
+        raise shards.PreparedDataError(f"config.data.prepared: {config.data.prepared} has no "
+                                       f"{shards.TOKENIZER}; prepare it with --config.mode=prepare")
+    own = config.tokenizer.model_path
+    if own and paths.Path(own).read_bytes() != source.read_bytes():
+        raise tokenizer_lib.TokenizerError(
+            f"config.tokenizer.model_path: {own} is not the tokenizer {config.data.prepared} "
+            "was prepared with; leave it empty to use that one")
+    path = workdir / TOKENIZER_FILE
+    if not path.exists():
+        paths.write_atomically(path, source.read_bytes())
+    tok = tokenizer_lib.load_tokenizer(str(path))
+    if tok.vocab_size != config.tokenizer.vocab_size:
+        raise tokenizer_lib.TokenizerError(
+            f"config.tokenizer.vocab_size: {config.data.prepared} was prepared with a "
+            f"{tok.vocab_size}-piece tokenizer, the config says {config.tokenizer.vocab_size}")
+    return tok
+
+
+def source_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
+    return {name: float(sources.source_settings(source)["weight"])
+            for name, source in config.data.sources.items()}
 
 
 def prepare_data(

@@ -16,7 +16,7 @@ from absl import logging
 
 from maelm_jax import compile_cache, distributed, errors, masking, mfu, paths, sharding
 from maelm_jax import config as config_lib
-from maelm_jax.data import loader, pipeline
+from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
@@ -78,6 +78,15 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
     others wait, then everyone loads the same files. A failure leaves the workdir as it
     was. (config.json is written once the checkpoint, if any, has restored.)"""
+    if config.data.prepared:  # shards of mode "prepare": every process reads its own blocks
+        if jax.process_index() == 0:
+            workdir_lib.check_compatible(config, workdir, allow_config_change)
+            with workdir_lib.all_or_nothing(workdir):
+                paths.make_dirs(workdir)
+                pipeline.prepared_tokenizer(config, workdir)
+        distributed.barrier("tokenizer")
+        tok = pipeline.prepared_tokenizer(config, workdir)
+        return tok, shards.load(config.data.prepared, pipeline.source_weights(config))
     if jax.process_index() == 0:
         workdir_lib.check_compatible(config, workdir, allow_config_change)
         with workdir_lib.all_or_nothing(workdir):
@@ -111,7 +120,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     mesh = sharding.make_mesh(config.mesh.shape)
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
-    pipeline.validate_sources(config)
+    if not config.data.prepared:  # else the corpus need not be on this machine at all
+        pipeline.validate_sources(config)
     tok, data = _prepare(config, workdir, allow_config_change)
     logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
                  jax.process_count())
@@ -167,6 +177,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         if len(b) >= dp
     ]
     row_start, row_count = sharding.process_rows(mesh, t.batch_size)
+    logging.info("process %d reads rows [%d, %d) of every global batch of %d (%s)",
+                 jax.process_index(), row_start, row_start + row_count, t.batch_size,
+                 f"the shards of {config.data.prepared}" if config.data.prepared
+                 else "prepared in the job")
     batches = loader.train_batches(
         data,
         t.batch_size,

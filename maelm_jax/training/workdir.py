@@ -52,15 +52,22 @@ def _flatten(tree, prefix=""):
         yield prefix[:-1], tree
 
 
+# Maps whose keys the user names: the defaults' entries are examples, not fields.
+_NAMED_BY_USER = ("data.sources.",)
+
+
 def config_changes(old: dict, new: dict, defaults: dict | None = None) -> list[str]:
     """Dotted fields whose values differ and that a resumed run may not change.
 
     A field missing from `old` (a workdir written before the field existed) counts as its
-    value in `defaults`, which is what that run used.
+    value in `defaults`, which is what that run used; not inside maps whose keys the user
+    names (the corpus sources: a run with sources "books" and "web" never had the
+    default "main").
     """
     old_flat, new_flat = dict(_flatten(old)), dict(_flatten(new))
     for key, value in _flatten(defaults or {}):
-        old_flat.setdefault(key, value)
+        if not key.startswith(_NAMED_BY_USER):
+            old_flat.setdefault(key, value)
     changed = sorted(k for k in old_flat.keys() | new_flat.keys()
                      if old_flat.get(k) != new_flat.get(k))
     return [k for k in changed

@@ -1,0 +1,277 @@
+"""`prepare` mode: tokenise and pack a corpus into ArrayRecord shards with Apache Beam.
+
+    python main.py --config=configs/pretrain/base.py --config.mode=prepare \
+        --workdir=/data/prepared/wiki --config.data.sources.main.kind=wikiextractor \
+        --config.data.sources.main.path=/data/wiki
+    # then train from it on any number of hosts:
+    python main.py --config=configs/pretrain/base.py --workdir=runs/base \
+        --config.data.prepared=/data/prepared/wiki
+
+The blocks are exactly those in-job preparation cuts (maelm_jax/data/packing.py: per source
+and split, documents joined by </s> in corpus order, blocks of L - 1 tokens after <s>, the
+tail dropped), computed as a data-parallel pipeline:
+
+1. one work item per corpus file (a TFDS or built-in source is one item): its documents
+   are read (the same readers, cleaning and bounds), split by the hash of their text and
+   tokenised: ((source, split), (file, document, tokens + </s>));
+2. per source and split, the documents' lengths in corpus order give each its offset in
+   the token stream (one integer per document crosses the network);
+3. each document cuts its tokens into pieces of the blocks they fall in, keyed by shard;
+4. each shard assembles its blocks (the incomplete tail left out) and writes one
+   ArrayRecord file, and a note of its block count.
+
+The driver trains the tokenizer first (a capped sample, streamed: `tokenizer.max_sentences`
+lines) unless `tokenizer.model_path` names one, and writes `manifest.json` last
+(maelm_jax/data/shards.py), so an interrupted preparation is never read.
+
+Runners (`prepare.runner`): "DirectRunner" runs on this machine with
+`prepare.num_workers` processes; the same pipeline runs on Dataflow, Flink or Spark with
+`prepare.beam_options`, e.g. ("--runner=DataflowRunner", "--project=P", "--region=R",
+"--temp_location=gs://B/tmp", "--requirements_file=requirements.txt") and a workdir in a
+bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import ml_collections
+import numpy as np
+from absl import logging
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from maelm_jax import paths
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.data import packing, pipeline, shards, sources
+
+NOTES = "notes"  # shard and source notes the workers leave for the driver
+
+
+def work_items(config: ml_collections.ConfigDict) -> list[tuple[str, int, dict]]:
+    """(source, item index, the source's settings restricted to the item): a file of a
+    file source, or the whole of any other source, in corpus order."""
+    items = []
+    for name, source in config.data.sources.items():
+        settings = sources.source_settings(source, pipeline.source_field(name))
+        if settings["kind"] in sources.FILE_KINDS:
+            files = sources.resolve_paths(settings["path"], pipeline.source_field(name) + ".path")
+            items += [(name, i, {**settings, "path": [file]}) for i, file in enumerate(files)]
+        else:
+            items.append((name, 0, settings))
+    return items
+
+
+class _Tokenise(beam.DoFn):
+    """Beam DoFn: one work item's documents, split and tokenised; notes its statistics."""
+
+    def __init__(self, tokenizer_proto: bytes, validation_fraction: float,
+                 encoding_errors: str, notes_dir: str):
+        super().__init__()
+        self.tokenizer_proto = tokenizer_proto
+        self.validation_fraction = validation_fraction
+        self.encoding_errors = encoding_errors
+        self.notes_dir = notes_dir
+        self._sp = None
+
+    def setup(self):  # once per worker: the model is a few hundred KB
+        import sentencepiece as spm
+
+        self._sp = spm.SentencePieceProcessor()
+        self._sp.LoadFromSerializedProto(self.tokenizer_proto)
+
+    def process(self, item) -> Iterator[tuple[tuple[str, str], tuple[int, int, np.ndarray]]]:
+        name, index, settings = item
+        stats = sources.ReadStats()
+        counts = {"train": [0, 0], "valid": [0, 0]}  # documents, tokens
+        documents = sources.iter_documents(settings, self.encoding_errors, stats)
+        position = 0
+        for chunk in packing.chunks(documents):
+            for text, ids in zip(chunk, self._sp.encode(chunk, out_type=int), strict=True):
+                split = ("valid" if packing.is_validation(text, self.validation_fraction)
+                         else "train")
+                tokens = np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32)
+                counts[split][0] += 1
+                counts[split][1] += len(tokens)
+                yield (name, split), (index, position, tokens)
+                position += 1
+        note = {"source": name, "item": index, "counts": counts, "read": vars(stats)}
+        paths.write_text(paths.Path(self.notes_dir) / f"source-{name}-{index:06d}.json",
+                         json.dumps(note))
+
+
+def _offsets(keyed) -> Iterator[tuple[tuple[str, str, int, int], int]]:
+    """A source and split's documents, (item, document, length), to each one's offset in
+    the split's token stream, in corpus order."""
+    (name, split), lengths = keyed
+    offset = 0
+    for item, position, length in sorted(lengths):
+        yield (name, split, item, position), offset
+        offset += length
+
+
+def _totals(keyed) -> tuple[tuple[str, str], int]:
+    (name, split), lengths = keyed
+    return (name, split), sum(length for _, _, length in lengths)
+
+
+class _Pieces(beam.DoFn):
+    """Beam DoFn: a document's tokens cut at block boundaries, keyed by shard."""
+
+    def __init__(self, seq_len: int, blocks_per_shard: int):
+        super().__init__()
+        self.body = seq_len - 1  # <s> starts every block
+        self.blocks_per_shard = blocks_per_shard
+
+    def process(self, joined, totals):
+        (name, split, _, _), grouped = joined
+        (tokens,), (offset,) = grouped["tokens"], grouped["offset"]
+        full_blocks = totals[(name, split)] // self.body  # the tail is left out
+        end = offset + len(tokens)
+        for block in range(offset // self.body, min(-(-end // self.body), full_blocks)):
+            lo, hi = max(offset, block * self.body), min(end, (block + 1) * self.body)
+            yield ((name, split, block // self.blocks_per_shard),
+                   (block, lo - block * self.body, tokens[lo - offset:hi - offset]))
+
+
+class _WriteShard(beam.DoFn):
+    """Beam DoFn: one shard's blocks assembled from their pieces and written."""
+
+    def __init__(self, out_dir: str, notes_dir: str, seq_len: int, blocks_per_shard: int,
+                 dtype: str):
+        super().__init__()
+        self.out_dir, self.notes_dir = out_dir, notes_dir
+        self.seq_len, self.blocks_per_shard = seq_len, blocks_per_shard
+        self.dtype = np.dtype(dtype)
+
+    def process(self, keyed, totals):
+        (name, split, shard), pieces = keyed
+        full_blocks = totals[(name, split)] // (self.seq_len - 1)
+        count = -(-full_blocks // self.blocks_per_shard)
+        first = shard * self.blocks_per_shard
+        blocks = np.zeros((min(self.blocks_per_shard, full_blocks - first), self.seq_len),
+                          self.dtype)
+        blocks[:, 0] = tokenizer_lib.BOS_ID
+        for block, start, tokens in pieces:
+            blocks[block - first, 1 + start:1 + start + len(tokens)] = tokens
+        file = shards.shard_name(split, name, shard, count)
+        with tempfile.TemporaryDirectory() as local:
+            shards.write_shard(pathlib.Path(local) / file, blocks)
+            paths.upload(pathlib.Path(local) / file, paths.Path(self.out_dir) / file)
+        note = {"source": name, "split": split, "shard": shard, "file": file,
+                "blocks": len(blocks)}
+        paths.write_text(paths.Path(self.notes_dir) / f"shard-{file}.json", json.dumps(note))
+        yield note
+
+
+def build_pipeline(root, items: list, tokenizer_proto: bytes, config: ml_collections.ConfigDict,
+                   out_dir: str, notes_dir: str, dtype: str) -> None:
+    """The preparation as transforms on the Beam pipeline `root`."""
+    d, p = config.data, config.prepare
+    tokenised = (root
+                 | "work items" >> beam.Create(items)
+                 | "spread" >> beam.Reshuffle()
+                 | "tokenise" >> beam.ParDo(_Tokenise(tokenizer_proto, d.validation_fraction,
+                                                      d.encoding_errors, notes_dir)))
+    lengths = (tokenised
+               | "lengths" >> beam.Map(lambda kv: (kv[0], (kv[1][0], kv[1][1], len(kv[1][2]))))
+               | "per split" >> beam.GroupByKey())
+    offsets = lengths | "offsets" >> beam.FlatMap(_offsets)
+    totals = beam.pvalue.AsDict(lengths | "totals" >> beam.Map(_totals))
+    keyed = tokenised | "by document" >> beam.Map(
+        lambda kv: ((kv[0][0], kv[0][1], kv[1][0], kv[1][1]), kv[1][2]))
+    _ = ({"tokens": keyed, "offset": offsets}
+         | "join" >> beam.CoGroupByKey()
+         | "pieces" >> beam.ParDo(_Pieces(d.seq_len, p.blocks_per_shard), totals)
+         | "per shard" >> beam.GroupByKey()
+         | "write" >> beam.ParDo(_WriteShard(out_dir, notes_dir, d.seq_len, p.blocks_per_shard,
+                                             dtype), totals))
+
+
+def pipeline_options(config: ml_collections.ConfigDict) -> PipelineOptions:
+    p = config.prepare
+    # The workers' own INFO logs (a dozen lines per process) drown ours.
+    flags = [f"--runner={p.runner}", "--default_sdk_harness_log_level=WARNING",
+             *p.beam_options]
+    if p.runner == "DirectRunner":
+        flags += [f"--direct_num_workers={p.num_workers}",
+                  "--direct_running_mode=" + ("multi_processing" if p.num_workers > 1
+                                              else "in_memory")]
+    return PipelineOptions(flags)
+
+
+def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerprint: str,
+              dtype: str) -> dict:
+    """The manifest from the workers' notes."""
+    notes = [json.loads(paths.read_text(f)) for f in sorted(notes_dir.glob("*.json"))]
+    manifest: dict[str, Any] = {"format": shards.FORMAT, "fingerprint": fingerprint,
+                                "dtype": dtype, "seq_len": config.data.seq_len,
+                                "tokenizer": shards.TOKENIZER, "sources": {}}
+    for name in config.data.sources:
+        entry = {split: {"shards": [], "documents": 0, "tokens": 0} for split in shards.SPLITS}
+        entry["read"] = {}
+        for note in notes:
+            if note["source"] != name:
+                continue
+            if "counts" in note:
+                for split, (docs, tokens) in note["counts"].items():
+                    entry[split]["documents"] += docs
+                    entry[split]["tokens"] += tokens
+                for key, value in note["read"].items():
+                    entry["read"][key] = entry["read"].get(key, 0) + value
+            else:
+                entry[note["split"]]["shards"].append(
+                    {"file": note["file"], "blocks": note["blocks"], "index": note["shard"]})
+        for split in shards.SPLITS:
+            entry[split]["shards"].sort(key=lambda s: s.pop("index"))
+            entry[split]["blocks"] = sum(s["blocks"] for s in entry[split]["shards"])
+        manifest["sources"][name] = entry
+    return manifest
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Prepares the corpus of `config` (validated, its paths absolute) into `workdir` (a
+    local directory or a bucket path); returns the manifest. A directory already holding
+    this preparation is left as it is."""
+    out = paths.resolve(workdir, "--workdir")
+    pipeline.validate_sources(config)
+    paths.make_dirs(out)
+    tok = pipeline.setup_tokenizer(config, out)
+    if not (out / shards.TOKENIZER).exists():
+        paths.Path(tok.model_path).copy(out / shards.TOKENIZER)
+    fingerprints = {name: sources.source_fingerprint(s)
+                    for name, s in config.data.sources.items()}
+    fingerprint = packing.data_fingerprint(fingerprints, tok.model_path, config.data.seq_len,
+                                           config.data.validation_fraction)
+    if (out / shards.MANIFEST).is_file():
+        manifest = shards.read_manifest(out)
+        if manifest["fingerprint"] == fingerprint:
+            logging.info("prepare: %s already holds this preparation", out)
+            return manifest
+        raise shards.PreparedDataError(
+            f"--workdir: {out} holds another preparation (fingerprint "
+            f"{manifest['fingerprint']}); prepare into another directory")
+    notes = out / NOTES
+    paths.remove(notes)  # an interrupted preparation's
+    paths.make_dirs(notes)
+    dtype = packing.token_dtype(tok.vocab_size).str
+    items = work_items(config)
+    start = time.monotonic()
+    logging.info("prepare: %d work items on %s", len(items), config.prepare.runner)
+    with beam.Pipeline(options=pipeline_options(config)) as root:
+        build_pipeline(root, items, paths.Path(tok.model_path).read_bytes(), config,
+                       str(out), str(notes), dtype)
+    manifest = _manifest(notes, config, fingerprint, dtype)
+    manifest["seconds"] = time.monotonic() - start
+    paths.write_text(out / shards.MANIFEST, json.dumps(manifest, indent=2))  # last
+    paths.remove(notes)
+    for name, entry in manifest["sources"].items():
+        logging.info("prepared %s: %d + %d documents -> %d train / %d valid blocks", name,
+                     entry["train"]["documents"], entry["valid"]["documents"],
+                     entry["train"]["blocks"], entry["valid"]["blocks"])
+    return manifest

@@ -1,0 +1,191 @@
+"""Mode "prepare": the Apache Beam pipeline writes exactly the blocks in-job preparation
+cuts, as ArrayRecord shards; training reads them by global index (each process its own
+rows), resumes exactly, and reads them from a bucket."""
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax import paths
+from maelm_jax.data import loader, pipeline, prepare, shards
+from maelm_jax.training import loop
+
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+from fake_bucket import fake_gcs
+from test_cloud_paths import _documents
+from test_reliability import train_metrics
+from tiny_config import tiny_config
+
+
+def _corpus(root):
+    """Two sources: three text files (one gzipped) and a JSONL file."""
+    documents = _documents(360, seed=1)
+    (root / "text").mkdir(parents=True)
+    for i in range(3):
+        text = "\n\n".join(documents[i * 100:(i + 1) * 100]) + "\n"
+        if i == 1:
+            (root / "text" / f"part-{i}.txt.gz").write_bytes(gzip.compress(text.encode()))
+        else:
+            (root / "text" / f"part-{i}.txt").write_text(text)
+    (root / "web.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"
+                                            for d in documents[300:]))
+    return {"books": {"kind": "text", "path": str(root / "text"), "weight": 2.0},
+            "web": {"kind": "jsonl", "path": str(root / "web.jsonl"), "weight": 1.0}}
+
+
+def _config(root, tokenizer_path, **prepare_fields):
+    c = tiny_config("maelm", tokenizer_path)
+    c.data.sources = _corpus(root)
+    c.data.validation_fraction = 0.1
+    c.prepare.update(blocks_per_shard=128, **prepare_fields)
+    config_lib.validate(c)
+    return config_lib.resolve_paths(c)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, tiny_tokenizer):
+    """The corpus prepared by Beam (DirectRunner, two worker processes) and in the job."""
+    root = tmp_path_factory.mktemp("prepare")
+    c = _config(root, tiny_tokenizer.model_path, num_workers=2)
+    manifest = prepare.run(c, str(root / "shards"))
+    in_job = pipeline.prepare_data(c, paths.Path(root / "job"), tiny_tokenizer)
+    return root, c, manifest, in_job
+
+
+def test_beam_writes_exactly_the_blocks_of_in_job_preparation(prepared):
+    root, c, manifest, in_job = prepared
+    data = shards.load(root / "shards", pipeline.source_weights(c))
+    assert manifest["fingerprint"] == in_job.directory.name  # the same inputs, hashed alike
+    assert data.weights == {"books": 2.0, "web": 1.0}
+    for split in ("train", "valid"):
+        for name in ("books", "web"):
+            want = np.asarray(getattr(in_job, split)[name])
+            got = getattr(data, split)[name]
+            assert len(got) == len(want) > 0, (split, name)
+            np.testing.assert_array_equal(got[:], want)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_array_equal(got[len(want) - 1], want[-1])
+            np.testing.assert_array_equal(got[[5, 0, 2]], want[[5, 0, 2]])
+    books = manifest["sources"]["books"]["train"]
+    assert len(books["shards"]) > 1  # several shards, read as one sequence
+    assert all(s["blocks"] == 128 for s in books["shards"][:-1])
+    assert books["documents"] > 0 and books["tokens"] > books["blocks"] * (c.data.seq_len - 1)
+    assert (root / "shards" / shards.TOKENIZER).read_bytes() == paths.Path(
+        c.tokenizer.model_path).read_bytes()
+    assert not (root / "shards" / prepare.NOTES).exists()
+
+
+def test_a_second_prepare_keeps_what_is_there_and_another_corpus_is_refused(prepared):
+    root, c, manifest, _ = prepared
+    assert prepare.run(c, str(root / "shards")) == shards.read_manifest(root / "shards")
+    other = c.copy_and_resolve_references()
+    other.data.validation_fraction = 0.2
+    with pytest.raises(shards.PreparedDataError, match="holds another preparation"):
+        prepare.run(other, str(root / "shards"))
+
+
+class _Recording(shards.ShardedBlocks):
+    """Notes every block read: (which source's blocks, the block's index)."""
+
+    read: list = []
+
+    def __getitem__(self, index):
+        keys = np.arange(len(self))[index] if isinstance(index, slice) else np.atleast_1d(index)
+        self.read.extend((id(self), int(k)) for k in keys)
+        return super().__getitem__(index)
+
+
+def test_each_process_reads_only_its_rows(prepared):
+    """Two processes' halves of every global batch: each the rows a single process has
+    there, and no block read by both (prefetching reads a few steps ahead)."""
+    root, c, _, _ = prepared
+    data = shards.load(root / "shards", pipeline.source_weights(c))
+    for blocks in data.train.values():
+        blocks.__class__ = _Recording
+    whole = loader.train_batches(data, 8, seed=3)
+    batches = [next(whole) for _ in range(3)]
+    read = {}
+    for start in (0, 4):
+        _Recording.read = []
+        half = loader.train_batches(data, 8, seed=3, row_start=start, row_count=4)
+        rows = [next(half) for _ in range(3)]
+        read[start] = set(_Recording.read)
+        for step in range(3):
+            np.testing.assert_array_equal(rows[step], batches[step][start:start + 4])
+    assert len(read[0]) >= 12 and len(read[4]) >= 12
+    assert not read[0] & read[4]
+    assert len(read[0]) < sum(len(b) for b in data.train.values()) / 4  # not the dataset
+
+
+def test_training_resumes_exactly_from_shards(prepared, tmp_path, tiny_tokenizer):
+    root, c, _, _ = prepared
+    c = c.copy_and_resolve_references()
+    c.data.prepared = str(root / "shards")
+    c.train.update(num_steps=6, checkpoint_every=3, eval_every=3, log_every=1)
+    loop.train_and_evaluate(c, str(tmp_path / "straight"))
+    c.train.num_steps = 3
+    loop.train_and_evaluate(c, str(tmp_path / "stopped"))
+    c.train.num_steps = 6
+    loop.train_and_evaluate(c, str(tmp_path / "stopped"))
+    straight, resumed = train_metrics(tmp_path / "straight"), train_metrics(tmp_path / "stopped")
+    assert sorted(resumed) == list(range(1, 7))
+    for step in range(1, 7):  # the same program on the same machine: the same numbers
+        assert resumed[step]["loss"] == straight[step]["loss"], step
+    assert (tmp_path / "straight" / "tokenizer.model").read_bytes() == (
+        root / "shards" / shards.TOKENIZER).read_bytes()
+    assert not (tmp_path / "straight" / "data").exists()  # nothing prepared in the job
+
+
+def test_two_processes_read_disjoint_rows_of_the_shards(prepared, tmp_path):
+    """Two processes on localhost train from the prepared directory alone (the config's
+    sources are not read: here they do not even exist) and say which rows they read."""
+    root, _, _, _ = prepared
+    common = [sys.executable, "main.py", "--config=tests/tiny_config.py",
+              f"--config.data.prepared={root / 'shards'}",
+              "--config.data.sources.main.kind=text",
+              f"--config.data.sources.main.path={tmp_path / 'not_here.txt'}",
+              "--config.train.num_steps=2", "--config.mesh.shape=(4,2,1)",
+              f"--workdir={tmp_path / 'multi'}"]
+    port = _free_port()
+    procs = [subprocess.Popen(common + [f"--coordinator_address=127.0.0.1:{port}",
+                                        "--num_processes=2", f"--process_id={i}"],
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=subprocess_env(4))
+             for i in range(2)]
+    outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
+    rows = []
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+        [(start, end)] = re.findall(r"reads rows \[(\d+), (\d+)\) of every global batch of 8 "
+                                    r"\(the shards of ", out)
+        rows.append(range(int(start), int(end)))
+    assert sorted(i for r in rows for i in r) == list(range(8))  # disjoint, all of the batch
+    assert sorted(train_metrics(tmp_path / "multi")) == [1, 2]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_shards_in_a_bucket(prepared, tmp_path, tiny_tokenizer):
+    """Prepared into a bucket (the in-process runner: the fake bucket lives in this
+    process), then read from it: the same blocks, via a local copy."""
+    root, c, _, in_job = prepared
+    c = c.copy_and_resolve_references()
+    c.prepare.num_workers = 1
+    (tmp_path / "gcs" / "bucket").mkdir(parents=True)
+    with fake_gcs(tmp_path / "gcs"):
+        prepare.run(c, "gs://bucket/prepared")
+        data = shards.load("gs://bucket/prepared")
+        np.testing.assert_array_equal(data.train["books"][:], np.asarray(in_job.train["books"]))
+    assert (tmp_path / "gcs" / "bucket" / "prepared" / shards.MANIFEST).is_file()
