@@ -189,3 +189,18 @@ def test_shards_in_a_bucket(prepared, tmp_path, tiny_tokenizer):
         data = shards.load("gs://bucket/prepared")
         np.testing.assert_array_equal(data.train["books"][:], np.asarray(in_job.train["books"]))
     assert (tmp_path / "gcs" / "bucket" / "prepared" / shards.MANIFEST).is_file()
+
+
+def test_the_throughput_benchmark_runs(prepared):
+    root, _, _, _ = prepared
+    run = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "prepare_throughput.py"),
+         f"--corpus={root / 'text'}", "--kind=text", "--vocab_size=300", "--seq_len=32",
+         "--workers=2"], cwd=REPO_ROOT.parent, env=subprocess_env(), capture_output=True,
+        text=True, timeout=HANG_SECONDS, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("in-job (1 process)") and "tokens/s per core" in line
+               for line in lines), run.stdout
+    assert any(line.startswith("Beam (2 workers)") and "peak" in line for line in lines)
+    assert any(line.startswith("160 GB of text") for line in lines)

@@ -1,0 +1,120 @@
+r"""Preparation throughput: in-job packing against the Beam pipeline of mode "prepare".
+
+    python benchmarks/prepare_throughput.py --corpus=/data/wiki_large \
+        [--kind=wikiextractor --seq_len=128 --vocab_size=8192 --workers=2]
+
+Trains one tokenizer on the corpus (not timed; both paths use it), then, each in a fresh
+process so that peak memory is its own: the in-job path (maelm_jax/data/pipeline.py, one
+process, what a training job does when the cache is cold) and mode "prepare" with the
+DirectRunner and --workers worker processes. Printed per path: wall seconds, tokens/s in
+total and per core used, and peak resident memory (the process's, and its children's: the
+Beam workers). Both write the same blocks (tests/test_prepare.py); the extrapolation to
+16 GB and 160 GB of text assumes the measured tokens per byte and linear scaling with
+cores, which the per-file work items allow and the single-process in-job path does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+from maelm_jax import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("corpus", None, "A corpus path (file, directory or glob).")
+flags.DEFINE_string("kind", "wikiextractor", "Its source kind (maelm_jax/data/sources.py).")
+flags.DEFINE_integer("seq_len", 128, "Block length.", lower_bound=2)
+flags.DEFINE_integer("vocab_size", 8192, "Tokenizer size.", lower_bound=262)
+flags.DEFINE_integer("workers", os.cpu_count() or 1, "Beam worker processes.", lower_bound=1)
+flags.DEFINE_string("child", "", "Internal: 'job' or 'beam', and the output directory.")
+flags.DEFINE_string("tokenizer", "", "Internal: the tokenizer both paths use.")
+flags.mark_flag_as_required("corpus")
+
+
+def _config(tokenizer: str):
+    from maelm_jax import config as config_lib
+
+    c = config_lib.pretrain_defaults()
+    c.data.sources = {"main": {"kind": FLAGS.kind, "path": FLAGS.corpus}}
+    c.data.seq_len = FLAGS.seq_len
+    c.tokenizer.vocab_size = FLAGS.vocab_size
+    c.tokenizer.model_path = tokenizer
+    c.prepare.num_workers = FLAGS.workers
+    config_lib.validate(c)
+    return config_lib.resolve_paths(c)
+
+
+def _child(path: str, out: str) -> None:
+    from maelm_jax import paths
+    from maelm_jax.data import pipeline
+
+    c = _config(FLAGS.tokenizer)
+    start = time.perf_counter()
+    if path == "job":
+        tok = pipeline.setup_tokenizer(c, paths.Path(out))
+        data = pipeline.prepare_data(c, paths.Path(out), tok)
+        tokens = json.loads(paths.read_text(data.directory / "meta.json"))["sources"]["main"][
+            "tokens"]
+    else:
+        from maelm_jax.data import prepare
+
+        manifest = prepare.run(c, out)
+        tokens = sum(manifest["sources"]["main"][s]["tokens"] for s in ("train", "valid"))
+    seconds = time.perf_counter() - start
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2 ** 20  # kB -> GB
+    print(json.dumps({"seconds": seconds, "tokens": tokens, "peak_gb": peak}))
+
+
+def main(argv) -> None:
+    del argv
+    if FLAGS.child:
+        path, out = FLAGS.child.split(",", 1)
+        _child(path, out)
+        return
+    from maelm_jax import paths
+    from maelm_jax.data import pipeline, sources
+
+    corpus_bytes = sum(os.path.getsize(f) for f in sources.resolve_paths(FLAGS.corpus))
+    with tempfile.TemporaryDirectory(prefix="prepare-bench-") as tmp:
+        c = _config("")
+        start = time.perf_counter()
+        tok = pipeline.setup_tokenizer(c, paths.Path(tmp))
+        print(f"corpus {FLAGS.corpus}: {corpus_bytes / 1e6:.0f} MB; tokenizer "
+              f"({FLAGS.vocab_size} pieces) trained in {time.perf_counter() - start:.0f} s "
+              f"(not timed below); {os.cpu_count()} CPUs")
+        results = {}
+        for path, cores in (("job", 1), ("beam", FLAGS.workers)):
+            argv = [sys.executable, sys.argv[0], f"--corpus={FLAGS.corpus}",
+                    f"--kind={FLAGS.kind}", f"--seq_len={FLAGS.seq_len}",
+                    f"--vocab_size={FLAGS.vocab_size}", f"--workers={FLAGS.workers}",
+                    f"--tokenizer={tok.model_path}", f"--child={path},{tmp}/{path}"]
+            run = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if run.returncode:
+                cli.fail(f"the {path} path failed: {run.stderr.strip().splitlines()[-1]}",
+                         cli.program())
+            r = results[path] = json.loads(run.stdout.strip().splitlines()[-1])
+            rate = r["tokens"] / r["seconds"]
+            print(f"{'in-job (1 process)' if path == 'job' else f'Beam ({cores} workers)':22s} "
+                  f"{r['seconds']:7.1f} s  {rate / 1e6:6.2f}M tokens/s  "
+                  f"{rate / cores / 1e6:6.2f}M tokens/s per core  peak {r['peak_gb']:.2f} GB",
+                  flush=True)
+        tokens_per_byte = results["job"]["tokens"] / corpus_bytes
+        for size in (16e9, 160e9):
+            tokens = size * tokens_per_byte
+            job = tokens / (results["job"]["tokens"] / results["job"]["seconds"])
+            per_core = (results["beam"]["tokens"] / results["beam"]["seconds"]) / FLAGS.workers
+            print(f"{size / 1e9:.0f} GB of text ~ {tokens / 1e9:.1f}B tokens: in-job "
+                  f"{job / 3600:.1f} h; Beam {tokens / per_core / 3600:.1f} core-hours "
+                  f"({tokens / per_core / 3600 / 64:.2f} h on 64 cores)")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.tool_flags_parser)
