@@ -204,3 +204,18 @@ def test_the_throughput_benchmark_runs(prepared):
                for line in lines), run.stdout
     assert any(line.startswith("Beam (2 workers)") and "peak" in line for line in lines)
     assert any(line.startswith("160 GB of text") for line in lines)
+
+
+def test_a_damaged_file_is_one_line_and_leaves_nothing(prepared, tmp_path):
+    root, c, _, _ = prepared
+    c = c.copy_and_resolve_references()
+    bad = tmp_path / "corpus"
+    bad.mkdir()
+    (bad / "good.txt").write_text((root / "text" / "part-0.txt").read_text())
+    packed = gzip.compress((root / "text" / "part-2.txt").read_bytes())
+    (bad / "cut.txt.gz").write_bytes(packed[:len(packed) // 2])
+    c.data.sources = {"books": {"kind": "text", "path": str(bad)}}
+    with pytest.raises(shards.PreparedDataError,
+                       match=r"^\S+cut.txt.gz: cannot read past line \d+ .*truncated gzip file\?$"):
+        prepare.run(c, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

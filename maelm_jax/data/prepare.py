@@ -34,7 +34,9 @@ bucket.
 from __future__ import annotations
 
 import json
+import logging as stdlib_logging
 import pathlib
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -195,8 +197,9 @@ def build_pipeline(root, items: list, tokenizer_proto: bytes, config: ml_collect
 
 def pipeline_options(config: ml_collections.ConfigDict) -> PipelineOptions:
     p = config.prepare
-    # The workers' own INFO logs (a dozen lines per process) drown ours.
-    flags = [f"--runner={p.runner}", "--default_sdk_harness_log_level=WARNING",
+    # The workers' own logs (a dozen lines per process, and each failure's traceback
+    # several times over) drown ours; a failure reaches the driver as an exception.
+    flags = [f"--runner={p.runner}", "--default_sdk_harness_log_level=CRITICAL",
              *p.beam_options]
     if p.runner == "DirectRunner":
         flags += [f"--direct_num_workers={p.num_workers}",
@@ -234,12 +237,30 @@ def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerpr
     return manifest
 
 
+def _clean(out: paths.Path) -> None:
+    """Removes what an unfinished preparation wrote: notes and shards (not the tokenizer,
+    which is correct whatever happened after)."""
+    paths.remove(out / NOTES)
+    for shard in out.glob("*.array_record"):
+        shard.unlink()
+
+
+def _user_error(error: Exception) -> Exception:
+    """A failure in a worker reaches the driver as a runner's exception whose text holds
+    the worker's traceback; a one-line error of ours (a damaged corpus file, say) is
+    raised again as one line."""
+    found = re.findall(r"maelm_jax\.[\w.]+Error: (.+?)(?: \[while running '[^']*'\])?$",
+                       str(error), flags=re.MULTILINE)
+    return shards.PreparedDataError(found[-1]) if found else error
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Prepares the corpus of `config` (validated, its paths absolute) into `workdir` (a
     local directory or a bucket path); returns the manifest. A directory already holding
     this preparation is left as it is."""
     out = paths.resolve(workdir, "--workdir")
     pipeline.validate_sources(config)
+    fresh = not out.exists() or not any(out.iterdir())  # removed whole if this run fails
     paths.make_dirs(out)
     tok = pipeline.setup_tokenizer(config, out)
     if not (out / shards.TOKENIZER).exists():
@@ -257,15 +278,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             f"--workdir: {out} holds another preparation (fingerprint "
             f"{manifest['fingerprint']}); prepare into another directory")
     notes = out / NOTES
-    paths.remove(notes)  # an interrupted preparation's
+    _clean(out)  # an interrupted preparation's
     paths.make_dirs(notes)
     dtype = packing.token_dtype(tok.vocab_size).str
     items = work_items(config)
     start = time.monotonic()
     logging.info("prepare: %d work items on %s", len(items), config.prepare.runner)
-    with beam.Pipeline(options=pipeline_options(config)) as root:
-        build_pipeline(root, items, paths.Path(tok.model_path).read_bytes(), config,
-                       str(out), str(notes), dtype)
+    beam_logs = stdlib_logging.getLogger("apache_beam")
+    level = beam_logs.level
+    beam_logs.setLevel(stdlib_logging.CRITICAL)
+    try:
+        with beam.Pipeline(options=pipeline_options(config)) as root:
+            build_pipeline(root, items, paths.Path(tok.model_path).read_bytes(), config,
+                           str(out), str(notes), dtype)
+    except Exception as e:
+        _clean(out)  # no shard of a failed preparation stays
+        if fresh:
+            paths.remove(out)
+        raise _user_error(e) from None
+    finally:
+        beam_logs.setLevel(level)
     manifest = _manifest(notes, config, fingerprint, dtype)
     manifest["seconds"] = time.monotonic() - start
     paths.write_text(out / shards.MANIFEST, json.dumps(manifest, indent=2))  # last
