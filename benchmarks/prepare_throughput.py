@@ -91,7 +91,7 @@ def main(argv) -> None:
               f"({FLAGS.vocab_size} pieces) trained in {time.perf_counter() - start:.0f} s "
               f"(not timed below); {os.cpu_count()} CPUs")
         results = {}
-        for path, cores in (("job", 1), ("beam", FLAGS.workers)):
+        for path, cores in (("job", os.cpu_count() or 1), ("beam", FLAGS.workers)):
             argv = [sys.executable, sys.argv[0], f"--corpus={FLAGS.corpus}",
                     f"--kind={FLAGS.kind}", f"--seq_len={FLAGS.seq_len}",
                     f"--vocab_size={FLAGS.vocab_size}", f"--workers={FLAGS.workers}",
@@ -106,10 +106,13 @@ def main(argv) -> None:
                   f"{r['seconds']:7.1f} s  {rate / 1e6:6.2f}M tokens/s  "
                   f"{rate / cores / 1e6:6.2f}M tokens/s per core  peak {r['peak_gb']:.2f} GB",
                   flush=True)
+        print("(in-job: one process, whose sentencepiece encodes on every core, so per core "
+              "is over all cores; Beam: one thread per worker. Peak: the driver's resident "
+              "memory plus its largest child's.)")
         tokens_per_byte = results["job"]["tokens"] / corpus_bytes
         for size in (16e9, 160e9):
             tokens = size * tokens_per_byte
-            job = tokens / (results["job"]["tokens"] / results["job"]["seconds"])
+            job = tokens / (results["job"]["tokens"] / results["job"]["seconds"])  # one host
             per_core = (results["beam"]["tokens"] / results["beam"]["seconds"]) / FLAGS.workers
             print(f"{size / 1e9:.0f} GB of text ~ {tokens / 1e9:.1f}B tokens: in-job "
                   f"{job / 3600:.1f} h; Beam {tokens / per_core / 3600:.1f} core-hours "

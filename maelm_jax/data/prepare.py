@@ -94,7 +94,9 @@ class _Tokenise(beam.DoFn):
         documents = sources.iter_documents(settings, self.encoding_errors, stats)
         position = 0
         for chunk in packing.chunks(documents):
-            for text, ids in zip(chunk, self._sp.encode(chunk, out_type=int), strict=True):
+            # One thread: the runner's workers are the parallelism.
+            encoded = self._sp.encode(chunk, out_type=int, num_threads=1)
+            for text, ids in zip(chunk, encoded, strict=True):
                 split = ("valid" if packing.is_validation(text, self.validation_fraction)
                          else "train")
                 tokens = np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32)
