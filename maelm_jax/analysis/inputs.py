@@ -20,7 +20,7 @@ from maelm_jax import config as pretrain_config
 from maelm_jax import masking, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as config_lib
-from maelm_jax.data import packing, shards, sources
+from maelm_jax.data import packing, pipeline, shards, sources
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import glue, squad
@@ -64,7 +64,7 @@ def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
                 if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
     try:  # the fingerprint the run prepared its data under (its corpus may have moved)
         fingerprint = packing.data_fingerprint(
-            {name: sources.source_fingerprint(s) for name, s in d.sources.items()},
+            pipeline.source_fingerprints(run_cfg),
             tok.model_path, d.seq_len, d.validation_fraction)
         chosen = [p for p in prepared if p.parent.name == fingerprint]
     except Exception:  # noqa: BLE001 - any failure means "cannot tell"; handled below

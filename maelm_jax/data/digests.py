@@ -41,10 +41,8 @@ def _remembered(path: str, key: list) -> str:
     """The file's "sha256:<hex>", from the cache entry of `key` or computed (and kept)."""
     name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
     entry = user_cache.directory("file_digests", name[:2], name)
-    try:
+    if entry.is_file():  # written whole (atomically) or not at all
         return entry.read_text()
-    except OSError:
-        pass
     value = f"sha256:{sha256_of(path)}"
     try:
         paths.write_atomically(paths.Path(entry), value)

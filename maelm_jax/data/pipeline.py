@@ -95,6 +95,12 @@ def prepared_tokenizer(config: ml_collections.ConfigDict,
     return tok
 
 
+def source_fingerprints(config: ml_collections.ConfigDict) -> dict[str, str]:
+    """Each source's `sources.source_fingerprint`: what its prepared blocks are keyed by."""
+    return {name: sources.source_fingerprint(source)
+            for name, source in config.data.sources.items()}
+
+
 def source_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
     return {name: float(sources.source_settings(source)["weight"])
             for name, source in config.data.sources.items()}
@@ -106,17 +112,11 @@ def prepare_data(
     """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
     cache_dir = paths.Path(config.data.cache_dir or workdir / "data")
     stats = {name: sources.ReadStats() for name in config.data.sources}
-    inputs = {
-        name: (_documents(config, name, stats[name]),
-               float(sources.source_settings(source)["weight"]))
-        for name, source in config.data.sources.items()
-    }
-    fingerprints = {
-        name: sources.source_fingerprint(source) for name, source in config.data.sources.items()
-    }
-    data = packing.prepare(
-        inputs, fingerprints, tok, config.data.seq_len, config.data.validation_fraction, cache_dir
-    )
+    weights = source_weights(config)
+    inputs = {name: (_documents(config, name, stats[name]), weights[name])
+              for name in config.data.sources}
+    data = packing.prepare(inputs, source_fingerprints(config), tok, config.data.seq_len,
+                           config.data.validation_fraction, cache_dir)
     for name, read in stats.items():
         if read.bounded_summary():
             logging.warning("%s: %s (a minified or badly converted file?)", source_field(name),

@@ -267,9 +267,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tok = pipeline.setup_tokenizer(config, out)
     if not (out / shards.TOKENIZER).exists():
         paths.Path(tok.model_path).copy(out / shards.TOKENIZER)
-    fingerprints = {name: sources.source_fingerprint(s)
-                    for name, s in config.data.sources.items()}
-    fingerprint = packing.data_fingerprint(fingerprints, tok.model_path, config.data.seq_len,
+    fingerprint = packing.data_fingerprint(pipeline.source_fingerprints(config),
+                                           tok.model_path, config.data.seq_len,
                                            config.data.validation_fraction)
     if (out / shards.MANIFEST).is_file():
         manifest = shards.read_manifest(out)
