@@ -19,6 +19,7 @@ from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers, relative_position
 from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.models import stack as stack_lib
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
 # bits on every backend and sharding, and the most work per random bit (it is computed
@@ -108,7 +109,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # of either layout restore into both).
     c.model.scan_layers = False
     # What each layer (encoder and decoder) keeps for the backward pass, the rest being
-    # recomputed (layers.REMAT_POLICIES): "none", "full", "dots", "dots_no_batch".
+    # recomputed (stack_lib.REMAT_POLICIES): "none", "full", "dots", "dots_no_batch".
     c.model.remat_policy = "none"
     # MAE-LM Table 2 "misaligned position encoding": the encoder reads its kept tokens at
     # positions 0..n_enc-1 instead of their original ones (objective maelm only).
@@ -207,7 +208,7 @@ FIELDS: dict[str, schema.Field] = {
     "model.activation_dropout": schema.rate(),
     "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
     "model.scan_layers": schema.boolean(),
-    "model.remat_policy": schema.choice(*layers.REMAT_POLICIES),
+    "model.remat_policy": schema.choice(*stack_lib.REMAT_POLICIES),
     **schema.stack_fields("model.decoder"),
     "model.decoder.pre_ln": schema.boolean(),
     "model.decoder.rel_pos_buckets": schema.integer(0),

@@ -25,7 +25,7 @@ from absl import app, flags
 
 from maelm_jax import cli, sharding
 from maelm_jax import config as config_lib
-from maelm_jax.models import layers
+from maelm_jax.models import stack as stack_lib
 from maelm_jax.training import setup as setup_lib
 
 FLAGS = flags.FLAGS
@@ -67,13 +67,13 @@ def main(argv):
     # Simulated host devices (only the CPU backend reads this): set before JAX's first use.
     jax.config.update("jax_num_cpu_devices", devices)
     if FLAGS.remat_policies == "all":
-        policies = list(layers.REMAT_POLICIES)
+        policies = list(stack_lib.REMAT_POLICIES)
     elif FLAGS.remat_policies:
         policies = [x.strip() for x in FLAGS.remat_policies.split(",") if x.strip()]
-        unknown = sorted(set(policies) - set(layers.REMAT_POLICIES))
+        unknown = sorted(set(policies) - set(stack_lib.REMAT_POLICIES))
         if unknown:
             cli.fail(f"--remat_policies: unknown {', '.join(unknown)}; expected 'all' or "
-                     f"some of {', '.join(layers.REMAT_POLICIES)}", cli.program())
+                     f"some of {', '.join(stack_lib.REMAT_POLICIES)}", cli.program())
     else:
         policies = [c.model.remat_policy]
     if len(jax.devices()) < devices:

@@ -10,6 +10,7 @@ import pytest
 from maelm_jax import sharding, tokenizer
 from maelm_jax.finetune import loading
 from maelm_jax.models import layer_layout, layers
+from maelm_jax.models import stack as stack_lib
 from maelm_jax.training import checkpoint
 from maelm_jax.training import setup as setup_lib
 
@@ -17,7 +18,7 @@ from tiny_config import TINY_VOCAB, tiny_config
 
 
 def _stack_outputs(cfg, params, x, deterministic=True):
-    stack = layers.TransformerStack(cfg)
+    stack = stack_lib.TransformerStack(cfg)
     out, state = stack.apply({"params": params}, x, None, None, deterministic,
                              mutable=[layers.HIDDEN_STATES])
     return out, state[layers.HIDDEN_STATES]["layers"]
@@ -27,7 +28,7 @@ def _stack_outputs(cfg, params, x, deterministic=True):
 def test_scanned_stack_computes_the_per_layer_function(pre_ln):
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 32))
     cfg = layers.StackConfig(num_layers=3, d_model=32, num_heads=4, d_ff=64, pre_ln=pre_ln)
-    params = nn.meta.unbox(layers.TransformerStack(cfg).init(
+    params = nn.meta.unbox(stack_lib.TransformerStack(cfg).init(
         jax.random.PRNGKey(1), x, None, None, True)["params"])
     scanned_cfg = layers.StackConfig(num_layers=3, d_model=32, num_heads=4, d_ff=64,
                                      pre_ln=pre_ln, scan_layers=True)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from maelm_jax import masking
 from maelm_jax.models import layers, relative_position
+from maelm_jax.models import stack as stack_lib
 from maelm_jax.models.dropout import Dropout
 
 KINDS = ("self", "cross", "causal_cross", "cross_only")
@@ -104,7 +105,7 @@ class Decoder(nn.Module):
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
                 cfg.rel_pos_bucket_fn, name="relative_bias",
             )(positions, positions)  # [1, heads, L, L], broadcast over the batch
-        return layers.TransformerStack(stack, name="stack")(x, bias, None, deterministic)
+        return stack_lib.TransformerStack(stack, name="stack")(x, bias, None, deterministic)
 
 
 def _position_table(module: nn.Module, cfg: DecoderConfig,
@@ -178,7 +179,7 @@ class CrossDecoder(nn.Module):
             self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)
         # Cross-attention decoders are shallow (3ML: 2 layers) and are not scanned; they
         # rematerialise like the stacks do.
-        layer_cls = layers.remat_layer(layers.CrossTransformerLayer, stack.remat_policy,
+        layer_cls = stack_lib.remat_layer(stack_lib.CrossTransformerLayer, stack.remat_policy,
                                        scanned=False, deterministic_argnum=5)
         for i in range(stack.num_layers):
             x = layer_cls(stack, CROSS_SELF_ATTENTION[cfg.kind], name=f"layer_{i}")(

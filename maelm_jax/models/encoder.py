@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from maelm_jax import errors
 from maelm_jax.models import layers, relative_position
+from maelm_jax.models import stack as stack_lib
 from maelm_jax.models.dropout import Dropout
 
 
@@ -157,7 +158,7 @@ class Encoder(nn.Module):
             if cfg.rel_pos_buckets
             else None
         )
-        self.stack = layers.TransformerStack(stack)
+        self.stack = stack_lib.TransformerStack(stack)
 
     def __call__(
         self,
