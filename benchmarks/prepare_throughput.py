@@ -82,7 +82,11 @@ def main(argv) -> None:
     from maelm_jax import paths
     from maelm_jax.data import pipeline, sources
 
-    corpus_bytes = sum(os.path.getsize(f) for f in sources.resolve_paths(FLAGS.corpus))
+    try:
+        files = sources.resolve_paths(FLAGS.corpus, "--corpus")
+    except sources.SourceError as e:
+        cli.fail(str(e), cli.program())
+    corpus_bytes = sum(os.path.getsize(f) for f in files)
     with tempfile.TemporaryDirectory(prefix="prepare-bench-") as tmp:
         c = _config("")
         start = time.perf_counter()
