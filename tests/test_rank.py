@@ -216,6 +216,11 @@ def test_analysis_of_a_workdir_and_a_checkpoint_writes_its_files(tiny_run, tmp_p
             f"{last['with_mask']} | {last['mask_only']} (250) | {centred['without_mask']} | "
             f"{centred['with_mask']} | {centred['mask_only']} |") in table
     assert table.count("| 2 |") >= 2  # per-layer rows of both runs
+    for line in table.splitlines():  # every header as many cells as its rows
+        if line.startswith("| run |") or line.startswith("| layer |"):
+            header = line.count("|")
+        elif line.startswith("| mlm") or re.match(r"\| \d+ \|", line):
+            assert line.count("|") == header, line
     from matplotlib.image import imread
 
     for name in (report.LAYERS_PLOT, report.MASK_PLOT):

@@ -42,7 +42,7 @@ def markdown(report: dict) -> str:
     ]
     centred = report.get("center", False)
     if centred:
-        lines[-2] = lines[-2][:-1] + " centred: w/o [MASK] | w. [MASK] | [MASK] rows |"
+        lines[-2] += " centred: w/o [MASK] | w. [MASK] | [MASK] rows |"
         lines[-1] += "---|---|---|"
     for run in report["runs"]:
         last = run["last_layer"]
