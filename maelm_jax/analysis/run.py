@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import time
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -23,6 +21,7 @@ from maelm_jax.analysis import inputs, rank, report
 from maelm_jax.finetune import loading
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.training import state as state_lib
 from maelm_jax.training import workdir as workdir_lib
 
 
@@ -68,10 +67,7 @@ def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict
     encoder's parameters sharded by their logical axes, each batch split over data x fsdp,
     the sums replicated (and donated from step to step). One compilation: every batch has
     the same shape."""
-    tokens = jnp.zeros((1, 8), jnp.int32)
-    boxed = jax.eval_shape(lambda: encoder_lib.Encoder(encoder_cfg).init(
-        jax.random.PRNGKey(0), tokens, tokens)["params"])
-    param_shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    param_shardings = state_lib.build(loading.encoder_init(encoder_cfg), mesh, rules).shardings
     replicated = sharding.replicated(mesh)
     step = jax.jit(rank.make_gram_step(encoder_cfg),
                    in_shardings=(param_shardings, replicated, sharding.batch_sharding(mesh)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -28,6 +29,7 @@ from maelm_jax import errors, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layer_layout
+from maelm_jax.training import state as state_lib
 from maelm_jax.training import workdir as workdir_lib
 
 CONFIG_FILE = "config.json"
@@ -217,14 +219,17 @@ def check_encoder_params(params: Any, expected: Any, where: str, tokenizer_path:
                                   f"(another width, position count or head count)")
 
 
+def encoder_init(cfg: encoder_lib.EncoderConfig) -> Callable[[], Any]:
+    """A fresh encoder's parameters, boxed with their logical axes: what
+    training/state.py lays out (the values are never read, only shapes and axes)."""
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    return lambda: encoder_lib.Encoder(cfg).init(jax.random.PRNGKey(0), tokens,
+                                                 tokens)["params"]
+
+
 def abstract_encoder_params(cfg: encoder_lib.EncoderConfig) -> Any:
     """The encoder's parameter shapes, without allocating them."""
-    import flax.linen as nn
-
-    tokens = jnp.zeros((1, 8), jnp.int32)
-    boxed = jax.eval_shape(lambda: encoder_lib.Encoder(cfg).init(
-        jax.random.PRNGKey(0), tokens, tokens)["params"])
-    return nn.meta.unbox(boxed)
+    return state_lib.abstract_params(encoder_init(cfg))
 
 
 def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dtype: str,

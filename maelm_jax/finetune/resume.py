@@ -96,7 +96,7 @@ def on_host(window: list[dict]) -> list[dict[str, float]]:
 def restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup, encoder_params, select: str,
                     resume: bool) -> tuple[int, Any, Any, Progress]:
     """(start step, state, best params on the host or None, progress): the latest resume
-    checkpoint's when `resume`, else a fresh state at step 0. setup: train.StateSetup."""
+    checkpoint's when `resume`, else a fresh state at step 0. setup: train.state_setup's."""
     if resume:
         target = ResumeState(setup.abstract,
                              setup.abstract.params if select == "best" else None)

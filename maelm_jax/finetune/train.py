@@ -24,7 +24,6 @@ run, or an unfinished run of another config (a warning names the fields), starts
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import math
@@ -40,7 +39,6 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from jax.sharding import PartitionSpec
 
 from maelm_jax import compile_cache, paths, sharding
 from maelm_jax import config as pretrain_config
@@ -53,6 +51,7 @@ from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import preemption
+from maelm_jax.training import state as state_lib
 from maelm_jax.training import workdir as workdir_lib
 
 
@@ -131,62 +130,35 @@ def make_mesh(shape) -> jax.sharding.Mesh:
     return sharding.make_mesh(shape, jax.devices()[: max(math.prod(shape), 1)])
 
 
-@dataclasses.dataclass(frozen=True)
-class StateSetup:
-    """The train state's shapes and shardings, and how to build it fresh.
-
-    Every leaf's sharding follows its logical axes and the rules (the optimiser moments
-    inherit the parameters' axes), as in pretraining. The steps take and return exactly
-    these shardings, so each compiles once per shape; a resume checkpoint restores
-    straight into them.
-    """
-
-    abstract: FinetuneState  # jax.ShapeDtypeStruct leaves, each with its sharding
-    shardings: FinetuneState  # a NamedSharding per leaf
-    # encoder params (numpy, as loading.load_pretrained gives them) or None -> fresh state
-    init: Callable[[Any], FinetuneState]
-
-
 def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, length: int,
-                mesh, rules, compiler_options: dict | None = None) -> StateSetup:
-    """Fresh parameters come from `seed` (the head's; the encoder's too from scratch);
-    `init` replaces the encoder's when given. `length` is any sequence length the model
-    accepts (the parameters do not depend on it)."""
+                mesh, rules, compiler_options: dict | None = None) -> state_lib.StateSetup:
+    """The fine-tuning state laid out on the mesh as pretraining's is (training/state.py):
+    parameters by their logical axes, Adam's moments like their parameters, the step
+    replicated. The steps take and return exactly these shardings, so each compiles once
+    per shape; a resume checkpoint restores straight into them.
+
+    `init(encoder_params)`: fresh parameters from `seed` (the head's; the encoder's too
+    when `encoder_params` is None), the encoder's replaced by `encoder_params` (numpy, as
+    loading.load_pretrained gives them) when given. `length` is any sequence length the
+    model accepts (the parameters do not depend on it).
+    """
     tokens = jnp.zeros((1, length), jnp.int32)
     key_mask = jnp.ones((1, length), bool)
-
-    def boxed_params(encoder) -> Any:
-        params = model.init(jax.random.PRNGKey(seed), tokens, key_mask)["params"]
-        if encoder is not None:
-            params = {**params, "encoder": jax.tree.map(
-                lambda box, value: box.replace_boxed(value), params["encoder"], encoder,
-                is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))}
-        return params
-
-    def init_state(encoder) -> FinetuneState:
-        params = nn.meta.unbox(boxed_params(encoder))
-        # Adam's moments start at zero whatever the values.
-        return FinetuneState(jnp.int32(0), params, tx.init(params))
-
-    with sharding.activate(mesh, rules):
-        shapes = jax.eval_shape(init_state, None)
-        param_specs = nn.get_partition_spec(jax.eval_shape(boxed_params, None))
-    # As in pretraining (training/steps.py): parameters take their logical axes, the
-    # optimiser state its parameters'.
-    logical_specs = FinetuneState(PartitionSpec(), param_specs,
-                                  sharding.optimizer_specs(tx, shapes.opt_state, param_specs))
-    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            shapes, shardings)
+    fresh = state_lib.build(
+        lambda: model.init(jax.random.PRNGKey(seed), tokens, key_mask)["params"], mesh, rules,
+        make_state=lambda params: FinetuneState(jnp.int32(0), params, tx.init(params)), tx=tx,
+        compiler_options=compiler_options)
 
     def init(encoder_params: Any) -> FinetuneState:
-        with sharding.activate(mesh, rules):
-            if encoder_params is not None:
-                encoder_params = jax.device_put(encoder_params, shardings.params["encoder"])
-            return jax.jit(init_state, out_shardings=shardings,
-                           compiler_options=compiler_options)(encoder_params)
+        state = fresh.init()
+        if encoder_params is None:
+            return state
+        # Adam's moments start at zero whatever the parameters' values, so swapping the
+        # encoder's in after the fresh initialisation is starting from them.
+        encoder = jax.device_put(encoder_params, fresh.shardings.params["encoder"])
+        return state.replace(params={**state.params, "encoder": encoder})
 
-    return StateSetup(abstract, shardings, init)
+    return fresh._replace(init=init)
 
 
 def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,

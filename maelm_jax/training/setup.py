@@ -23,6 +23,7 @@ from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding
 from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer as optimizer_lib
+from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
 
 
@@ -38,7 +39,7 @@ class Trainer:
     model: nn.Module  # PretrainModel
     tx: optax.GradientTransformation
     schedule: optax.Schedule
-    state: steps.StateSetup  # init(), the abstract state and its shardings
+    state: state_lib.StateSetup  # init(), the abstract state and its shardings
     # train_step(state, tokens [batch, L] int32) -> (state, metrics): the state donated,
     # the batch split over data x fsdp, metrics replicated; compiles exactly once.
     train_step: Callable

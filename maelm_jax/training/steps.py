@@ -12,17 +12,18 @@ paper's loss exactly.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh
 
 from maelm_jax import masking, sharding
 from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.training import state as state_lib
 
 
 def train_key_data(seed: int, prng_impl: str = "threefry2x32") -> jax.Array:
@@ -43,15 +44,6 @@ class TrainState:
     rng: jax.Array  # raw uint32 key data; every step folds its own keys from it
 
 
-class StateSetup(NamedTuple):
-    """How to build the train state on a mesh."""
-
-    init: Callable[[], TrainState]  # jitted; returns the sharded initial state
-    abstract: TrainState  # jax.ShapeDtypeStruct leaves carrying their shardings
-    shardings: TrainState  # NamedSharding leaves
-    logical_specs: TrainState  # PartitionSpec leaves of logical axis names
-
-
 def _dummy_batch(counts: masking.MaskCounts) -> masking.MaskedBatch:
     return masking.MaskedBatch(
         inputs=jnp.zeros((1, counts.seq_len), jnp.int32),
@@ -70,35 +62,16 @@ def state_setup(
     mesh: Mesh,
     rules: tuple = sharding.DEFAULT_RULES,
     prng_impl: str = "threefry2x32",
-) -> StateSetup:
-    """Shardings of every state leaf from the parameters' logical axes and the rules.
-
-    Parameters take the logical axes the modules annotate them with.
-    """
+) -> state_lib.StateSetup:
+    """The pretraining state laid out on the mesh (training/state.py): parameters from
+    the first half of split(PRNGKey(seed)), Adam's moments sharded like them, the step and
+    the key data replicated. `init()` builds it."""
     init_key = jax.random.split(jax.random.PRNGKey(seed))[0]
     train_key = train_key_data(seed, prng_impl)
-
-    def init() -> TrainState:
-        params = nn.meta.unbox(model.init(init_key, _dummy_batch(counts))["params"])
-        return TrainState(jnp.int32(0), params, tx.init(params), train_key)
-
-    with sharding.activate(mesh, rules):
-        shapes = jax.eval_shape(init)
-        boxed_params = jax.eval_shape(lambda: model.init(init_key, _dummy_batch(counts)))
-    param_specs = nn.get_partition_spec(boxed_params)["params"]
-    opt_specs = sharding.optimizer_specs(tx, shapes.opt_state, param_specs)
-    logical_specs = TrainState(PartitionSpec(), param_specs, opt_specs, PartitionSpec())
-    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
-    )
-    jitted = jax.jit(init, out_shardings=shardings)
-
-    def sharded_init() -> TrainState:
-        with sharding.activate(mesh, rules):
-            return jitted()
-
-    return StateSetup(sharded_init, abstract, shardings, logical_specs)
+    return state_lib.build(
+        lambda: model.init(init_key, _dummy_batch(counts))["params"], mesh, rules,
+        make_state=lambda params: TrainState(jnp.int32(0), params, tx.init(params), train_key),
+        tx=tx)
 
 
 def make_train_step(
@@ -170,7 +143,7 @@ def make_train_step(
     return train_step
 
 
-def jit_train_step(train_step: Callable, setup: StateSetup, mesh: Mesh) -> Callable:
+def jit_train_step(train_step: Callable, setup: state_lib.StateSetup, mesh: Mesh) -> Callable:
     """The train step compiled for the mesh: state in its shardings (donated), the batch
     split over data x fsdp, metrics replicated. Fixed shardings in and out, so it compiles
     exactly once."""
