@@ -22,42 +22,29 @@ from absl import flags
 
 from maelm_jax import cli, host_memory, sharding, tokenizer
 from maelm_jax import config as config_lib
-from maelm_jax import flops as flops_lib
+from maelm_jax.objectives import recipes
 from maelm_jax.training import setup as setup_lib
 
 # The benchmarks' default config files, found from this file so the scripts run from any
 # directory.
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "benchmark"
 FLAGS = flags.FLAGS
-OBJECTIVES = ("mlm", "maelm", "3ml_self", "3ml_cross")
+OBJECTIVES = tuple(recipes.MODELS)  # the papers' four models
 
 
 def objective_config(config: ml_collections.ConfigDict,
                      objective: str) -> ml_collections.ConfigDict:
-    """The validated config that `objective` is timed with, derived from `config`.
+    """The validated config that `objective` (a model of objectives/recipes.py) is timed
+    with: the recipe applied to `config`, so every objective shares its encoder.
 
-    mlm: config.objective = "mlm", the config's masking (by default 15 %, all [MASK]).
-    maelm: MAE-LM with the config's masking and decoder.
-    3ml_self, 3ml_cross: 3ML Table 4's changes to the same encoder: 40 % masked, 80-10-10,
-    a 2-layer decoder at half the encoder's width (the encoder's head size, FFN 4 x its
-    width) with the encoder's dropout and attention dropout; 3ml_cross's decoder is a
-    cross decoder and both stacks are pre-LN (post-LN 3ML_cross does not train).
+    mlm: the config's masking (by default 15 %, all [MASK]); maelm: MAE-LM with the
+    config's masking and decoder; 3ml_self, 3ml_cross: 3ML Table 4's changes (40 % masked,
+    80-10-10, a 2-layer half-width decoder with the encoder's dropout; 3ml_cross's is a
+    cross decoder and both stacks are pre-LN).
 
     Raises config_lib.ConfigError (one line) for a config that does not validate.
     """
-    c = config.copy_and_resolve_references()
-    c.objective = "mlm" if objective == "mlm" else "maelm"
-    if objective.startswith("3ml"):
-        m = c.model
-        c.masking.update(mask_ratio=0.4, mask_frac=0.8, random_frac=0.1)
-        half = m.d_model // 2
-        head_dim = m.d_model // m.num_heads
-        m.decoder.update(num_layers=2, d_model=half, d_ff=4 * half,
-                         num_heads=max(half // head_dim, 1), dropout=m.dropout,
-                         attention_dropout=m.attention_dropout)
-        if objective == "3ml_cross":
-            m.decoder.kind = "cross"
-            m.pre_ln = m.decoder.pre_ln = True
+    c = recipes.MODELS[objective].apply(config)
     config_lib.validate(c)
     return c
 
@@ -116,7 +103,7 @@ class Bench(Timed):
         super().__init__()
         vocab_size = config.tokenizer.vocab_size
         self.counts = config_lib.mask_counts(config)
-        self.flops = flops_lib.step_flops(config, vocab_size)
+        self.flops = config_lib.step_flops(config, vocab_size)
         trainer = setup_lib.build(config, vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
         self.num_params = trainer.num_params

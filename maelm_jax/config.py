@@ -8,17 +8,18 @@ naming the field, before any data is prepared or anything compiled.
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import flax.linen as nn
 import jax
 import ml_collections
 from absl import logging
 
-from maelm_jax import errors, masking, schema, sharding
+from maelm_jax import errors, masking, objectives, schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers, relative_position
-from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.models import stack as stack_lib
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
@@ -41,7 +42,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # "pretrain" trains; "prepare" writes the corpus as ArrayRecord shards into --workdir
     # with Apache Beam (maelm_jax/data/prepare.py), for data.prepared of later runs.
     c.mode = "pretrain"
-    c.objective = "maelm"  # "maelm" (MAE-LM / 3ML_self) or "mlm" (RoBERTa baseline)
+    # A registered objective (maelm_jax/objectives): "maelm" (MAE-LM, 3ML_self, 3ML_cross
+    # by model.decoder.kind) or "mlm" (the RoBERTa baseline).
+    c.objective = "maelm"
     c.seed = 0  # parameters, data order, masks and dropout all derive from it
 
     c.tokenizer = ml_collections.ConfigDict()
@@ -181,7 +184,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
 # adds the rules that relate several fields.
 FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice(*MODES),
-    "objective": schema.choice(*pretrain_lib.OBJECTIVES),
+    # Looked up when checked, so an objective registered later is accepted.
+    "objective": schema.Field((str,), "a registered objective (maelm_jax/objectives)",
+                              lambda v: v in objectives.names()),
     "seed": schema.integer(0),
     "tokenizer.model_path": schema.path("a sentencepiece .model file, or empty to train one"),
     # Training one needs >= 262 (train_tokenizer says so); benchmarks use small tables.
@@ -268,7 +273,7 @@ def mask_counts(config: ml_collections.ConfigDict) -> masking.MaskCounts:
             m.mask_frac,
             m.random_frac,
             m.delta,
-            remove_masked=config.objective == "maelm",
+            remove_masked=objective(config).removes_masks,
         )
     except ValueError as e:
         raise ConfigError(f"config.{e}") from None
@@ -310,29 +315,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"an int > rel_pos_buckets / 4 = {stack.rel_pos_buckets // 4}",
             stack.rel_pos_max_distance,
         )
-    _require(
-        not m.decoder.share_positions or m.decoder.d_model == m.d_model,
-        "model.decoder.share_positions",
-        f"False when model.decoder.d_model ({m.decoder.d_model}) differs from model.d_model",
-        m.decoder.share_positions,
-    )
-    _require(
-        not m.misaligned_positions or config.objective == "maelm",
-        "model.misaligned_positions",
-        "False for objective mlm (its encoder reads every position; nothing to misalign)",
-        m.misaligned_positions,
-    )
-    _require(
-        not m.decoder.reset_masks or m.decoder.kind == "self",
-        "model.decoder.reset_masks",
-        f"False with model.decoder.kind={m.decoder.kind!r} (only the self decoder reads the "
-        "encoder's [MASK] positions)",
-        m.decoder.reset_masks,
-    )
-    if m.decoder.reset_masks and config.masking.delta == 0:
-        logging.warning(
-            "config.model.decoder.reset_masks has no effect with config.masking.delta=0: no "
-            "[MASK] stays in the encoder; set masking.delta > 0 (Table 2 uses 1.0)")
+    objective(config).validate(config, _require)
     t = config.train
     _require(
         t.batch_size % t.grad_accum_steps == 0,
@@ -348,8 +331,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
             t.warmup_steps, t.num_steps)
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain_lib.PretrainConfig:
-    """The frozen model description the Flax modules take."""
+def objective(config: ml_collections.ConfigDict) -> objectives.Objective:
+    """The objective config.objective names (validate has checked that it is registered)."""
+    try:
+        return objectives.get(config.objective)
+    except KeyError as e:
+        raise ConfigError(f"config.objective: {e.args[0]}") from None
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
+    """The frozen model description the objective's Flax module takes."""
     m = config.model
     dtype = layers.resolve_dtype(m.dtype)
     attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
@@ -369,36 +360,19 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> pretrain
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
     )
-    decoder = None
-    if config.objective == "maelm":
-        d = m.decoder
-        dec_stack = layers.StackConfig(
-            num_layers=d.num_layers,
-            d_model=d.d_model,
-            num_heads=d.num_heads,
-            d_ff=d.d_ff,
-            dropout=d.dropout,
-            attention_dropout=d.attention_dropout,
-            pre_ln=d.pre_ln,
-            dtype=dtype,
-            attention_impl=attention_impl,
-            scan_layers=m.scan_layers,
-            remat_policy=m.remat_policy,
-        )
-        decoder = decoder_lib.DecoderConfig(
-            stack=dec_stack,
-            seq_len=config.data.seq_len,
-            kind=d.kind,
-            rel_pos_buckets=d.rel_pos_buckets,
-            rel_pos_max_distance=d.rel_pos_max_distance,
-            rel_pos_init=d.rel_pos_init,
-            rel_pos_bucket_fn=m.rel_pos_bucket_fn,
-            share_positions=d.share_positions,
-            reset_masks=d.reset_masks,
-        )
-    return pretrain_lib.PretrainConfig(objective=config.objective, encoder=encoder,
-                                       decoder=decoder,
-                                       misaligned_positions=m.misaligned_positions)
+    return objective(config).model_config(config, encoder)
+
+
+def model(config: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
+    """The pretraining model (encoder, and the objective's decoder and head) of `config`."""
+    return objective(config).model(model_config(config, vocab_size))
+
+
+def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
+    """Training FLOPs of one optimiser step (3ML Appendix D's count, maelm_jax/flops.py):
+    the objective's formula at the exact mask counts the train step uses and the global
+    batch train.batch_size (gradient accumulation splits the same batch)."""
+    return objective(config).step_flops(config, mask_counts(config), vocab_size)
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

@@ -29,7 +29,6 @@ from maelm_jax import errors, masking, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import inputs
 from maelm_jax.finetune import loading
-from maelm_jax.models import pretrain as pretrain_lib
 
 MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
 EXAMPLES_FILE = "fill_mask.md"
@@ -109,22 +108,13 @@ class FillMasker:
         return cls(config, tok, params)
 
     def _apply(self, n: int):
-        """The model for texts of n pieces. MAE-LM's self-attention decoder spans the whole
-        sequence: it is built for length n and reads the first n rows of its position table
-        (pretraining always fills all L positions; a shorter text must not add phantom
-        [MASK] positions)."""
+        """The model for texts of n pieces, as the objective fits it to n (a decoder that
+        spans the whole sequence is built for n positions)."""
         if n not in self._applies:
-            cfg = pretrain_config.model_config(self.config, self.tok.vocab_size)
-            params = self.params
-            if cfg.decoder is not None:
-                cfg = dataclasses.replace(cfg, decoder=dataclasses.replace(cfg.decoder, seq_len=n))
-                if not cfg.decoder.share_positions:
-                    decoder = dict(params["decoder"])
-                    table = decoder["position_embeddings"]["embedding"]
-                    decoder["position_embeddings"] = {"embedding": table[:n]}
-                    params = {**params, "decoder": decoder}
-            model = pretrain_lib.PretrainModel(cfg)
-            self._applies[n] = (jax.jit(model.apply), params)
+            objective = pretrain_config.objective(self.config)
+            cfg, params = objective.for_length(
+                pretrain_config.model_config(self.config, self.tok.vocab_size), self.params, n)
+            self._applies[n] = (jax.jit(objective.model(cfg).apply), params)
         return self._applies[n]
 
     def predict(self, ids: Sequence[int], masked: Sequence[int], top_k: int = 5,
@@ -133,7 +123,7 @@ class FillMasker:
         ids, masked = np.asarray(ids, np.int32), np.asarray(sorted(masked), np.int32)
         n, k = len(ids), len(masked)
         kept = np.setdiff1d(np.arange(n, dtype=np.int32), masked)
-        removed = self.config.objective == "maelm"
+        removed = pretrain_config.objective(self.config).removes_masks
         batch = masking.MaskedBatch(
             inputs=ids[None],
             enc_index=(kept if removed else np.arange(n, dtype=np.int32))[None],

@@ -15,14 +15,11 @@ numbers can be compared with its tables:
 
 Names follow the paper: n sequence length, d width, |V| vocabulary, l layers, b batch,
 r masking rate (here `num_predicted` = n r = k, an int, as our masking uses exact counts).
-Every function takes and returns Python ints; nothing here touches JAX.
+Every function takes and returns Python ints; nothing here touches JAX. Each objective
+(maelm_jax/objectives) picks its formula; config.step_flops evaluates it for a config.
 """
 
 from __future__ import annotations
-
-import ml_collections
-
-from maelm_jax import config as config_lib
 
 
 def msa(n: int, d: int) -> int:
@@ -145,31 +142,3 @@ def cross_step_flops(batch_size: int, encoder_layers: int, decoder_layers: int,
                     + decoder_layers * cross_block(n_enc, n_de, d_de, d_ff_de, self_attention)
                     + head)
     return 2 * batch_size * per_sequence
-
-
-def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Training FLOPs of one optimiser step of a pretraining config (see module docstring).
-
-    Reads config.objective, config.model (and model.decoder, self or cross, for "maelm"),
-    config.data.seq_len, config.masking (through config_lib.mask_counts, so n_enc and k are
-    the exact ints the train step uses) and config.train.batch_size. Gradient
-    accumulation does not change the count: it splits the same batch.
-    """
-    counts = config_lib.mask_counts(config)
-    m = config.model
-    if config.objective == "mlm":
-        return mlm_step_flops(config.train.batch_size, m.num_layers, counts.seq_len,
-                              m.d_model, m.d_ff, counts.k, vocab_size)
-    if config.objective == "maelm" and m.decoder.kind != "self":
-        dec = m.decoder
-        return cross_step_flops(config.train.batch_size, m.num_layers, dec.num_layers,
-                                counts.n_enc, counts.seq_len - counts.n_enc, m.d_model,
-                                m.d_ff, dec.d_model, dec.d_ff, counts.k, vocab_size,
-                                self_attention=dec.kind != "cross_only")
-    if config.objective == "maelm":
-        dec = m.decoder
-        return maelm_step_flops(config.train.batch_size, m.num_layers, dec.num_layers,
-                                counts.seq_len, counts.n_enc, m.d_model, m.d_ff,
-                                dec.d_model, dec.d_ff, counts.k, vocab_size)
-    raise config_lib.ConfigError(
-        f"config.objective: expected 'maelm' or 'mlm', got {config.objective!r}")

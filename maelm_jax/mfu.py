@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import flops as flops_lib
+from maelm_jax import config as config_lib
 from maelm_jax.models import layers
 
 # Substring of jax.Device.device_kind -> (bfloat16, float32) dense peak TFLOP/s per device.
@@ -60,9 +60,9 @@ def model_flops(paper_flops: int) -> int:
 
 
 def model_flops_per_step(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Model FLOPs of one optimiser step: flops.step_flops (forward + backward = 2 x
+    """Model FLOPs of one optimiser step: config.step_flops (forward + backward = 2 x
     forward) rescaled to forward + backward = 3 x forward."""
-    return model_flops(flops_lib.step_flops(config, vocab_size))
+    return model_flops(config_lib.step_flops(config, vocab_size))
 
 
 class Utilisation:

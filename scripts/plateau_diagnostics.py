@@ -25,10 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli, masking, paths, sharding
+from maelm_jax import cli, masking, objectives, paths, sharding
 from maelm_jax import config as config_lib
 from maelm_jax.data import loader, pipeline
-from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import setup as setup_lib
 
 FLAGS = flags.FLAGS
@@ -68,7 +67,7 @@ def report(model, params, tokens, counts, vocab_size) -> None:
 
     def loss(p):
         logits = model.apply({"params": p}, batch)
-        sums = pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights)
+        sums = objectives.masked_lm_sums(logits, batch.targets, batch.weights)
         return sums["loss_sum"] / sums["count"]
 
     norms = module_grad_norms(jax.grad(loss)(params))

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import flops, masking, tokenizer, variants
+from maelm_jax import masking, tokenizer, variants
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.objectives import maelm
 
 from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
@@ -59,7 +59,7 @@ def test_causal_cross_decoder_is_causal_and_bidirectional_is_not():
         model, batch, params = _setup(_cross_kind(kind), batch_size=1)
         before = _decoder_outputs(model, params, batch)
         table = params["decoder"]["position_embeddings"]["embedding"]
-        split = pretrain_lib.split_predictions(batch)
+        split = maelm.split_predictions(batch)
         last_pos = int(split.dec_index[0, -1])
         moved = jax.tree.map(lambda x: x, params)
         moved["decoder"]["position_embeddings"]["embedding"] = table.at[last_pos].add(1.0)
@@ -75,7 +75,7 @@ def test_cross_only_decoder_has_no_self_attention_and_masks_do_not_interact():
     layer = params["decoder"]["layer_0"]
     assert "cross_attention" in layer and "self_attention" not in layer
     before = _decoder_outputs(model, params, batch)
-    split = pretrain_lib.split_predictions(batch)
+    split = maelm.split_predictions(batch)
     first_pos = int(split.dec_index[0, 0])
     moved = jax.tree.map(lambda x: x, params)
     table = params["decoder"]["position_embeddings"]["embedding"]
@@ -94,7 +94,7 @@ def test_cross_kinds_never_read_a_kept_tokens_input_embedding_directly():
         model, batch, params = _setup(c, batch_size=1)
         assert set(params["decoder"]) & {"word_embeddings", "token_embeddings"} == set()
         enc_out = _intermediates(model, params, batch)["encoder"]["__call__"][0]
-        split = pretrain_lib.split_predictions(batch)
+        split = maelm.split_predictions(batch)
         cfg = config_lib.model_config(c, TINY_VOCAB).decoder
         alone = decoder_lib.CrossDecoder(cfg).apply(
             {"params": params["decoder"]}, enc_out, batch.enc_index, split.dec_index)
@@ -180,11 +180,11 @@ def test_every_preset_validates_and_builds(spec):
     config_lib.validate(c)
     model_cfg = config_lib.model_config(c, c.tokenizer.vocab_size)
     counts = config_lib.mask_counts(c)
-    assert flops.step_flops(c, c.tokenizer.vocab_size) > 0
+    assert config_lib.step_flops(c, c.tokenizer.vocab_size) > 0
     if spec not in BUILT:
         return
     # Built abstractly (shapes only, no memory) at batch 1.
-    model = pretrain_lib.PretrainModel(model_cfg)
+    model = config_lib.objective(c).model(model_cfg)
     def i32(*shape):
         return jax.ShapeDtypeStruct(shape, jnp.int32)
     batch = masking.MaskedBatch(i32(1, counts.seq_len), i32(1, counts.n_enc), i32(1, counts.k),

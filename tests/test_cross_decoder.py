@@ -7,7 +7,7 @@ import pytest
 
 from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer
-from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax.objectives import maelm
 from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
@@ -33,7 +33,7 @@ def _setup(c, batch_size=4, seed=0):
 def test_split_puts_removed_masks_in_the_decoder_and_the_rest_in_the_encoder():
     c = _cross_config()
     _, batch, _, counts = _setup(c)
-    split = pretrain_lib.split_predictions(batch)
+    split = maelm.split_predictions(batch)
     assert split.dec_index.shape == (4, counts.k_removed)
     assert split.enc_slot.shape == (4, counts.k - counts.k_removed)
     for b in range(4):
@@ -62,7 +62,7 @@ def test_decoder_reads_only_the_masks_and_the_encoder_outputs():
 
 def _logits_by_part(model, params, batch):
     logits = np.asarray(model.apply({"params": params}, batch))
-    split = pretrain_lib.split_predictions(batch)
+    split = maelm.split_predictions(batch)
     removed = np.stack([np.isin(np.asarray(batch.pred_index[b]), np.asarray(split.dec_index[b]))
                         for b in range(batch.inputs.shape[0])])
     return logits, removed

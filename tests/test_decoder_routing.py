@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import masking, sharding, tokenizer
-from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax import masking, objectives, sharding, tokenizer
 from maelm_jax.training import setup as setup_lib
 
 from tiny_config import tiny_config
@@ -61,7 +60,7 @@ def _pairs_accuracy(objective: str, num_steps: int, **decoder_options) -> float:
 
 def _params(objective: str, **decoder_options):
     c = _pairs_config(objective, **decoder_options)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, PAIRS_VOCAB))
+    model = config_lib.model(c, PAIRS_VOCAB)
     batch = masking.apply_mask(
         jax.random.PRNGKey(0), jnp.asarray(_pairs(np.random.default_rng(0), 2)),
         config_lib.mask_counts(c), PAIRS_VOCAB,
@@ -88,7 +87,7 @@ def test_shared_positions_use_the_encoders_table():
 
     def loss(p):
         logits = model.apply({"params": p}, batch)
-        return pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights)["loss_sum"]
+        return objectives.masked_lm_sums(logits, batch.targets, batch.weights)["loss_sum"]
 
     grads = jax.grad(loss)(params)
     # Removed positions are never read by the encoder: any gradient on their rows of the

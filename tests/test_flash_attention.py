@@ -10,7 +10,6 @@ import pytest
 from maelm_jax import config as config_lib
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import layers
-from maelm_jax.models import pretrain as pretrain_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
@@ -107,7 +106,7 @@ def _pallas_and_einsum(objective="maelm", **model):
     c.model.update(model)
     plain, batch, params = tiny_model(c)
     c.model.attention_impl = "pallas"
-    flash = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    flash = config_lib.model(c, TINY_VOCAB)
     return plain, flash, batch, params
 
 

@@ -13,7 +13,6 @@ from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding, tokenizer
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers, relative_position
-from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer, steps
 from maelm_jax.training import setup as setup_lib
 
@@ -38,7 +37,7 @@ def _model(objective="maelm", **overrides):
     for key, value in overrides.items():
         c.model[key] = value
     counts = config_lib.mask_counts(c)
-    return pretrain_lib.PretrainModel(config_lib.model_config(c, VOCAB)), counts, c
+    return config_lib.model(c, VOCAB), counts, c
 
 
 @pytest.mark.parametrize("pre_ln", [False, True])
@@ -135,7 +134,7 @@ def test_narrow_decoder_gets_a_projection():
     c.model.decoder.d_model = 16
     c.model.decoder.num_heads = 2
     counts = config_lib.mask_counts(c)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, VOCAB))
+    model = config_lib.model(c, VOCAB)
     b = _batch(counts)
     params = model.init(jax.random.PRNGKey(0), b)["params"]
     assert params["decoder"]["projection"]["kernel"].value.shape == (32, 16)
@@ -238,7 +237,7 @@ def test_rel_pos_init_reaches_the_encoder_and_decoder_tables(objective):
     c.model.rel_pos_init = "local"
     c.model.decoder.rel_pos_buckets = 8
     c.model.decoder.rel_pos_init = "local"
-    model = pretrain_lib.PretrainModel(config_lib.model_config(c, 64))
+    model = config_lib.model(c, 64)
     counts = config_lib.mask_counts(c)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), steps._dummy_batch(counts)))
     tables = {"/".join(k.key for k in path[:-1]): leaf
@@ -346,7 +345,7 @@ def test_fused_attention_model_matches_and_keeps_einsum_for_dropout(monkeypatch)
     plain, batch, params = tiny_model(c)
     n_enc, L = batch.enc_index.shape[1], batch.inputs.shape[1]
     c.model.attention_impl = "xla"
-    fused = pretrain_lib.PretrainModel(config_lib.model_config(c, TINY_VOCAB))
+    fused = config_lib.model(c, TINY_VOCAB)
     want = plain.apply({"params": params}, batch, deterministic=True)
     assert not lengths  # the einsum model never calls the fused attention
     got = fused.apply({"params": params}, batch, deterministic=True)

@@ -6,6 +6,7 @@ import re
 import pytest
 
 from maelm_jax import errors
+from maelm_jax.objectives import recipes
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report
 from maelm_jax.study import run as study_run
@@ -85,7 +86,7 @@ def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
 
 def test_models_differ_only_in_what_defines_them(tiny_tokenizer):
     c = _config(tiny_tokenizer.model_path)
-    configs = {n: config_lib.model_config(c, n).to_dict() for n in config_lib.MODEL_CHANGES}
+    configs = {n: config_lib.model_config(c, n).to_dict() for n in recipes.MODELS}
     for name, cfg in configs.items():
         for section in ("tokenizer", "data", "train", "seed"):
             assert cfg[section] == configs["mlm"][section], (name, section)

@@ -10,30 +10,10 @@ The paper trains on Wikipedia + BookCorpus (16 GB); point data.sources at your c
 
 from maelm_jax import config as config_lib
 from maelm_jax import variants
+from maelm_jax.objectives import recipes
 
-# MAE-LM Table 2, one variant per row: the changes to MAE-LM base (its first row).
-TABLE2 = {
-    "maelm": {},  # Original: enc. w/o [MASK], aligned positions, relative bias, bi. self
-    # Handling [MASK]
-    "mlm": {"objective": "mlm"},  # enc. w. [MASK], no dec. (i.e., MLM)
-    "enc_mask": {"masking.delta": 1.0},  # enc. w. [MASK] (and the same decoder)
-    "enc_mask_reset": {"masking.delta": 1.0, "model.decoder.reset_masks": True},
-    "random_replace": {"masking.mask_frac": 0.0, "masking.random_frac": 1.0},
-    # Position encoding
-    "misaligned": {"model.misaligned_positions": True},
-    "no_rel_pos": {"model.rel_pos_buckets": 0},
-    # Decoder attention ([MASK] queries only; see maelm_jax/models/decoder.py)
-    "dec_bi_cross": {"model.decoder.kind": "cross"},
-    "dec_uni_cross": {"model.decoder.kind": "causal_cross"},
-    "dec_cross_only": {"model.decoder.kind": "cross_only"},
-    # Decoder size
-    "dec_2x768": {"model.decoder.num_layers": 2},
-    "dec_6x768": {"model.decoder.num_layers": 6},
-    "dec_4x512": {"model.decoder.d_model": 512, "model.decoder.num_heads": 8,
-                  "model.decoder.d_ff": 2048},
-    "dec_4x1024": {"model.decoder.d_model": 1024, "model.decoder.num_heads": 16,
-                   "model.decoder.d_ff": 4096},
-}
+# MAE-LM Table 2, one variant per row (maelm_jax/objectives/recipes.py).
+TABLE2 = recipes.TABLE2
 
 
 def objective_from_arg(arg: str | None) -> str:
@@ -71,5 +51,4 @@ def get_config(arg: str | None = None):
     c.train.clip_norm = 2.0
     c.train.weight_decay = 0.01
     c.train.weight_decay_on = "all"  # every parameter, as the papers' fairseq code
-    variants.apply(c, TABLE2[name])
-    return c
+    return TABLE2[name].apply(c)

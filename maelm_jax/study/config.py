@@ -2,9 +2,9 @@
 
 ``config.pretrain`` is a whole pretraining config (any field can be overridden from the
 command line, e.g. ``--config.pretrain.data.sources.main.kind=wikiextractor``); each
-model of ``config.models`` starts from it and changes only what defines that model
-(``MODEL_CHANGES``), so every model sees the same corpus, tokenizer, token budget,
-optimiser settings and seed.
+model of ``config.models`` starts from it and changes only what defines that model (its
+recipe, maelm_jax/objectives/recipes.py), so every model sees the same corpus, tokenizer,
+token budget, optimiser settings and seed.
 """
 
 from __future__ import annotations
@@ -15,23 +15,8 @@ import ml_collections
 
 from maelm_jax import config as pretrain_config
 from maelm_jax import errors, schema
+from maelm_jax.objectives import recipes
 
-# What defines each model of the papers, on top of the shared pretraining config.
-# 3ML (Table 4): 40 % masking with 80-10-10, a 2-layer half-width decoder, dropout 0.1 on
-# the whole model; 3ML_cross's decoder is pre-LN (post-LN does not train, Section 3).
-MODEL_CHANGES: dict[str, dict[str, Any]] = {
-    "mlm": {"objective": "mlm"},
-    "maelm": {"objective": "maelm"},
-    "3ml_self": {"objective": "maelm", "masking.mask_ratio": 0.4, "masking.mask_frac": 0.8,
-                 "masking.random_frac": 0.1, "model.decoder.num_layers": 2,
-                 "model.decoder.dropout": 0.1, "model.decoder.attention_dropout": 0.1,
-                 "half_width_decoder": True},
-    "3ml_cross": {"objective": "maelm", "masking.mask_ratio": 0.4, "masking.mask_frac": 0.8,
-                  "masking.random_frac": 0.1, "model.decoder.num_layers": 2,
-                  "model.decoder.kind": "cross", "model.decoder.pre_ln": True,
-                  "model.decoder.dropout": 0.1, "model.decoder.attention_dropout": 0.1,
-                  "half_width_decoder": True},
-}
 # GLUE directory names the study knows, with the names fine-tuning configs take.
 GLUE_TASKS = {"RTE": "rte", "MRPC": "mrpc", "STS-B": "stsb", "CoLA": "cola", "SST-2": "sst2",
               "QNLI": "qnli", "MNLI": "mnli", "QQP": "qqp"}
@@ -77,7 +62,7 @@ def _names_of(*allowed: str) -> schema.Field:
 
 FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice("study"),
-    "models": _names_of(*MODEL_CHANGES),
+    "models": _names_of(*recipes.MODELS),
     "pretrain": schema.free_form("a pretraining config (maelm_jax/config.py)"),
     "glue_dir": schema.path("the GLUE directory, or empty to skip fine-tuning"),
     "tasks": _names_of(*GLUE_TASKS),
@@ -105,17 +90,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def model_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """The pretraining config of one model of the study."""
-    c = config.pretrain.copy_and_resolve_references()
-    for field, value in MODEL_CHANGES[name].items():
-        if field == "half_width_decoder":
-            c.model.decoder.d_model = c.model.d_model // 2
-            c.model.decoder.d_ff = c.model.d_ff // 2
-            c.model.decoder.num_heads = max(1, c.model.num_heads // 2)
-            continue
-        *path, leaf = field.split(".")
-        node = c
-        for part in path:
-            node = node[part]
-        node[leaf] = value
+    c = recipes.MODELS[name].apply(config.pretrain)
     c.train.fill_mask_examples = 0
     return c

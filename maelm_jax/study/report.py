@@ -18,14 +18,19 @@ import json
 import numpy as np
 
 from maelm_jax import paths
+from maelm_jax.objectives import recipes
 
 JSON_FILE = "study.json"
 MARKDOWN_FILE = "study.md"
 LOSS_PLOT = "loss_curves.png"
 RANK_PLOT = "rank_layers.png"
 GLUE_PLOT = "glue_medians.png"
-_NAMES = {"mlm": "MLM", "maelm": "MAE-LM", "3ml_self": "3ML_self", "3ml_cross": "3ML_cross",
-          "scratch": "from scratch (control)"}
+_CONTROL = "scratch"
+
+
+def _name(model: str) -> str:
+    """How the report writes a model: the papers' name, or the control's."""
+    return "from scratch (control)" if model == _CONTROL else recipes.display_name(model)
 
 
 def read_metrics(workdir: paths.Path, split: str) -> list[dict]:
@@ -72,7 +77,7 @@ def markdown(result: dict) -> str:
         p = result["pretraining"][n]
         r, c = rank.get(p["workdir"], {}), centred.get(p["workdir"], {})
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
-        row = [_NAMES.get(n, n), _fmt(p.get("eval_mask_loss")),
+        row = [_name(n), _fmt(p.get("eval_mask_loss")),
                _fmt(None if p.get("eval_mask_accuracy") is None
                     else 100 * p["eval_mask_accuracy"], ".1f"),
                _fmt(None if p.get("eval_unigram_accuracy") is None
@@ -87,7 +92,7 @@ def markdown(result: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     for n in result.get("controls", []):
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
-        row = [_NAMES.get(n, n)] + ["—"] * 7 + [_fmt(s, ".1f") for s in scores]
+        row = [_name(n)] + ["—"] * 7 + [_fmt(s, ".1f") for s in scores]
         row += [_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"), "—", "—"]
         lines.append("| " + " | ".join(row) + " |")
     if tasks:
@@ -97,7 +102,7 @@ def markdown(result: dict) -> str:
                 entry = glue.get(n, {}).get(t)
                 if entry:
                     seeds = ", ".join(f"{v:.1f}" for v in entry["per_seed"].values())
-                    lines.append(f"- {t} {entry['metric']}, {_NAMES.get(n, n)}: {seeds} "
+                    lines.append(f"- {t} {entry['metric']}, {_name(n)}: {seeds} "
                                  f"(median {entry['median']:.1f}; {entry['seconds'] / 60:.1f} min)")
     lines += ["", f"![losses]({LOSS_PLOT})", f"![rank]({RANK_PLOT})"]
     if tasks:
@@ -119,7 +124,7 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
             rows = read_metrics(workdir, split)
             if rows:
                 ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], style,
-                        color=colour, label=f"{_NAMES.get(n, n)} {split}")
+                        color=colour, label=f"{_name(n)} {split}")
     ax.set_xlabel("step")
     ax.set_ylabel("masked-token loss (nats)")
     ax.legend(fontsize=8)
@@ -138,7 +143,7 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
         width = 0.8 / len(shown)
         for i, n in enumerate(shown):
             values = [glue.get(n, {}).get(t, {}).get("median", np.nan) for t in tasks]
-            ax.bar(np.arange(len(tasks)) + i * width, values, width, label=_NAMES.get(n, n))
+            ax.bar(np.arange(len(tasks)) + i * width, values, width, label=_name(n))
         ax.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2)
         ax.set_xticklabels(tasks)
         ax.set_ylabel("dev median (accuracy, MCC or Spearman, x100)")

@@ -16,7 +16,7 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import flops, paths
+from maelm_jax import paths
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import report as rank_report
 from maelm_jax.analysis import run as rank_run
@@ -56,7 +56,7 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> d
         _timed(workdir, lambda: loop.train_and_evaluate(c, str(workdir)))
     vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
-            "train_flops": flops.step_flops(c, vocab) * c.train.num_steps,
+            "train_flops": pretrain_config.step_flops(c, vocab) * c.train.num_steps,
             **report.pretraining_metrics(workdir)}
 
 

@@ -21,7 +21,6 @@ from jax.sharding import Mesh
 
 from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding
-from maelm_jax.models import pretrain as pretrain_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
@@ -36,7 +35,7 @@ class Trainer:
     mesh: Mesh
     rules: tuple  # logical axis -> mesh axis rules (sharding.DEFAULT_RULES by default)
     counts: masking.MaskCounts  # the static sizes of every masked batch
-    model: nn.Module  # PretrainModel
+    model: nn.Module  # the objective's model (config_lib.model)
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     state: state_lib.StateSetup  # init(), the abstract state and its shardings
@@ -75,15 +74,16 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh.shape)
     rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
     counts = config_lib.mask_counts(config)
-    model = pretrain_lib.PretrainModel(config_lib.model_config(config, vocab_size))
+    objective = config_lib.objective(config)
+    model = objective.model(config_lib.model_config(config, vocab_size))
     tx, schedule = optimizer_lib.make_optimizer(t)
     state = steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
     train_step = steps.jit_train_step(
-        steps.make_train_step(model, tx, schedule, counts, vocab_size, t.grad_accum_steps,
-                              t.prng_impl),
+        steps.make_train_step(model, objective, tx, schedule, counts, vocab_size,
+                              t.grad_accum_steps, t.prng_impl),
         state, mesh)
     eval_step = jax.jit(
-        steps.make_eval_step(model, counts, vocab_size),
+        steps.make_eval_step(model, objective, counts, vocab_size),
         in_shardings=(state.shardings.params, sharding.batch_sharding(mesh),
                       sharding.replicated(mesh)),
         out_shardings=sharding.replicated(mesh),

@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from maelm_jax import masking, sharding
-from maelm_jax.models import pretrain as pretrain_lib
+from maelm_jax import masking, objectives, sharding
 from maelm_jax.training import state as state_lib
 
 
@@ -76,6 +75,7 @@ def state_setup(
 
 def make_train_step(
     model: nn.Module,
+    objective: objectives.Objective,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     counts: masking.MaskCounts,
@@ -93,7 +93,7 @@ def make_train_step(
         logits = model.apply(
             {"params": params}, batch, deterministic=False, rngs={"dropout": dropout_key}
         )
-        sums = pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights)
+        sums = objective.loss_sums(logits, batch)
         return sums["loss_sum"], sums
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
@@ -155,9 +155,10 @@ def jit_train_step(train_step: Callable, setup: state_lib.StateSetup, mesh: Mesh
     )
 
 
-def make_eval_step(model: nn.Module, counts: masking.MaskCounts, vocab_size: int) -> Callable:
+def make_eval_step(model: nn.Module, objective: objectives.Objective,
+                   counts: masking.MaskCounts, vocab_size: int) -> Callable:
     """Returns eval_step(params, tokens [b, L], key) -> sums of loss/correct/count, overall
-    and per category of corruption ([MASK], random, unchanged; see masked_lm_sums).
+    and per category of corruption ([MASK], random, unchanged; see objectives.masked_lm_sums).
 
     The caller passes fixed keys so every evaluation scores the same masks.
     """
@@ -165,6 +166,6 @@ def make_eval_step(model: nn.Module, counts: masking.MaskCounts, vocab_size: int
     def eval_step(params, tokens, key):
         batch = masking.apply_mask(key, tokens, counts, vocab_size)
         logits = model.apply({"params": params}, batch, deterministic=True)
-        return pretrain_lib.masked_lm_sums(logits, batch.targets, batch.weights, batch.category)
+        return objective.loss_sums(logits, batch, per_category=True)
 
     return eval_step

@@ -1,0 +1,237 @@
+"""The objective registry and the papers' recipes: an objective defined here, in one class
+and one registration, trains, evaluates, checkpoints and fills masks through the same
+engine as the built-in ones; the recipes are the one definition the configs, the study
+and the benchmarks use; the built-in models keep the parameter trees their checkpoints
+were written with."""
+
+import json
+import pathlib
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax import config as config_lib
+from maelm_jax import flops, masking, objectives, variants
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layers
+from maelm_jax.objectives import base, recipes
+from maelm_jax.study import config as study_config
+from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import loop
+
+from conftest import REPO_ROOT
+from tiny_config import TINY_VOCAB, tiny_config
+
+GOLDEN = pathlib.Path(__file__).parent / "golden" / "param_trees.json"
+
+
+# ------------------------------------------------------------------ a toy objective
+
+class ToyModel(nn.Module):
+    """The encoder reads the corrupted sequence (as MLM's); an untied dense layer predicts."""
+
+    encoder_cfg: encoder_lib.EncoderConfig
+
+    @nn.compact
+    def __call__(self, batch: masking.MaskedBatch, deterministic: bool = True):
+        positions = jnp.arange(batch.inputs.shape[1], dtype=jnp.int32)[None]
+        hidden = encoder_lib.Encoder(self.encoder_cfg, name="encoder")(
+            batch.inputs, positions, deterministic=deterministic)
+        predicted = masking.gather_tokens(hidden, batch.pred_index)
+        head = nn.Dense(self.encoder_cfg.vocab_size, name="head",
+                        kernel_init=layers.normal_init(("embed", "vocab")),
+                        bias_init=layers.zeros_init(("vocab",)))
+        return head(predicted).astype(jnp.float32)
+
+
+class Toy(base.Objective):
+    name = "toy"
+    removes_masks = False
+
+    def model_config(self, config, encoder):
+        return encoder
+
+    def model(self, model_cfg):
+        return ToyModel(model_cfg)
+
+    def step_flops(self, config, counts, vocab_size):
+        m = config.model
+        per_sequence = (m.num_layers * flops.block(counts.seq_len, m.d_model, m.d_ff)
+                        + 2 * counts.k * m.d_model * vocab_size)
+        return 2 * config.train.batch_size * per_sequence
+
+    def validate(self, config, require):
+        require(config.masking.mask_frac == 1.0, "masking.mask_frac",
+                "1.0 for objective toy (it predicts [MASK]s only)", config.masking.mask_frac)
+
+
+@pytest.fixture
+def toy():
+    objectives.register(Toy())
+    yield
+    objectives.unregister("toy")
+
+
+def _toy_config(tmp_path, tok):
+    c = tiny_config("toy", tok.model_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"document {i} tells of rivers, stones and the sea. " * 4
+                                  for i in range(120)))
+    c.data.sources.main.kind = "text"
+    c.data.sources.main.path = str(corpus)
+    c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 6
+    return c
+
+
+def test_a_registered_objective_is_validated_by_its_own_rules(toy, tiny_tokenizer):
+    c = tiny_config("toy", tiny_tokenizer.model_path)
+    config_lib.validate(c)
+    assert config_lib.mask_counts(c).n_enc == c.data.seq_len  # its encoder keeps [MASK]s
+    assert config_lib.step_flops(c, TINY_VOCAB) == Toy().step_flops(
+        c, config_lib.mask_counts(c), TINY_VOCAB)
+    c.masking.mask_frac = 0.8
+    with pytest.raises(config_lib.ConfigError, match=r"config\.masking\.mask_frac: expected "
+                       r"1\.0 for objective toy") as info:
+        config_lib.validate(c)
+    assert "\n" not in str(info.value)
+
+
+def test_an_unknown_objective_names_the_registered_ones(toy):
+    c = tiny_config("electra")
+    with pytest.raises(config_lib.ConfigError, match="config.objective"):
+        config_lib.validate(c)
+    with pytest.raises(config_lib.ConfigError, match="expected one of maelm, mlm, toy"):
+        config_lib.step_flops(c, TINY_VOCAB)
+
+
+def test_a_toy_objective_trains_resumes_and_fills_masks(toy, tmp_path, tiny_tokenizer):
+    from maelm_jax import fill_mask
+
+    c = _toy_config(tmp_path, tiny_tokenizer)
+    workdir = tmp_path / "run"
+    metrics = loop.train_and_evaluate(c, str(workdir))
+    assert np.isfinite(metrics["loss"]) and metrics["loss"] > 0
+    assert "mask_accuracy" in metrics  # the per-category metrics of the shared loss sums
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert train and all(np.isfinite(r["loss"]) for r in train)
+    # Its parameters, checkpointed: the encoder (what fine-tuning keeps) and its own head.
+    ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", 6, 3)
+    assert ckpt.latest_step() == 6
+    ckpt.close()
+    # Two more steps resume from the checkpoint.
+    c.train.num_steps = 8
+    loop.train_and_evaluate(c, str(workdir), allow_config_change=True)
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"][-2:] == [7, 8]
+    masker = fill_mask.FillMasker.from_workdir(str(workdir))
+    assert set(masker.params) == {"encoder", "head"}
+    ids, masked = masker.encode_text("the <mask> of rivers")
+    filled = masker.predict(ids, masked, top_k=3)
+    assert filled.top_ids.shape == (1, 3)
+    assert np.all(np.diff(filled.top_probs[0]) <= 0)
+
+
+def test_unregistering_leaves_the_built_in_objectives(toy):
+    with pytest.raises(ValueError, match="already registered"):
+        objectives.register(Toy())
+    with pytest.raises(ValueError, match="built in"):
+        objectives.unregister("mlm")
+    assert objectives.names()[:2] == ("maelm", "mlm")
+
+
+# ------------------------------------------------------------------ the recipes
+
+def test_every_recipe_validates_and_changes_only_what_defines_it():
+    base_config = config_lib.pretrain_defaults()
+    for recipe in (*recipes.MODELS.values(), *recipes.TABLE2.values()):
+        c = recipe.apply(base_config)
+        config_lib.validate(c)
+        for section in ("tokenizer", "data", "train", "seed", "mesh"):
+            assert c[section] == base_config[section], (recipe.name, section)
+        assert (c.model.num_layers, c.model.d_model) == (12, 768)
+    assert base_config.objective == "maelm"  # apply copies
+    three_ml = recipes.MODELS["3ml_cross"].apply(base_config)
+    assert (three_ml.model.decoder.num_layers, three_ml.model.decoder.d_model,
+            three_ml.model.decoder.num_heads, three_ml.model.decoder.d_ff) == (2, 384, 6, 1536)
+    assert three_ml.model.pre_ln and three_ml.model.decoder.pre_ln
+    assert three_ml.model.decoder.dropout == base_config.model.dropout
+
+
+def test_a_recipe_refuses_a_field_the_config_lacks():
+    bad = recipes.Recipe("bad", "bad", {"model.decoder.colour": "red"})
+    with pytest.raises(KeyError, match="recipe bad sets unknown config field"):
+        bad.apply(config_lib.pretrain_defaults())
+
+
+def _harness():
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(REPO_ROOT / "benchmarks"))
+    return harness
+
+
+def test_configs_study_and_benchmarks_build_the_same_models():
+    """3ML Table 4's config, the study's models and the benchmarks' objectives agree with
+    the recipes on what defines each model."""
+    harness = _harness()
+    pretrain = config_lib.pretrain_defaults()
+    study = study_config.study_defaults()
+    for name, recipe in recipes.MODELS.items():
+        expected = recipe.apply(pretrain)
+        timed = harness.objective_config(pretrain, name)
+        studied = study_config.model_config(study, name)
+        for got in (timed, studied):
+            assert got.objective == expected.objective
+            assert got.masking == expected.masking
+            assert got.model == expected.model, name
+    for model, name in (("self", "3ml_self"), ("cross", "3ml_cross"), ("mlm", "mlm")):
+        table4 = variants.load(f"{REPO_ROOT}/configs/pretrain/3ml.py:{model}_base")
+        assert table4.objective == recipes.MODELS[name].changes["objective"]
+        if model != "mlm":
+            assert (table4.model.decoder.num_layers, table4.model.decoder.d_model) == (2, 384)
+    cross = variants.load(f"{REPO_ROOT}/configs/pretrain/3ml.py:cross_base")
+    assert cross.model.pre_ln and cross.model.decoder.pre_ln and cross.model.decoder.kind == "cross"
+    table2 = variants.load(f"{REPO_ROOT}/configs/pretrain/base.py:dec_uni_cross")
+    assert table2.model.decoder.kind == "causal_cross"
+
+
+# ------------------------------------------------------------------ checkpoints still restore
+
+def _golden_variants():
+    for objective in ("mlm", "maelm"):
+        for scan in (False, True):
+            c = tiny_config(objective)
+            c.model.scan_layers = scan
+            yield f"{objective}{'_scan' if scan else ''}", c
+    c = tiny_config("maelm")
+    c.model.decoder.update(kind="cross", d_model=16, num_heads=1, d_ff=32, num_layers=2)
+    yield "maelm_cross_half", c
+    c = tiny_config("maelm")
+    c.model.decoder.update(rel_pos_buckets=8, share_positions=True)
+    yield "maelm_decoder_options", c
+
+
+def test_parameter_trees_are_those_checkpoints_were_written_with():
+    """Every parameter's path and shape, as recorded from the models before the objectives
+    had modules of their own: orbax restores by path and shape, so equal trees mean old
+    checkpoints restore."""
+    golden = json.loads(GOLDEN.read_text())
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    for name, c in _golden_variants():
+        config_lib.validate(c)
+        counts = config_lib.mask_counts(c)
+        batch = masking.MaskedBatch(i32(1, counts.seq_len), i32(1, counts.n_enc),
+                                    i32(1, counts.k), i32(1, counts.k),
+                                    jax.ShapeDtypeStruct((1, counts.k), jnp.float32))
+        shapes = jax.eval_shape(config_lib.model(c, TINY_VOCAB).init, jax.random.PRNGKey(0),
+                                batch)["params"]
+        tree = {jax.tree_util.keystr(path): list(getattr(leaf, "value", leaf).shape)
+                for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
+        assert tree == golden[name], name
