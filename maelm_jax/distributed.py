@@ -58,6 +58,14 @@ def leader_says_ok(ok: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
 
 
+def host_copy(tree):
+    """Every array of `tree` whole, as numpy, on every process, whatever its sharding (an
+    array split over several processes' devices cannot be fetched by one alone)."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
 def is_leader() -> bool:
     """Process 0 alone writes logs, metrics and TensorBoard events."""
     return jax.process_index() == 0

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import errors, paths, schema
+from maelm_jax import distributed, errors, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layer_layout
@@ -256,13 +256,16 @@ def save_finetuned(workdir: paths.Path, step: int, params: Any,
                    tokenizer: tokenizer_lib.Tokenizer) -> paths.Path:
     """Writes checkpoints/<step>/state ({"params": {"encoder", "head"}}), encoder.json and
     tokenizer.model, so the workdir can be another run's init_from. `workdir` is
-    absolute (or a bucket's URI)."""
+    absolute (or a bucket's URI). Every process of a job calls it with the same host
+    `params`: orbax's save is collective (process 0 writes the arrays), and process 0
+    alone writes the other two files."""
     import orbax.checkpoint as ocp
 
-    record = encoder_lib.architecture(encoder_cfg)
-    paths.write_text(workdir / ENCODER_FILE, json.dumps(record, indent=2))
-    if not paths.same(tokenizer.model_path, workdir / TOKENIZER_FILE):
-        paths.Path(tokenizer.model_path).copy(workdir / TOKENIZER_FILE, overwrite=True)
+    if distributed.is_leader():
+        record = encoder_lib.architecture(encoder_cfg)
+        paths.write_text(workdir / ENCODER_FILE, json.dumps(record, indent=2))
+        if not paths.same(tokenizer.model_path, workdir / TOKENIZER_FILE):
+            paths.Path(tokenizer.model_path).copy(workdir / TOKENIZER_FILE, overwrite=True)
     manager = ocp.CheckpointManager(
         workdir / CHECKPOINTS,
         options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,

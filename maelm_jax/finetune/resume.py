@@ -19,7 +19,7 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import paths
+from maelm_jax import distributed, paths
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import workdir as workdir_lib
@@ -104,7 +104,7 @@ def restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup, encoder_params, se
         if restored is not None:
             step, saved, meta = restored
             progress = Progress(**{f.name: meta[f.name] for f in dataclasses.fields(Progress)})
-            best_params = (jax.device_get(saved.best_params)
+            best_params = (distributed.host_copy(saved.best_params)
                            if select == "best" and progress.best is not None else None)
             logging.info("resuming from %s/%d", ckpt.directory, step)
             return step, saved.train, best_params, progress

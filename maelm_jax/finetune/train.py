@@ -19,6 +19,12 @@ from (seed, e) and dropout from (seed, step), and the checkpoint carries the eva
 so far, the best one's parameters (select="best") and the train metrics since the last
 log line. resume/ is deleted once results.json is written. A workdir holding a finished
 run, or an unfinished run of another config (a warning names the fields), starts over.
+
+Several processes (jax.distributed, as in pretraining) run it as one job on one mesh:
+each builds the same whole batches (from the seed) and gives the mesh only its own rows;
+eval outputs come back replicated, so every process scores them alike. Process 0 alone
+prepares the workdir and writes config.json, the metrics, results.json, the predictions
+and the files beside the final checkpoint; orbax's saves are made by every process.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import contextlib
 import itertools
 import json
 import math
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,7 +47,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from maelm_jax import compile_cache, paths, sharding
+from maelm_jax import compile_cache, distributed, paths, sharding
 from maelm_jax import config as pretrain_config
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
@@ -123,9 +130,10 @@ def optimizer_config(train: ml_collections.ConfigDict, num_steps: int) -> ml_col
 
 
 def make_mesh(shape) -> jax.sharding.Mesh:
-    """All devices when a size is -1, else the first prod(shape) devices."""
+    """All devices when a size is -1 or the job has several processes (each must hold part
+    of the mesh), else the first prod(shape) devices."""
     shape = tuple(int(s) for s in shape)
-    if -1 in shape:
+    if -1 in shape or jax.process_count() > 1:
         return sharding.make_mesh(shape)
     return sharding.make_mesh(shape, jax.devices()[: max(math.prod(shape), 1)])
 
@@ -228,10 +236,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise config_lib.FinetuneConfigError(
             "config.sweep: expected False for a single run (sweep.run_sweep runs the grid)")
     _check_workdir(workdir, config.init_from)
-    if jax.process_count() > 1:
-        # Batches are built whole on the host; several processes would each need their share.
-        raise config_lib.FinetuneConfigError("fine-tuning runs in one process (on all of its "
-                                             "devices); start it without multi-process flags")
 
     # Checkpoint, tokenizer and data are checked before the workdir is touched.
     encoder_cfg, encoder_params, tok, source = encoder_and_tokenizer(config)
@@ -241,11 +245,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if len(task.train) == 0:
         raise config_lib.FinetuneConfigError(f"config.data: {task.name} has no usable training "
                                              f"example")
-    resume = resume_lib.resumable(workdir, config)
-    if not resume:
-        resume_lib.start_over(workdir)
-    loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
-    paths.write_text(workdir / loading.CONFIG_FILE, pretrain_config.to_json(config))
+    # Process 0 decides and prepares the workdir; the others wait, so none reads it half
+    # cleared.
+    resume = distributed.leader_says_ok(
+        distributed.is_leader() and resume_lib.resumable(workdir, config))
+    if distributed.is_leader():
+        if not resume:
+            resume_lib.start_over(workdir)
+        loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
+        paths.write_text(workdir / loading.CONFIG_FILE, pretrain_config.to_json(config))
+    distributed.barrier("fine-tuning workdir")
     t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
@@ -255,6 +264,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     sharding.check_batch(mesh, t.batch_size, 1)
     sharding.check_batch(mesh, t.eval_batch_size, 1)
     batch_sharding = sharding.batch_sharding(mesh)
+
+    def on_mesh(batch: data.Batch) -> dict:
+        """The global batch: every process holds it whole and gives its devices their rows."""
+        return {k: sharding.global_batch_from_full(v, mesh) for k, v in batch.arrays().items()}
 
     model = task.model(encoder_cfg)
     steps_per_epoch = data.steps_per_epoch(len(task.train), t.batch_size)
@@ -274,8 +287,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     def run_eval_with(params) -> tasks.RunEval:
         def run_eval(sequences, targets) -> tasks.BatchOutputs:
             with sharding.activate(mesh, rules):
-                # Batches are numpy; the step's in_shardings place them.
-                return [(b.rows, jax.device_get(eval_step(params, b.arrays())))
+                return [(b.rows, jax.device_get(eval_step(params, on_mesh(b))))
                         for b in data.eval_batches(sequences, targets, t.eval_batch_size,
                                                    buckets)]
         return run_eval
@@ -288,12 +300,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         eval_at = _eval_steps(steps_per_epoch, t.num_epochs, t.evals_per_epoch)
         # examples/s counts the steps after `timed_from`, over the time since `clock`.
         timed_from, clock = start, time.perf_counter()
-        with (contextlib.closing(metrics_lib.MetricWriter(workdir, resume_step=start)) as writer,
+        writer = metrics_lib.MetricWriter(workdir, resume_step=start,
+                                          enabled=distributed.is_leader())
+        with (contextlib.closing(writer),
               sharding.activate(mesh, rules), preemption.StopRequest() as stop):
             for step, (epoch, batch) in enumerate(
                     train_batches(task.train, t.batch_size, buckets, config.seed,
                                   t.num_epochs, start), start=start + 1):
-                state, step_metrics = train_step(state, batch.arrays())
+                state, step_metrics = train_step(state, on_mesh(batch))
                 progress.window.append(step_metrics)
                 log = step % t.log_every == 0 or step == num_steps
                 if step == start + 1:
@@ -318,7 +332,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     if best is None or scores[task.primary_metric] > best[task.primary_metric]:
                         progress.best = len(progress.evals) - 1
                         if t.select == "best":
-                            best_params = jax.device_get(state.params)  # a host copy
+                            best_params = distributed.host_copy(state.params)
                 if step == num_steps:
                     break  # the results follow at once: nothing to resume from
                 stopping = stop.received or ckpt.reached_preemption(step)
@@ -337,9 +351,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     selected = best if t.select == "best" else progress.evals[-1]
     params = (jax.device_put(best_params, setup.shardings.params) if t.select == "best"
               else state.params)
-    written = task.write_outputs(workdir, run_eval_with(params))
+    with tempfile.TemporaryDirectory() as scratch:
+        # Every process runs the evaluations (each is a step on the whole mesh); only
+        # process 0's files are kept.
+        written = task.write_outputs(workdir if distributed.is_leader()
+                                     else paths.Path(scratch), run_eval_with(params))
     if config.save_checkpoint:
-        path = loading.save_finetuned(workdir, selected["step"], jax.device_get(params),
+        path = loading.save_finetuned(workdir, selected["step"], distributed.host_copy(params),
                                       encoder_cfg, tok)
         written.append(str(path))
     results = {
@@ -360,8 +378,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "files": written,
         "wall_seconds": progress.seconds + time.perf_counter() - started,
     }
-    paths.write_text(workdir / resume_lib.RESULTS_FILE, json.dumps(results, indent=2))
-    paths.remove(workdir / resume_lib.RESUME_DIR)  # finished: nothing to resume
+    if distributed.is_leader():
+        paths.write_text(workdir / resume_lib.RESULTS_FILE, json.dumps(results, indent=2))
+        paths.remove(workdir / resume_lib.RESUME_DIR)  # finished: nothing to resume
     logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", task.name, task.primary_metric,
                  selected[task.primary_metric], t.select, selected["step"],
                  results["wall_seconds"])
