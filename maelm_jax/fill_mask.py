@@ -25,10 +25,8 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import errors, masking, paths, schema
+from maelm_jax import errors, masking, paths, runs, schema
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.analysis import inputs
-from maelm_jax.finetune import loading
 
 MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
 EXAMPLES_FILE = "fill_mask.md"
@@ -93,17 +91,17 @@ class FillMasker:
     def from_workdir(cls, workdir: str) -> FillMasker:
         """The newest finished checkpoint of a pretraining workdir (read only)."""
         try:
-            run_dir, step_dir = loading.resolve_checkpoint(workdir)
-            recorded = loading.read_json(run_dir / loading.CONFIG_FILE)
+            run_dir, step_dir = runs.resolve_checkpoint(workdir)
+            recorded = runs.read_json(run_dir / runs.CONFIG_FILE)
             if recorded.get("mode", "pretrain") != "pretrain":
                 raise FillMaskError(f"--workdir: {run_dir} is a {recorded['mode']} run; "
                                     "fill-mask needs a pretraining workdir (its decoder and "
                                     "LM head)")
-            tok = loading.find_tokenizer(run_dir, "")
-            config = inputs.run_config(recorded)
-            params = loading.restore_params(step_dir, field="--workdir",
+            tok = runs.find_tokenizer(run_dir, "")
+            config = runs.run_config(recorded)
+            params = runs.restore_params(step_dir, field="--workdir",
                                             stacked=config.model.scan_layers)
-        except loading.CheckpointError as e:
+        except runs.CheckpointError as e:
             raise FillMaskError(str(e).replace("config.init_from", "--workdir")) from None
         return cls(config, tok, params)
 
@@ -229,7 +227,7 @@ def after_pretraining(workdir: str) -> str | None:
     count = masker.config.train.fill_mask_examples
     if not count:
         return None
-    _, blocks = inputs.validation_blocks(run_dir, masker.config, masker.tok)
+    _, blocks = runs.validation_blocks(run_dir, masker.config, masker.tok)
     blocks = np.stack(list(itertools.islice(blocks, _EXAMPLE_POOL)))
     examples = examples_from_blocks(masker, blocks, count, masker.config.seed)
     text = write_examples(run_dir, examples, masker.tok, masker.config.train.num_steps)

@@ -14,9 +14,9 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from maelm_jax import config as config_lib
-from maelm_jax import fill_mask, paths
+from maelm_jax import fill_mask, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import loading, train
+from maelm_jax.finetune import train
 from maelm_jax.training import loop
 from maelm_jax.training import workdir as workdir_lib
 
@@ -143,7 +143,7 @@ def test_finetuning_reads_and_writes_the_bucket(bucket, pretrained):
     assert (out / "tokenizer.model").read_bytes() == (
         pretrained.run / "tokenizer.model").read_bytes()
     # The fine-tuned workdir in the bucket is itself an init_from.
-    again = loading.load_pretrained("gs://bucket/sst2", 0.0, 0.0, "float32")
+    again = runs.load_pretrained("gs://bucket/sst2", 0.0, 0.0, "float32")
     assert again.description.startswith("fine-tuning checkpoint gs://bucket/sst2/checkpoints/")
     assert list(bucket.cwd.iterdir()) == []
 

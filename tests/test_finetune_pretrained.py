@@ -10,9 +10,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs.finetune import glue as glue_config
+from maelm_jax import runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
-from maelm_jax.finetune import loading, train
+from maelm_jax.finetune import train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import loop
 
@@ -39,7 +40,7 @@ def _leaves(tree):
 
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained):
-    p = loading.load_pretrained(str(pretrained), 0.1, 0.1, "float32")
+    p = runs.load_pretrained(str(pretrained), 0.1, 0.1, "float32")
     assert p.description == f"pretraining checkpoint {pretrained}/checkpoints/10"
     assert p.encoder_cfg.vocab_size == p.tokenizer.vocab_size
     assert (p.encoder_cfg.stack.num_layers, p.encoder_cfg.stack.d_model) == (2, 32)
@@ -48,7 +49,7 @@ def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained):
     want, got = _leaves(full["params"]["encoder"]), _leaves(p.params)
     assert want.keys() == got.keys()
     assert all(np.array_equal(want[k], got[k]) for k in want)
-    step = loading.load_pretrained(str(pretrained / "checkpoints" / "10"), 0.1, 0.1, "float32")
+    step = runs.load_pretrained(str(pretrained / "checkpoints" / "10"), 0.1, 0.1, "float32")
     assert step.description == p.description
 
 
@@ -87,28 +88,28 @@ def _copy_run(pretrained, tmp_path, edit):
 def test_refuses_another_vocabulary(pretrained, tmp_path):
     documents = ["the quick brown fox jumps over the lazy dog.\nA Wizard's job is to vex chumps."]
     other = tokenizer_lib.train_tokenizer(documents, str(tmp_path / "other.model"), 300)
-    with pytest.raises(loading.CheckpointError, match=r"vocabulary of 512 pieces but the "
+    with pytest.raises(runs.CheckpointError, match=r"vocabulary of 512 pieces but the "
                                                       r"tokenizer .*other.model has 300"):
-        loading.load_pretrained(str(pretrained), 0.1, 0.1, "float32", other.model_path)
+        runs.load_pretrained(str(pretrained), 0.1, 0.1, "float32", other.model_path)
 
 
 def test_refuses_other_widths_and_depths(pretrained, tmp_path):
     wide = _copy_run(pretrained, tmp_path, lambda c: c["model"].update(d_model=64))
-    with pytest.raises(loading.CheckpointError,
+    with pytest.raises(runs.CheckpointError,
                        match=r"parameter \['ln_embed'\]\['bias'\] has shape \(32,\), the "
                              r"encoder in its config needs \(64,\)"):
-        loading.load_pretrained(str(wide), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(wide), 0.1, 0.1, "float32")
     shutil.rmtree(wide)
     deep = _copy_run(pretrained, tmp_path, lambda c: c["model"].update(num_layers=3))
-    with pytest.raises(loading.CheckpointError, match=r"missing \['stack'\]\['layer_2'\]"):
-        loading.load_pretrained(str(deep), 0.1, 0.1, "float32")
+    with pytest.raises(runs.CheckpointError, match=r"missing \['stack'\]\['layer_2'\]"):
+        runs.load_pretrained(str(deep), 0.1, 0.1, "float32")
 
 
 def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
-    with pytest.raises(loading.CheckpointError, match=r"config.init_from: .* does not exist"):
-        loading.load_pretrained(str(tmp_path / "nowhere"), 0.1, 0.1, "float32")
-    with pytest.raises(loading.CheckpointError, match="neither a workdir"):
-        loading.load_pretrained(str(tmp_path), 0.1, 0.1, "float32")
+    with pytest.raises(runs.CheckpointError, match=r"config.init_from: .* does not exist"):
+        runs.load_pretrained(str(tmp_path / "nowhere"), 0.1, 0.1, "float32")
+    with pytest.raises(runs.CheckpointError, match="neither a workdir"):
+        runs.load_pretrained(str(tmp_path), 0.1, 0.1, "float32")
     # An orbax checkpoint of something else: no params["encoder"].
     other = tmp_path / "other"
     manager = ocp.CheckpointManager(other / "checkpoints", item_names=("state",))
@@ -117,13 +118,13 @@ def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
     manager.wait_until_finished()
     manager.close()
     shutil.copyfile(pretrained / "config.json", other / "config.json")
-    with pytest.raises(loading.CheckpointError, match=r"holds no params\['encoder'\]; it is not "
+    with pytest.raises(runs.CheckpointError, match=r"holds no params\['encoder'\]; it is not "
                                                       r"a pretraining or fine-tuning checkpoint"):
-        loading.load_pretrained(str(other), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(other), 0.1, 0.1, "float32")
     # A config.json that is not a pretraining config.
     broken = _copy_run(pretrained, tmp_path, lambda c: c.update(model="tiny"))
-    with pytest.raises(loading.CheckpointError, match="is not a pretraining config"):
-        loading.load_pretrained(str(broken), 0.1, 0.1, "float32")
+    with pytest.raises(runs.CheckpointError, match="is not a pretraining config"):
+        runs.load_pretrained(str(broken), 0.1, 0.1, "float32")
 
 
 def _finetuning_run(pretrained, tmp_path, record):
@@ -145,13 +146,13 @@ def test_records_written_before_a_field_existed_still_load(pretrained, tmp_path,
              "scan_layers", "remat_policy", "misaligned_positions")
     old_run = _copy_run(pretrained, tmp_path,
                         lambda c: [c["model"].pop(k) for k in later])
-    p = loading.load_pretrained(str(old_run), 0.1, 0.1, "float32")
+    p = runs.load_pretrained(str(old_run), 0.1, 0.1, "float32")
     assert p.encoder_cfg.rel_pos_bucket_fn == "t5"
     # A fine-tuning run's encoder.json as the first release wrote it.
     record = encoder_lib.architecture(p.encoder_cfg)
     del record["rel_pos_bucket_fn"]
     run = _finetuning_run(pretrained, tmp_path, record)
-    old = loading.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
+    old = runs.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
     assert old.description.startswith("fine-tuning checkpoint")
     assert old.encoder_cfg == p.encoder_cfg
 
@@ -162,10 +163,10 @@ def test_a_wrong_encoder_json_field_is_named(pretrained, tmp_path, tiny_tokenize
     record = {**encoder_lib.model_architecture(model, vocab_size=tiny_tokenizer.vocab_size,
                                                max_positions=64), "d_model": "32"}
     run = _finetuning_run(pretrained, tmp_path, record)
-    with pytest.raises(loading.CheckpointError,
+    with pytest.raises(runs.CheckpointError,
                        match=rf"^config.init_from: {run}/encoder.json: field 'd_model' must "
                              rf"be an integer, got '32'$"):
-        loading.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
+        runs.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
 
 
 def _sst2_config(init_from, data_dir):
@@ -208,7 +209,7 @@ def test_sst2_from_the_tiny_checkpoint_beats_the_majority_class(sst2_run):
 def test_a_finetuned_workdir_initialises_the_next_task(sst2_run, tmp_path):
     """RoBERTa's MNLI -> RTE: the encoder from a fine-tuning run, a new head."""
     workdir, _ = sst2_run
-    p = loading.load_pretrained(str(workdir), 0.1, 0.1, "float32")
+    p = runs.load_pretrained(str(workdir), 0.1, 0.1, "float32")
     assert p.description.startswith("fine-tuning checkpoint")
     saved = ocp.PyTreeCheckpointer().restore(next((workdir / "checkpoints").iterdir()) / "state")
     want = _leaves(saved["params"]["encoder"])

@@ -94,7 +94,8 @@ LAYERS = (
     ("maelm_jax.objectives",),
     ("maelm_jax.config", "maelm_jax.mfu"),
     ("maelm_jax.training",),
-    ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study"),
+    ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study",
+     "maelm_jax.runs"),
 )
 
 

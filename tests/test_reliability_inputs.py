@@ -15,11 +15,10 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from maelm_jax import config as config_lib
-from maelm_jax import errors, schema
+from maelm_jax import errors, runs, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, pipeline, sources
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import loading
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.training import checkpoint, loop
 
@@ -83,7 +82,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     assert results["num_steps"] == 2
     assert (tmp_path / "runs" / "sst2" / "results.json").is_file()
     # One checkpoint directory, relative, as init_from.
-    p = loading.load_pretrained("runs/pre/checkpoints/3", 0.1, 0.1, "float32")
+    p = runs.load_pretrained("runs/pre/checkpoints/3", 0.1, 0.1, "float32")
     assert p.description.endswith("runs/pre/checkpoints/3")
 
 
@@ -197,7 +196,7 @@ def test_no_intact_checkpoint_is_one_line_and_touches_nothing(tmp_path, tiny_tok
     # Fine-tuning from one of them says so too.
     with pytest.raises(errors.UserError, match=r"checkpoints/2 cannot be restored \(.*\); it "
                                                r"may be damaged") as info:
-        loading.load_pretrained(str(run / "checkpoints" / "2"), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(run / "checkpoints" / "2"), 0.1, 0.1, "float32")
     assert "\n" not in str(info.value)
 
 

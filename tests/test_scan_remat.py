@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import sharding, tokenizer
-from maelm_jax.finetune import loading
+from maelm_jax import runs, sharding, tokenizer
 from maelm_jax.models import layer_layout, layers
 from maelm_jax.models import stack as stack_lib
 from maelm_jax.training import checkpoint
@@ -99,7 +98,7 @@ def test_checkpoints_restore_across_layouts_and_fine_tuning_reads_stacked(tmp_pa
     new.wait()
     new.close()
     # Fine-tuning's encoder is per layer: it reads the stacked checkpoint converted.
-    encoder = loading.restore_encoder_params(tmp_path / "stacked" / "1")
+    encoder = runs.restore_encoder_params(tmp_path / "stacked" / "1")
     assert not layer_layout.is_stacked({"encoder": encoder})
     jax.tree.map(np.testing.assert_array_equal, encoder,
                  jax.device_get(state.params["encoder"]))

@@ -9,75 +9,20 @@ no 80-10-10. The rows of H are the first num_tokens real tokens in reading order
 
 from __future__ import annotations
 
-import itertools
-import json
 from collections.abc import Iterable, Sequence
 
 import ml_collections
 import numpy as np
 
-from maelm_jax import config as pretrain_config
-from maelm_jax import masking, paths, schema
+from maelm_jax import masking, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as config_lib
-from maelm_jax.data import packing, pipeline, shards, sources
-from maelm_jax.finetune import config as finetune_config
+from maelm_jax.data import packing, sources
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import glue, squad
 
 PAD, MASK = tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID
 _ENCODE_CHUNK = 256  # documents per tokenizer call
-
-
-def _merged(defaults: ml_collections.ConfigDict, recorded: dict) -> ml_collections.ConfigDict:
-    """A run's recorded config over the defaults of its kind (a field recorded before it
-    existed counts at its default)."""
-    return ml_collections.ConfigDict(schema.over_defaults(defaults.to_dict(), recorded))
-
-
-def run_config(recorded: dict) -> ml_collections.ConfigDict:
-    """The run's config.json with its kind's defaults filled in."""
-    if recorded.get("mode") == "finetune":
-        return _merged(finetune_config.finetune_defaults(), recorded)
-    return _merged(pretrain_config.pretrain_defaults(), recorded)
-
-
-def default_seq_len(run_cfg: ml_collections.ConfigDict, max_positions: int) -> int:
-    """A pretraining run's data.seq_len; a fine-tuning run's data.max_seq_len (0: its
-    encoder's max positions, at most 512, as fine-tuning does)."""
-    if run_cfg.get("mode") == "finetune":
-        return int(run_cfg.data.max_seq_len) or min(max_positions, 512)
-    return int(run_cfg.data.seq_len)
-
-
-def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
-                      tok: tokenizer_lib.Tokenizer) -> tuple[int, Iterable[np.ndarray]]:
-    """(L, the pretraining run's validation blocks in eval order: all sources, each
-    memory-mapped and read only as far as the analysis goes)."""
-    d = run_cfg.data
-    if d.get("prepared"):  # shards of mode "prepare"
-        data = shards.load(d.prepared)
-        return data.seq_len, itertools.chain.from_iterable(
-            data.valid[n] for n in sorted(data.valid))
-    cache_dir = paths.Path(d.cache_dir or workdir / "data")
-    prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
-                if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
-    try:  # the fingerprint the run prepared its data under (its corpus may have moved)
-        fingerprint = packing.data_fingerprint(
-            pipeline.source_fingerprints(run_cfg),
-            tok.model_path, d.seq_len, d.validation_fraction)
-        chosen = [p for p in prepared if p.parent.name == fingerprint]
-    except Exception:  # noqa: BLE001 - any failure means "cannot tell"; handled below
-        chosen = []
-    if not chosen and len(prepared) == 1:
-        chosen = prepared
-    if not chosen:
-        raise config_lib.RankConfigError(
-            f"config.source: cannot find the validation blocks of {workdir} in {cache_dir} "
-            f"({len(prepared)} prepared data sets of length {d.seq_len}); set "
-            "config.source to a corpus instead")
-    data = packing.PreparedData.load(chosen[0].parent)
-    return data.seq_len, itertools.chain.from_iterable(data.valid[n] for n in sorted(data.valid))
 
 
 def corpus_blocks(source: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
@@ -154,7 +99,7 @@ def sequences(config: ml_collections.ConfigDict, workdir: paths.Path,
     if kind == "validation" and run_cfg.get("mode") == "finetune":
         return finetune_dev(run_cfg, tok, seq_len)
     if kind == "validation":
-        length, blocks = validation_blocks(workdir, run_cfg, tok)
+        length, blocks = runs.validation_blocks(workdir, run_cfg, tok)
         if length != seq_len:
             raise config_lib.RankConfigError(
                 f"config.seq_len: the validation blocks of {workdir} have length {length}; "

@@ -15,10 +15,9 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, errors, paths, sharding
+from maelm_jax import distributed, errors, paths, runs, sharding
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.analysis import inputs, rank, report
-from maelm_jax.finetune import loading
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import state as state_lib
@@ -32,24 +31,24 @@ def _as_runs_error(error: errors.UserError) -> config_lib.RankConfigError:
 
 def _resolve(path: str) -> tuple[paths.Path, paths.Path]:
     try:
-        return loading.resolve_checkpoint(path)
+        return runs.resolve_checkpoint(path)
     except errors.UserError as e:
         raise _as_runs_error(e) from None
 
 
-def _labels(runs: list[str]) -> list[str]:
+def _labels(run_paths: list[str]) -> list[str]:
     """Short names for tables and legends: the workdir's name (with @<step> for a
     checkpoint), made unique by its parent when two runs share it."""
     def name(path: paths.Path, parents: int) -> str:
-        if path.parent.name == loading.CHECKPOINTS:
+        if path.parent.name == runs.CHECKPOINTS:
             return f"{name(path.parent.parent, parents)}@{path.name}"
         return "/".join(path.parts[-1 - parents:])
 
     for parents in range(8):
-        labels = [name(paths.Path(p), parents) for p in runs]
+        labels = [name(paths.Path(p), parents) for p in run_paths]
         if len(set(labels)) == len(labels):
             return labels
-    return list(runs)
+    return list(run_paths)
 
 
 def _source_description(source: ml_collections.ConfigDict) -> str:
@@ -67,7 +66,7 @@ def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict
     encoder's parameters sharded by their logical axes, each batch split over data x fsdp,
     the sums replicated (and donated from step to step). One compilation: every batch has
     the same shape."""
-    param_shardings = state_lib.build(loading.encoder_init(encoder_cfg), mesh, rules).shardings
+    param_shardings = state_lib.build(runs.encoder_init(encoder_cfg), mesh, rules).shardings
     replicated = sharding.replicated(mesh)
     step = jax.jit(rank.make_gram_step(encoder_cfg),
                    in_shardings=(param_shardings, replicated, sharding.batch_sharding(mesh)),
@@ -86,13 +85,13 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
                  rules) -> dict:
     run_workdir, step_dir = _resolve(path)
     try:
-        pretrained = loading.load_pretrained(path, 0.0, 0.0, config.dtype)
+        pretrained = runs.load_pretrained(path, 0.0, 0.0, config.dtype)
     except errors.UserError as e:
         raise _as_runs_error(e) from None
-    run_cfg = inputs.run_config(workdir_lib.recorded_config(run_workdir) or {})
+    run_cfg = runs.recorded_config(run_workdir)
     enc = pretrained.encoder_cfg
     d, num_layers = enc.stack.d_model, enc.stack.num_layers
-    seq_len = config.seq_len or inputs.default_seq_len(run_cfg, enc.max_positions)
+    seq_len = config.seq_len or runs.default_seq_len(run_cfg, enc.max_positions)
     if seq_len > enc.max_positions:
         raise config_lib.RankConfigError(
             f"config.seq_len: {seq_len} is longer than the {enc.max_positions} positions of "
@@ -162,11 +161,11 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise config_lib.RankConfigError(
             f"config.batch_size: {config.batch_size} sequences do not split over the "
             f"data-parallel size {dp} (mesh data x fsdp)")
-    runs = config_lib.runs(config)
-    for path in runs:  # every run is checked before the first one is analysed
+    run_paths = config_lib.runs(config)
+    for path in run_paths:  # every run is checked before the first one is analysed
         _resolve(path)
     results = [_analyse_run(config, path, label, mesh, rules)
-               for path, label in zip(runs, _labels(runs), strict=False)]
+               for path, label in zip(run_paths, _labels(run_paths), strict=False)]
     out = {
         "tau": config.tau,
         "center": config.center,

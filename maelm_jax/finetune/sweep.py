@@ -27,10 +27,10 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import paths, schema
+from maelm_jax import paths, runs, schema
 from maelm_jax.finetune import config as config_lib
-from maelm_jax.finetune import loading, train
 from maelm_jax.finetune import resume as resume_lib
+from maelm_jax.finetune import train
 from maelm_jax.training import workdir as workdir_lib
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
@@ -65,7 +65,7 @@ def run_config(config: ml_collections.ConfigDict, setting: dict,
 def _finished(run_dir: paths.Path, c: ml_collections.ConfigDict) -> dict | None:
     """The earlier results of exactly this run, if any. A run recorded before a config
     field existed counts as run with that field at its default."""
-    results, saved = run_dir / resume_lib.RESULTS_FILE, run_dir / loading.CONFIG_FILE
+    results, saved = run_dir / resume_lib.RESULTS_FILE, run_dir / runs.CONFIG_FILE
     if not (results.is_file() and saved.is_file()):
         return None
     defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
@@ -83,12 +83,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md)."""
     config, workdir = config_lib.prepare(config, workdir)
     workdir_lib.check_directory(workdir)
-    mode = loading.workdir_mode(workdir)
+    mode = runs.mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; sweep into another directory")
     paths.make_dirs(workdir)
-    paths.write_text(workdir / loading.CONFIG_FILE, pretrain_config.to_json(config))
+    paths.write_text(workdir / runs.CONFIG_FILE, pretrain_config.to_json(config))
     grid, seeds = settings(config), tuple(config.grid.seeds)
     logging.info("sweep: %d settings x %d seeds = %d runs", len(grid), len(seeds),
                  len(grid) * len(seeds))

@@ -47,7 +47,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from maelm_jax import compile_cache, distributed, paths, sharding
+from maelm_jax import compile_cache, distributed, paths, runs, sharding
 from maelm_jax import config as pretrain_config
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
@@ -72,7 +72,7 @@ class FinetuneState:
 def _check_workdir(workdir: paths.Path, init_from: str) -> None:
     """Refuses a workdir that is not ours to overwrite (before anything is written)."""
     workdir_lib.check_directory(workdir)
-    mode = loading.workdir_mode(workdir)
+    mode = runs.mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; fine-tune into another directory")
@@ -88,7 +88,7 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
     m = config.model
     if config.init_from:
         pretrained = config.init_weights == "pretrained"
-        p = loading.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
+        p = runs.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
                                     config.tokenizer_path, weights=pretrained)
         description = (p.description if pretrained
                        else f"random weights in the architecture of {p.description}")
@@ -147,7 +147,7 @@ def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, l
 
     `init(encoder_params)`: fresh parameters from `seed` (the head's; the encoder's too
     when `encoder_params` is None), the encoder's replaced by `encoder_params` (numpy, as
-    loading.load_pretrained gives them) when given. `length` is any sequence length the
+    runs.load_pretrained gives them) when given. `length` is any sequence length the
     model accepts (the parameters do not depend on it).
     """
     tokens = jnp.zeros((1, length), jnp.int32)
@@ -253,7 +253,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if not resume:
             resume_lib.start_over(workdir)
         loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
-        paths.write_text(workdir / loading.CONFIG_FILE, pretrain_config.to_json(config))
+        paths.write_text(workdir / runs.CONFIG_FILE, pretrain_config.to_json(config))
     distributed.barrier("fine-tuning workdir")
     t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",

@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 
-from maelm_jax import paths
+from maelm_jax import paths, runs
 from maelm_jax.objectives import recipes
 
 JSON_FILE = "study.json"
@@ -33,17 +33,9 @@ def _name(model: str) -> str:
     return "from scratch (control)" if model == _CONTROL else recipes.display_name(model)
 
 
-def read_metrics(workdir: paths.Path, split: str) -> list[dict]:
-    path = workdir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
-    return [r for r in rows if r.get("split") == split]
-
-
 def pretraining_metrics(workdir: paths.Path) -> dict:
     """The last eval of a pretraining workdir (loss, accuracy, unigram baseline)."""
-    evals = read_metrics(workdir, "eval")
+    evals = runs.metrics(workdir, "eval")
     if not evals:
         return {}
     last = evals[-1]
@@ -121,7 +113,7 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
         workdir = paths.Path(result["pretraining"][n]["workdir"])
         colour = f"C{i}"
         for split, style in (("train", ":"), ("eval", "-")):
-            rows = read_metrics(workdir, split)
+            rows = runs.metrics(workdir, split)
             if rows:
                 ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], style,
                         color=colour, label=f"{_name(n)} {split}")

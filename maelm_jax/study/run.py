@@ -16,7 +16,7 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import paths
+from maelm_jax import paths, runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import report as rank_report
 from maelm_jax.analysis import run as rank_run
@@ -25,7 +25,6 @@ from maelm_jax.finetune import config as finetune_config_lib
 from maelm_jax.finetune import glue, sweep
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report
-from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import loop
 from maelm_jax.training import workdir as workdir_lib
 
@@ -43,12 +42,8 @@ def _timed(directory: paths.Path, work) -> float:
     return total
 
 
-def _finished_pretraining(workdir: paths.Path, num_steps: int) -> bool:
-    return num_steps in checkpoint_lib.finished_steps(workdir / "checkpoints")
-
-
 def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> dict:
-    if _finished_pretraining(workdir, c.train.num_steps):
+    if c.train.num_steps in runs.finished_steps(workdir):
         logging.info("study: %s is pretrained, skipping", name)
     else:
         logging.info("study: pretraining %s in %s", name, workdir)
@@ -67,13 +62,14 @@ def _seconds(directory: paths.Path) -> float | None:
 
 def _rank(config, names: list[str], pretrained: dict, out: paths.Path) -> dict:
     done = out / rank_report.JSON_FILE
-    runs = [pretrained[n]["workdir"] for n in names]
+    workdirs = [pretrained[n]["workdir"] for n in names]
     recorded = json.loads(paths.read_text(done)) if done.is_file() else None
-    if recorded and [r["path"] for r in recorded["runs"]] == runs and recorded.get("center"):
+    if (recorded and [r["path"] for r in recorded["runs"]] == workdirs
+            and recorded.get("center")):
         logging.info("study: the rank analysis is done, skipping")
         return recorded
     c = rank_config.rank_defaults()
-    c.runs = ",".join(runs)
+    c.runs = ",".join(workdirs)
     c.num_tokens = config.rank_tokens
     c.mesh.shape = (1, 1, 1)
     return rank_run.analyse(c, str(out))
@@ -145,10 +141,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     rank = _rank(config, names, pretrained, root / "rank")
     glue: dict[str, dict[str, dict]] = {}
     for task in _glue_tasks(config):
-        runs = {n: finetune_config(config, task, pretrained[n]["workdir"]) for n in names}
+        sweeps = {n: finetune_config(config, task, pretrained[n]["workdir"]) for n in names}
         if config.scratch:
-            runs[SCRATCH] = scratch_config(config, task, pretrained[names[0]]["workdir"])
-        for n, c in runs.items():
+            sweeps[SCRATCH] = scratch_config(config, task, pretrained[names[0]]["workdir"])
+        for n, c in sweeps.items():
             summary = sweep.run_sweep(c, str(root / "finetune" / n / task))
             glue.setdefault(n, {})[task] = {
                 "metric": summary["primary_metric"],

@@ -1,0 +1,336 @@
+"""A finished run, read back from its workdir: config, tokenizer, checkpoints, encoder.
+
+Fine-tuning (its init_from), the rank analysis, fill-mask and the study read pretraining
+and fine-tuning runs through this module only. A run's workdir holds
+
+* ``config.json``: the run's config (``mode`` says its kind; absent means pretraining),
+  read over its kind's defaults so a run recorded before a field existed still reads;
+* ``checkpoints/<step>/state``: orbax checkpoints of the train state (pretraining) or of
+  the selected parameters (fine-tuning, with ``encoder.json``, its encoder's architecture);
+* ``tokenizer.model`` (unless the run was given an existing model);
+* ``metrics.jsonl``: a JSON line per log, eval or dev evaluation;
+* a pretraining run's prepared data (its validation blocks), under data.cache_dir or
+  the shards of data.prepared.
+
+Parameters are read partially (only ``params["encoder"]`` for an encoder: the decoder, the
+LM head and the optimiser state stay on disk) as numpy arrays, whatever devices and
+sharding wrote them, and checked against the architecture the config describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from maelm_jax import config as pretrain_config
+from maelm_jax import errors, paths, schema
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.data import packing, pipeline, shards
+from maelm_jax.finetune import config as finetune_config
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layer_layout
+from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import state as state_lib
+from maelm_jax.training import workdir as workdir_lib
+
+CONFIG_FILE = "config.json"
+ENCODER_FILE = "encoder.json"  # a fine-tuning workdir's encoder architecture
+TOKENIZER_FILE = "tokenizer.model"
+CHECKPOINTS = "checkpoints"
+STATE_ITEM = "state"
+METRICS_FILE = "metrics.jsonl"
+
+
+class CheckpointError(errors.UserError):
+    """A run that cannot be read back (config, tokenizer, checkpoint or data), or a
+    checkpoint that cannot initialise the encoder; the message says why."""
+
+
+@dataclasses.dataclass
+class Pretrained:
+    """What a fine-tuning run takes from init_from."""
+
+    encoder_cfg: encoder_lib.EncoderConfig
+    params: Any  # the encoder's parameter tree, numpy arrays (None: weights not read)
+    tokenizer: tokenizer_lib.Tokenizer
+    description: str  # e.g. "pretraining checkpoint <dir>/checkpoints/300"
+
+
+def resolve_checkpoint(init_from: str) -> tuple[paths.Path, paths.Path]:
+    """(workdir, checkpoint step directory) for a workdir or a checkpoints/<step> path."""
+    path = paths.resolve(init_from, "config.init_from")
+    if path.name == STATE_ITEM:
+        path = path.parent
+    if not path.exists():
+        raise CheckpointError(f"config.init_from: {init_from} does not exist")
+    if path.name.isdigit() and path.parent.name == CHECKPOINTS:
+        return path.parent.parent, path
+    if (path / CONFIG_FILE).is_file() and (path / CHECKPOINTS).is_dir():
+        steps = [step for step in checkpoint_lib.finished_steps(path / CHECKPOINTS)
+                 if (path / CHECKPOINTS / str(step) / STATE_ITEM).is_dir()]
+        if not steps:
+            raise CheckpointError(f"config.init_from: {path}/{CHECKPOINTS} holds no finished "
+                                  f"checkpoint")
+        return path, path / CHECKPOINTS / str(max(steps))
+    raise CheckpointError(f"config.init_from: {init_from} is neither a workdir (config.json and "
+                          f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
+
+
+def read_json(path: paths.Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"config.init_from: {path} is missing; it describes the encoder")
+    try:
+        return json.loads(paths.read_text(path))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"config.init_from: {path} is not valid JSON ({e})") from None
+
+
+def mode(workdir: paths.Path) -> str | None:
+    """The mode recorded in workdir/config.json ("pretrain" when absent), or None; a
+    config.json that is not a JSON object is a one-line error."""
+    recorded = workdir_lib.recorded_config(workdir)
+    return None if recorded is None else recorded.get("mode", "pretrain")
+
+
+def _merged(defaults: ml_collections.ConfigDict, recorded: dict) -> ml_collections.ConfigDict:
+    """A run's recorded config over the defaults of its kind (a field recorded before it
+    existed counts at its default)."""
+    return ml_collections.ConfigDict(schema.over_defaults(defaults.to_dict(), recorded))
+
+
+def run_config(recorded: dict) -> ml_collections.ConfigDict:
+    """The run's config.json with its kind's defaults filled in."""
+    if recorded.get("mode") == "finetune":
+        return _merged(finetune_config.finetune_defaults(), recorded)
+    return _merged(pretrain_config.pretrain_defaults(), recorded)
+
+
+def recorded_config(workdir: paths.Path) -> ml_collections.ConfigDict:
+    """The run's config.json over its kind's defaults ({} when there is none)."""
+    return run_config(workdir_lib.recorded_config(workdir) or {})
+
+
+def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
+                    attention_dropout: float, dtype: str
+                    ) -> tuple[encoder_lib.EncoderConfig, str]:
+    """The encoder the workdir's files describe, with the fine-tuning run's dropout and dtype,
+    and the kind of run that wrote them: "pretraining" or "fine-tuning"."""
+    run = {"dropout": dropout, "attention_dropout": attention_dropout, "dtype": dtype}
+    run_config = read_json(workdir / CONFIG_FILE)
+    if run_config.get("mode") == "finetune":
+        path = workdir / ENCODER_FILE
+        try:
+            cfg = encoder_lib.from_architecture(read_json(path),
+                                                where=f"config.init_from: {path}", **run)
+        except encoder_lib.ArchitectureError as e:
+            raise CheckpointError(str(e)) from None
+        return cfg, "fine-tuning"
+    try:
+        # Defaults first: a run recorded before a field existed still describes its model.
+        merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
+                                      run_config)
+        cfg = pretrain_config.model_config(ml_collections.ConfigDict(merged), vocab_size).encoder
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.init_from: {workdir / CONFIG_FILE} is not a pretraining "
+                              f"config ({type(e).__name__}: {e})") from None
+    # Through the record: only the architecture is pretraining's, the rest the run's.
+    return encoder_lib.from_architecture(encoder_lib.architecture(cfg), **run), "pretraining"
+
+
+def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokenizer:
+    """config.tokenizer_path, else the workdir's tokenizer.model, else the pretraining
+    config's tokenizer.model_path (a run given an existing model does not copy it)."""
+    if configured:
+        return tokenizer_lib.load_tokenizer(configured)
+    if (workdir / TOKENIZER_FILE).is_file():
+        return tokenizer_lib.load_tokenizer(str(workdir / TOKENIZER_FILE))
+    run_config = read_json(workdir / CONFIG_FILE)
+    model_path = (run_config.get("tokenizer") or {}).get("model_path") or ""
+    if model_path and paths.Path(model_path).is_file():
+        return tokenizer_lib.load_tokenizer(model_path)
+    raise CheckpointError(f"config.init_from: {workdir} has no {TOKENIZER_FILE} (and its "
+                          f"config's tokenizer.model_path {model_path!r} is not a file); set "
+                          f"config.tokenizer_path")
+
+
+def _tree_metadata(state_dir: paths.Path, field: str) -> Any:
+    import orbax.checkpoint as ocp
+
+    try:
+        meta = ocp.PyTreeCheckpointer().metadata(state_dir)
+    except Exception as e:  # orbax raises many types for a directory it cannot read
+        raise CheckpointError(f"{field}: {state_dir} is not an orbax checkpoint "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                              ) from None
+    meta = getattr(meta, "item_metadata", meta)
+    return getattr(meta, "tree", meta)
+
+
+def restore_encoder_params(step_dir: paths.Path) -> Any:
+    """params["encoder"] of the checkpoint's ``state`` item, as numpy arrays, nothing else."""
+    return restore_params(step_dir, "encoder")
+
+
+def restore_params(step_dir: paths.Path, part: str | None = None,
+                   field: str = "config.init_from", stacked: bool = False) -> Any:
+    """The checkpoint's params (or only params[part]) as numpy arrays, without the optimiser
+    state, with the layers per layer or `stacked` (models/layer_layout.py) whichever way
+    they were saved. `field` is the setting that named the checkpoint, for error messages."""
+    import orbax.checkpoint as ocp
+
+    # Absolute (orbax reads nothing from a relative path), a bucket's URI unchanged.
+    step_dir = paths.resolve(step_dir, field)
+    state_dir = step_dir / STATE_ITEM
+    if not state_dir.is_dir():
+        raise CheckpointError(f"{field}: {step_dir} has no '{STATE_ITEM}' item; it is "
+                              f"not a maelm_jax checkpoint")
+    def damaged(e: Exception) -> CheckpointError:
+        return CheckpointError(f"{field}: {step_dir} cannot be restored ("
+                               f"{checkpoint_lib.failure_reason(e)}); it may be damaged: name "
+                               f"an older <workdir>/checkpoints/<step>")
+
+    # Digests first: a damaged metadata file must read as damage, not as another kind of
+    # checkpoint.
+    try:
+        checkpoint_lib.check_digests(step_dir)
+    except Exception as e:
+        raise damaged(e) from None
+    tree = _tree_metadata(state_dir, field)
+    params = tree.get("params") if isinstance(tree, dict) else None
+    wanted = params.get(part) if isinstance(params, dict) and part else params
+    if not isinstance(wanted, dict):
+        raise CheckpointError(f"{field}: {step_dir} holds no params{f'[{part!r}]' if part else ''}"
+                              f"; it is not a pretraining or fine-tuning checkpoint")
+    shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), wanted)
+    abstract = {"params": {part: shapes} if part else shapes}
+    # Numpy, not jax arrays: independent of the devices and sharding it was saved with.
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
+    try:
+        restored = ocp.PyTreeCheckpointer().restore(
+            state_dir,
+            args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
+                                        partial_restore=True),
+        )
+    except Exception as e:  # orbax and tensorstore raise many types for damaged files
+        raise damaged(e) from None
+    return layer_layout.to_layout(restored["params"][part] if part else restored["params"],
+                                  stacked)
+
+
+def check_encoder_params(params: Any, expected: Any, where: str, tokenizer_path: str) -> None:
+    """Raises CheckpointError naming the first difference of structure or shape.
+
+    expected: the freshly initialised encoder's parameters (arrays or shape structs).
+    """
+    got = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    want = {jax.tree_util.keystr(k): v.shape
+            for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+    word = "['word_embeddings']['embedding']"
+    if word in got and got[word][0] != want[word][0]:
+        raise CheckpointError(f"config.init_from: {where} has a vocabulary of {got[word][0]} "
+                              f"pieces but the tokenizer {tokenizer_path} has {want[word][0]}; "
+                              f"use the pretraining run's tokenizer")
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    if missing or extra:
+        raise CheckpointError(f"config.init_from: {where} does not match its config's encoder "
+                              f"(layers, relative bias or LayerNorms differ): "
+                              f"{'missing ' + missing[0] if missing else 'unexpected ' + extra[0]}")
+    for name, shape in want.items():
+        if got[name] != shape:
+            raise CheckpointError(f"config.init_from: {where}: parameter {name} has shape "
+                                  f"{got[name]}, the encoder in its config needs {shape} "
+                                  f"(another width, position count or head count)")
+
+
+def encoder_init(cfg: encoder_lib.EncoderConfig) -> Callable[[], Any]:
+    """A fresh encoder's parameters, boxed with their logical axes: what
+    training/state.py lays out (the values are never read, only shapes and axes)."""
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    return lambda: encoder_lib.Encoder(cfg).init(jax.random.PRNGKey(0), tokens,
+                                                 tokens)["params"]
+
+
+def abstract_encoder_params(cfg: encoder_lib.EncoderConfig) -> Any:
+    """The encoder's parameter shapes, without allocating them."""
+    return state_lib.abstract_params(encoder_init(cfg))
+
+
+def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dtype: str,
+                    tokenizer_path: str = "", weights: bool = True) -> Pretrained:
+    """Resolves, reads and checks the encoder a fine-tuning run starts from. weights=False
+    reads only its architecture and tokenizer (params None: the from-scratch control)."""
+    workdir, step_dir = resolve_checkpoint(init_from)
+    tok = find_tokenizer(workdir, tokenizer_path)
+    cfg, kind = _encoder_config(workdir, tok.vocab_size, dropout, attention_dropout, dtype)
+    if cfg.vocab_size != tok.vocab_size:
+        raise CheckpointError(f"config.init_from: {workdir} was trained with a vocabulary of "
+                              f"{cfg.vocab_size} pieces but the tokenizer {tok.model_path} "
+                              f"has {tok.vocab_size}; use the run's own tokenizer")
+    where = f"{kind} checkpoint {step_dir}"
+    if not weights:
+        return Pretrained(cfg, None, tok, where)
+    params = restore_encoder_params(step_dir)
+    check_encoder_params(params, abstract_encoder_params(cfg), where, tok.model_path)
+    return Pretrained(cfg, params, tok, where)
+
+
+def default_seq_len(run_cfg: ml_collections.ConfigDict, max_positions: int) -> int:
+    """A pretraining run's data.seq_len; a fine-tuning run's data.max_seq_len (0: its
+    encoder's max positions, at most 512, as fine-tuning does)."""
+    if run_cfg.get("mode") == "finetune":
+        return int(run_cfg.data.max_seq_len) or min(max_positions, 512)
+    return int(run_cfg.data.seq_len)
+
+
+def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
+                      tok: tokenizer_lib.Tokenizer) -> tuple[int, Iterable[np.ndarray]]:
+    """(L, the pretraining run's validation blocks in eval order: all sources, each
+    memory-mapped and read only as far as the analysis goes)."""
+    d = run_cfg.data
+    if d.get("prepared"):  # shards of mode "prepare"
+        data = shards.load(d.prepared)
+        return data.seq_len, itertools.chain.from_iterable(
+            data.valid[n] for n in sorted(data.valid))
+    cache_dir = paths.Path(d.cache_dir or workdir / "data")
+    prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
+                if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
+    try:  # the fingerprint the run prepared its data under (its corpus may have moved)
+        fingerprint = packing.data_fingerprint(
+            pipeline.source_fingerprints(run_cfg),
+            tok.model_path, d.seq_len, d.validation_fraction)
+        chosen = [p for p in prepared if p.parent.name == fingerprint]
+    except Exception:  # noqa: BLE001 - any failure means "cannot tell"; handled below
+        chosen = []
+    if not chosen and len(prepared) == 1:
+        chosen = prepared
+    if not chosen:
+        raise CheckpointError(
+            f"config.source: cannot find the validation blocks of {workdir} in {cache_dir} "
+            f"({len(prepared)} prepared data sets of length {d.seq_len}); set "
+            "config.source to a corpus instead")
+    data = packing.PreparedData.load(chosen[0].parent)
+    return data.seq_len, itertools.chain.from_iterable(data.valid[n] for n in sorted(data.valid))
+
+
+def metrics(workdir: paths.Path, split: str) -> list[dict]:
+    """The rows of the run's metrics.jsonl whose split is `split` ("train", "eval", "dev"),
+    in order; [] when the run has written none."""
+    path = workdir / METRICS_FILE
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
+    return [r for r in rows if r.get("split") == split]
+
+
+def finished_steps(workdir: paths.Path) -> list[int]:
+    """The steps of the run's finished checkpoints, ascending."""
+    return checkpoint_lib.finished_steps(workdir / CHECKPOINTS)
