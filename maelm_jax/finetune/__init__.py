@@ -3,6 +3,7 @@
 
 Modules: config (defaults, validation), glue / squad (reading the benchmarks), data
 (RoBERTa-style encoding, static-shape batches), heads (the task models), loading (the
-checkpoint a run leaves; the encoder it starts from is read by maelm_jax/runs.py), metrics / squad_metrics (the benchmarks' definitions),
-squad_postprocess (spans to answer text), submission (GLUE test files), train, sweep.
+checkpoint a run leaves; the encoder it starts from is read by maelm_jax/runs.py),
+metrics / squad_metrics (the benchmarks' definitions), squad_postprocess (spans to answer
+text), submission (GLUE test files), train, sweep.
 """
