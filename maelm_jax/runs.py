@@ -119,11 +119,13 @@ def recorded_config(workdir: paths.Path) -> ml_collections.ConfigDict:
 
 
 def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
-                    attention_dropout: float, dtype: str
+                    attention_dropout: float, dtype: str, attention_impl: str
                     ) -> tuple[encoder_lib.EncoderConfig, str]:
-    """The encoder the workdir's files describe, with the fine-tuning run's dropout and dtype,
-    and the kind of run that wrote them: "pretraining" or "fine-tuning"."""
-    run = {"dropout": dropout, "attention_dropout": attention_dropout, "dtype": dtype}
+    """The encoder the workdir's files describe, with the fine-tuning run's dropout, dtype
+    and attention kernel, and the kind of run that wrote them: "pretraining" or
+    "fine-tuning"."""
+    run = {"dropout": dropout, "attention_dropout": attention_dropout, "dtype": dtype,
+           "attention_impl": attention_impl}
     run_config = read_json(workdir / CONFIG_FILE)
     if run_config.get("mode") == "finetune":
         path = workdir / ENCODER_FILE
@@ -265,12 +267,15 @@ def abstract_encoder_params(cfg: encoder_lib.EncoderConfig) -> Any:
 
 
 def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dtype: str,
-                    tokenizer_path: str = "", weights: bool = True) -> Pretrained:
+                    tokenizer_path: str = "", weights: bool = True,
+                    attention_impl: str = "einsum") -> Pretrained:
     """Resolves, reads and checks the encoder a fine-tuning run starts from. weights=False
-    reads only its architecture and tokenizer (params None: the from-scratch control)."""
+    reads only its architecture and tokenizer (params None: the from-scratch control).
+    attention_impl: a resolved layers.ATTENTION_IMPLS name (not "auto")."""
     workdir, step_dir = resolve_checkpoint(init_from)
     tok = find_tokenizer(workdir, tokenizer_path)
-    cfg, kind = _encoder_config(workdir, tok.vocab_size, dropout, attention_dropout, dtype)
+    cfg, kind = _encoder_config(workdir, tok.vocab_size, dropout, attention_dropout, dtype,
+                                attention_impl)
     if cfg.vocab_size != tok.vocab_size:
         raise CheckpointError(f"config.init_from: {workdir} was trained with a vocabulary of "
                               f"{cfg.vocab_size} pieces but the tokenizer {tok.model_path} "

@@ -8,10 +8,12 @@ of the 3ML paper, Appendix B; a single run uses one point of its grid, a sweep
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 
 from maelm_jax import errors, paths, schema, sharding
 from maelm_jax.finetune import glue, heads
+from maelm_jax.models import layers
 
 SQUAD_TASKS = ("squad",)
 SQUAD_VERSIONS = ("2.0", "1.1")
@@ -124,6 +126,10 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # style; helps small encoders whose <s> state carries little).
     c.model.pooling = "first"
     c.model.dtype = "auto"  # compute dtype: bfloat16 on GPUs and TPUs, float32 on CPUs
+    # The attention kernel (models/layers.py ATTENTION_IMPLS), as in pretraining: "auto" is
+    # cuDNN's fused attention on GPUs at half precision (evaluation, and training without
+    # attention dropout), our einsums elsewhere; "pallas" keeps dropout inside the kernel.
+    c.model.attention_impl = "auto"
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "files"  # "files" (GLUE TSVs / SQuAD JSON) or "tfds" (ArrayRecord)
@@ -241,6 +247,7 @@ FIELDS: dict[str, schema.Field] = {
     "model.max_positions": schema.integer(1),
     "model.classifier_dropout": schema.rate(),
     "model.pooling": schema.choice(*heads.POOLINGS),
+    "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
     "data.source": schema.choice(*DATA_SOURCES),
     "data.data_dir": schema.path("the GLUE data directory"),
     "data.tfds_name": schema.text(),
@@ -347,3 +354,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.sweep:
         seeds = tuple(c.grid.seeds)
         _require(len(set(seeds)) == len(seeds), "grid.seeds", "distinct seeds", seeds)
+
+
+def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: int) -> str:
+    """config.model.attention_impl resolved for this backend and the run's dtype, checked
+    against the encoder's heads (the Pallas kernel's tiles need a power-of-two head size of
+    at least 16, and a GPU or, interpreted, a CPU)."""
+    m = config.model
+    impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype))
+    head_dim = d_model // num_heads
+    if impl == "pallas" and (head_dim < 16 or head_dim & (head_dim - 1)):
+        raise FinetuneConfigError(
+            f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
+            f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "
+            f"size >= 16), got 'pallas'")
+    if impl == "pallas" and jax.default_backend() not in ("gpu", "cpu"):
+        raise FinetuneConfigError(
+            "config.model.attention_impl: expected 'einsum' (or 'auto') on this backend: "
+            f"'pallas' is a GPU (Triton) kernel, and this is a {jax.default_backend()}")
+    return impl

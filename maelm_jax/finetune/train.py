@@ -30,6 +30,7 @@ and the files beside the final checkpoint; orbax's saves are made by every proce
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -89,10 +90,15 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
     if config.init_from:
         pretrained = config.init_weights == "pretrained"
         p = runs.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
-                                    config.tokenizer_path, weights=pretrained)
+                                 config.tokenizer_path, weights=pretrained)
+        # The kernel changes no parameter: chosen once the architecture is known.
+        impl = config_lib.attention_impl(config, p.encoder_cfg.stack.num_heads,
+                                         p.encoder_cfg.stack.d_model)
+        cfg = dataclasses.replace(p.encoder_cfg, stack=dataclasses.replace(
+            p.encoder_cfg.stack, attention_impl=impl))
         description = (p.description if pretrained
                        else f"random weights in the architecture of {p.description}")
-        return p.encoder_cfg, p.params, p.tokenizer, description
+        return cfg, p.params, p.tokenizer, description
     tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
     if m.d_model % m.num_heads:
         raise config_lib.FinetuneConfigError(
@@ -100,8 +106,10 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
             f"got {m.d_model}")
     arch = encoder_lib.model_architecture(m, vocab_size=tok.vocab_size,
                                           max_positions=m.max_positions)
-    cfg = encoder_lib.from_architecture(arch, where="config.model", dtype=m.dtype,
-                                        dropout=m.dropout, attention_dropout=m.attention_dropout)
+    cfg = encoder_lib.from_architecture(
+        arch, where="config.model", dtype=m.dtype, dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        attention_impl=config_lib.attention_impl(config, m.num_heads, m.d_model))
     return cfg, None, tok, "from scratch (no init_from)"
 
 
