@@ -48,17 +48,17 @@ import numpy as np
 import optax
 from absl import logging
 
-from maelm_jax import compile_cache, distributed, paths, runs, sharding
 from maelm_jax import config as pretrain_config
+from maelm_jax import distributed, paths, runs, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import engine, preemption
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
-from maelm_jax.training import preemption
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import workdir as workdir_lib
 
@@ -306,31 +306,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         start, state, best_params, progress = resume_lib.restore_or_init(
             ckpt, setup, encoder_params, t.select, resume)
         eval_at = _eval_steps(steps_per_epoch, t.num_epochs, t.evals_per_epoch)
-        # examples/s counts the steps after `timed_from`, over the time since `clock`.
-        timed_from, clock = start, time.perf_counter()
         writer = metrics_lib.MetricWriter(workdir, resume_step=start,
                                           enabled=distributed.is_leader())
         with (contextlib.closing(writer),
-              sharding.activate(mesh, rules), preemption.StopRequest() as stop):
+              sharding.activate(mesh, rules), engine.Loop(start, ckpt) as loop):
             for step, (epoch, batch) in enumerate(
                     train_batches(task.train, t.batch_size, buckets, config.seed,
                                   t.num_epochs, start), start=start + 1):
                 state, step_metrics = train_step(state, on_mesh(batch))
                 progress.window.append(step_metrics)
                 log = step % t.log_every == 0 or step == num_steps
-                if step == start + 1:
-                    jax.block_until_ready(state)
-                    logging.info("%s in %.1fs", compile_cache.first_step_message(),
-                                 time.perf_counter() - clock)
-                    if not log:  # keep compilation out of examples/s, unless it is all
-                        timed_from, clock = step, time.perf_counter()
+                loop.after_step(step, state, closes_window=log)
                 if log:
-                    window = resume_lib.on_host(progress.window)
-                    means = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-                    elapsed = max(time.perf_counter() - clock, 1e-9)
-                    means["examples_per_sec"] = (step - timed_from) * t.batch_size / elapsed
+                    means = engine.window_means(resume_lib.on_host(progress.window))
+                    steps, seconds = loop.lap(step)
+                    means["examples_per_sec"] = steps * t.batch_size / seconds
                     writer.write("train", step, {**means, "epoch": epoch + 1})
-                    progress.window, timed_from, clock = [], step, time.perf_counter()
+                    progress.window = []
                 if step in eval_at:
                     scores = task.score(run_eval_with(state.params))
                     writer.write("dev", step, scores)
@@ -343,7 +335,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                             best_params = distributed.host_copy(state.params)
                 if step == num_steps:
                     break  # the results follow at once: nothing to resume from
-                stopping = stop.received or ckpt.reached_preemption(step)
+                stopping = loop.stop_requested(step)
                 if stopping or step in eval_at or (
                         t.checkpoint_every and step % t.checkpoint_every == 0):
                     resume_lib.save(ckpt, step, state, best_params, t.select, progress,

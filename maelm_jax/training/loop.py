@@ -6,7 +6,6 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
@@ -14,13 +13,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import compile_cache, distributed, errors, masking, mfu, paths, sharding
 from maelm_jax import config as config_lib
+from maelm_jax import distributed, errors, masking, mfu, paths, sharding
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import engine
 from maelm_jax.training import metrics as metrics_lib
-from maelm_jax.training import preemption
 from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib
 
@@ -55,22 +54,15 @@ def _scores(loss_sum, correct_sum, count) -> dict[str, float]:
             "perplexity": metrics_lib.perplexity(loss)}
 
 
-class _Throughput:
-    """Steps/s, tokens/s and ETA over the last logging window."""
-
-    def __init__(self, step: int, tokens_per_step: int, num_steps: int):
-        self.step, self.time = step, time.perf_counter()
-        self.tokens_per_step, self.num_steps = tokens_per_step, num_steps
-
-    def measure(self, step: int) -> dict[str, float]:
-        now = time.perf_counter()
-        rate = (step - self.step) / max(now - self.time, 1e-9)
-        self.step, self.time = step, now
-        return {
-            "steps_per_sec": rate,
-            "tokens_per_sec": rate * self.tokens_per_step,
-            "eta_minutes": (self.num_steps - step) / max(rate, 1e-9) / 60,
-        }
+def _throughput(steps: int, seconds: float, step: int, tokens_per_step: int,
+                num_steps: int) -> dict[str, float]:
+    """Steps/s, tokens/s and ETA of a logging window of `steps` steps up to `step`."""
+    rate = steps / seconds
+    return {
+        "steps_per_sec": rate,
+        "tokens_per_sec": rate * tokens_per_step,
+        "eta_minutes": (num_steps - step) / max(rate, 1e-9) / 60,
+    }
 
 
 def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
@@ -214,29 +206,20 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
     unchecked step).
     """
     t = config.train
-    tokens_per_step = t.batch_size * config.data.seq_len
-    throughput = _Throughput(start, tokens_per_step, t.num_steps)
     unchecked: list[tuple[int, dict]] = []  # (step, metrics on device) not yet fetched
     window: list[dict] = []  # fetched metrics since the last log
     eval_metrics: dict[str, float] = {}
     skipped = 0
-    with sharding.activate(trainer.mesh, trainer.rules), preemption.StopRequest() as stop:
+    with sharding.activate(trainer.mesh, trainer.rules), engine.Loop(start, ckpt) as loop:
         for step in range(start + 1, t.num_steps + 1):
             state, step_metrics = trainer.train_step(
                 state, sharding.global_batch(next(batches), trainer.mesh))
             unchecked.append((step, step_metrics))
-            if step == start + 1:
-                # Keep compilation out of the first window's steps/s and ETA.
-                jax.block_until_ready(state)
-                logging.info(
-                    "%s in %.1fs", compile_cache.first_step_message(),
-                    time.perf_counter() - throughput.time,
-                )
-                throughput = _Throughput(step, tokens_per_step, t.num_steps)
             last = step == t.num_steps
             log = step % t.log_every == 0 or last
+            loop.after_step(step, state, closes_window=log)
             run_eval = step % t.eval_every == 0 or last
-            preempted = stop.received or ckpt.reached_preemption(step)
+            preempted = loop.stop_requested(step)
             save = last or preempted or ckpt.due(step)
             if log or run_eval or save:
                 fetched = _fetch_checked(unchecked, t.nonfinite, ckpt)
@@ -244,10 +227,11 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 window += fetched
                 unchecked = []
             if log:
-                means = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+                means = engine.window_means(window)
                 means["perplexity"] = metrics_lib.perplexity(means["loss"])
                 means["skipped_updates"] = skipped
-                rates = throughput.measure(step)
+                rates = _throughput(*loop.lap(step), step, t.batch_size * config.data.seq_len,
+                                    t.num_steps)
                 rates.update(utilisation.measure(rates["steps_per_sec"]))
                 writer.write("train", step, {**means, **rates})
                 window = []

@@ -1,0 +1,72 @@
+"""What a training loop does around its steps, the same for pretraining (training/loop.py)
+and fine-tuning (finetune/train.py): `Loop`.
+
+* The first step compiles the step (or loads it from the persistent compilation cache):
+  its time is logged once, and kept out of the first log window's throughput unless that
+  step closes the window itself (then it is all there is to report).
+* Log windows: the steps and wall time since the last log line, and the means of the
+  step metrics gathered over them.
+* Stop requests: SIGTERM (a scheduler's notice; preemption.StopRequest) or JAX's
+  preemption sync point, at which all processes agree to stop at the same step. The loop
+  then saves a checkpoint at the step just finished and stops.
+
+Each loop keeps its own policy: when to log, evaluate and save, and what a stop does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+from maelm_jax import compile_cache
+from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import preemption
+
+
+class Loop:
+    """The clock and the stop request of a loop that resumes after step `start`; a context
+    manager around the loop (SIGTERM is caught inside it)."""
+
+    def __init__(self, start: int, ckpt: checkpoint_lib.Checkpointer):
+        self._first, self._ckpt = start + 1, ckpt
+        self._stop = preemption.StopRequest()
+        self._step, self._time = start, time.perf_counter()  # where the window began
+
+    def __enter__(self) -> Loop:
+        self._stop.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.__exit__(*exc)
+
+    def after_step(self, step: int, state: Any, closes_window: bool) -> None:
+        """Call after each step is dispatched: the first one is waited for and its
+        compilation logged."""
+        if step != self._first:
+            return
+        jax.block_until_ready(state)
+        logging.info("%s in %.1fs", compile_cache.first_step_message(),
+                     time.perf_counter() - self._time)
+        if not closes_window:
+            self._step, self._time = step, time.perf_counter()
+
+    def lap(self, step: int) -> tuple[int, float]:
+        """(steps, seconds) of the window that `step` closes; the next one begins."""
+        now = time.perf_counter()
+        steps, seconds = step - self._step, max(now - self._time, 1e-9)
+        self._step, self._time = step, now
+        return steps, seconds
+
+    def stop_requested(self, step: int) -> bool:
+        """Whether to save at `step` and stop. Every process asks at the same steps (the
+        preemption sync point is collective)."""
+        return self._stop.received or self._ckpt.reached_preemption(step)
+
+
+def window_means(window: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each metric over a log window's steps (host floats)."""
+    return {k: float(np.mean([m[k] for m in window])) for k in window[0]}
