@@ -120,3 +120,20 @@ def test_a_run_stopped_in_one_process_is_finished_by_two(settings, single, tmp_p
     _assert_same_run(workdir, single)
     assert [p.name for p in (workdir / "checkpoints").iterdir()] == [
         str(single[0]["dev"]["step"])]
+
+
+def test_a_sweep_runs_as_one_job_of_two_processes(settings, tmp_path):
+    """Each run of the grid is a two-process run; process 0 alone writes the sweep's files,
+    and the same command again reuses every finished run."""
+    sweep = {"sweep": True, "grid.num_epochs": (1,), "grid.learning_rate": (1e-3,),
+             "grid.batch_size": (8,), "grid.seeds": (1, 2)}
+    workdir = tmp_path / "sweep"
+    logs = _two_processes({**settings, **sweep}, workdir)
+    summary = json.loads((workdir / "sweep.json").read_text())
+    assert list(summary["settings"][0]["per_seed"]) == ["1", "2"]
+    assert sorted(p.name for p in (workdir / "runs").iterdir()) == [
+        summary["settings"][0]["setting"]]
+    assert "sweep: reusing" not in logs[0]
+    again = _two_processes({**settings, **sweep}, workdir)
+    assert all(log.count("sweep: reusing") == 2 for log in again)
+    assert json.loads((workdir / "sweep.json").read_text())["score"] == summary["score"]

@@ -27,7 +27,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import paths, runs, schema
+from maelm_jax import distributed, paths, runs, schema
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.finetune import train
@@ -87,8 +87,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; sweep into another directory")
-    paths.make_dirs(workdir)
-    paths.write_text(workdir / runs.CONFIG_FILE, pretrain_config.to_json(config))
+    # Several processes run the sweep as one job (each run is multi-process); process 0
+    # alone writes its files, and decides which runs are finished.
+    if distributed.is_leader():
+        paths.make_dirs(workdir)
+        paths.write_text(workdir / runs.CONFIG_FILE, pretrain_config.to_json(config))
+    distributed.barrier("sweep workdir")
     grid, seeds = settings(config), tuple(config.grid.seeds)
     logging.info("sweep: %d settings x %d seeds = %d runs", len(grid), len(seeds),
                  len(grid) * len(seeds))
@@ -99,11 +103,12 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for seed in seeds:
             c = run_config(config, setting, seed)
             run_dir = workdir / "runs" / name / f"seed_{seed}"
-            results = _finished(run_dir, c)
-            if results is None:
-                results = train.run(c, str(run_dir))
-            else:
+            finished = distributed.leader_says_ok(_finished(run_dir, c) is not None)
+            if finished:
                 logging.info("sweep: reusing %s", run_dir)
+                results = json.loads(paths.read_text(run_dir / resume_lib.RESULTS_FILE))
+            else:
+                results = train.run(c, str(run_dir))
             per_seed.append(results)
         primary = per_seed[0]["primary_metric"]
         metric_names = [k for k in per_seed[0]["dev"] if k not in ("step", "epoch")]
@@ -124,8 +129,9 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
         **aggregate(rows, [str(s) for s in seeds], primary, config.grid.aggregate),
         "settings": rows,
     }
-    paths.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2))
-    paths.write_text(workdir / TABLE_FILE, markdown_table(summary))
+    if distributed.is_leader():
+        paths.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2))
+        paths.write_text(workdir / TABLE_FILE, markdown_table(summary))
     logging.info("sweep: %s %s = %.2f (best setting %s)", config.grid.aggregate, primary,
                  summary["score"], summary["best_setting"])
     return summary
