@@ -16,7 +16,7 @@ import pytest
 import sentencepiece as spm
 
 from maelm_jax import errors
-from maelm_jax.training import checkpoint, loop, steps
+from maelm_jax.training import checkpoint, engine, loop, steps
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from tiny_config import tiny_config
@@ -186,7 +186,7 @@ def test_nonfinite_stop_names_the_step_and_keeps_the_good_checkpoint(
         tmp_path, tiny_tokenizer, monkeypatch):
     _poison_from([4], monkeypatch)
     c = _config(tmp_path, tiny_tokenizer, num_steps=8, checkpoint_every=2)
-    with pytest.raises(loop.NonFiniteError, match="step 5: non-finite .* checkpoint is step 4"):
+    with pytest.raises(engine.NonFiniteError, match="step 5: non-finite .* checkpoint is step 4"):
         loop.train_and_evaluate(c, str(tmp_path / "run"))
     assert checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 2, 3).latest_step() == 4
 

@@ -168,6 +168,9 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # last and every checkpoint_every steps (0: at evaluations only), so a run killed
     # part-way continues from the latest; they are deleted when the run finishes.
     c.train.checkpoint_every = 1000
+    # A non-finite loss or gradient: its update is dropped, then "stop" (the run ends with
+    # one line naming the step; the resume checkpoints stay) or "skip" (counted, logged).
+    c.train.nonfinite = "stop"
 
     c.mesh = ml_collections.ConfigDict()
     # Sizes of the ('data', 'fsdp', 'tensor') mesh axes, as in pretraining; -1 takes the
@@ -266,6 +269,7 @@ FIELDS: dict[str, schema.Field] = {
     "train.evals_per_epoch": schema.integer(1),
     "train.select": schema.choice(*SELECT),
     "train.checkpoint_every": schema.integer(0),
+    "train.nonfinite": schema.choice("stop", "skip"),
     **schema.mesh_fields(),
     "fast_compile": schema.boolean(),
     "save_checkpoint": schema.boolean(),

@@ -55,6 +55,7 @@ class Progress:
     # host floats in a checkpoint), so a resumed run logs the same means.
     window: list[dict] = dataclasses.field(default_factory=list)
     seconds: float = 0.0  # wall time of the earlier attempts of this run
+    skipped: int = 0  # updates dropped as non-finite (config.train.nonfinite="skip")
 
 
 def resumable(workdir: paths.Path, config: ml_collections.ConfigDict) -> bool:
@@ -103,7 +104,9 @@ def restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup, encoder_params, se
         restored = ckpt.restore_latest(target)
         if restored is not None:
             step, saved, meta = restored
-            progress = Progress(**{f.name: meta[f.name] for f in dataclasses.fields(Progress)})
+            # A record without a later field (an earlier version's) takes its default.
+            progress = Progress(**{f.name: meta[f.name] for f in dataclasses.fields(Progress)
+                                   if f.name in meta})
             best_params = (distributed.host_copy(saved.best_params)
                            if select == "best" and progress.best is not None else None)
             logging.info("resuming from %s/%d", ckpt.directory, step)

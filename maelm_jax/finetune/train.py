@@ -191,10 +191,10 @@ def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
         # Dropout depends on (seed, step) only.
         dropout_key = jax.random.fold_in(jax.random.PRNGKey(seed), state.step)
         loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, dropout_key)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-                   "learning_rate": schedule(state.step)}
+        params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
+            tx, grads, state.opt_state, state.params, loss)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "learning_rate": schedule(state.step),
+                   "nonfinite": nonfinite}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step
@@ -318,7 +318,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 log = step % t.log_every == 0 or step == num_steps
                 loop.after_step(step, state, closes_window=log)
                 if log:
-                    means = engine.window_means(resume_lib.on_host(progress.window))
+                    window = resume_lib.on_host(progress.window)
+                    progress.skipped += engine.check_finite(
+                        list(range(step - len(window) + 1, step + 1)), window, t.nonfinite,
+                        ckpt)
+                    means = engine.window_means(window)
+                    means["skipped_updates"] = progress.skipped
                     steps, seconds = loop.lap(step)
                     means["examples_per_sec"] = steps * t.batch_size / seconds
                     writer.write("train", step, {**means, "epoch": epoch + 1})

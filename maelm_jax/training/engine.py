@@ -6,6 +6,9 @@ and fine-tuning (finetune/train.py): `Loop`.
   step closes the window itself (then it is all there is to report).
 * Log windows: the steps and wall time since the last log line, and the means of the
   step metrics gathered over them.
+* Non-finite updates: the step has dropped them (optimizer.finite_update) and flags them
+  in its metrics; `check_finite` applies config.train.nonfinite when the flags are read
+  back: "stop" names the first bad step and the last good checkpoint, "skip" warns.
 * Stop requests: SIGTERM (a scheduler's notice; preemption.StopRequest) or JAX's
   preemption sync point, at which all processes agree to stop at the same step. The loop
   then saves a checkpoint at the step just finished and stops.
@@ -22,7 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax import compile_cache
+from maelm_jax import compile_cache, errors
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import preemption
 
@@ -70,3 +73,26 @@ class Loop:
 def window_means(window: list[dict[str, float]]) -> dict[str, float]:
     """The mean of each metric over a log window's steps (host floats)."""
     return {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+
+
+class NonFiniteError(errors.UserError):
+    """A non-finite loss or gradient under train.nonfinite="stop"."""
+
+
+def check_finite(steps: list[int], metrics: list[dict[str, Any]], policy: str,
+                 ckpt: checkpoint_lib.Checkpointer) -> int:
+    """Applies the non-finite policy to the host metrics of `steps` (each with the step's
+    "nonfinite" flag): "stop" raises NonFiniteError naming the first bad step, "skip" warns
+    for each (the step has already dropped its update). Returns how many were dropped."""
+    dropped = 0
+    for step, step_metrics in zip(steps, metrics, strict=True):
+        if step_metrics["nonfinite"] > 0:
+            if policy == "stop":
+                ckpt.wait()
+                raise NonFiniteError(
+                    f"step {step}: non-finite loss or gradients; stopped, the last good "
+                    f"checkpoint is step {ckpt.latest_step()} (config.train.nonfinite="
+                    "'skip' skips such updates instead)")
+            logging.warning("step %d: non-finite loss or gradients, update skipped", step)
+            dropped += 1
+    return dropped

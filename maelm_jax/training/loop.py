@@ -14,7 +14,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, errors, masking, mfu, paths, sharding
+from maelm_jax import distributed, masking, mfu, paths, sharding
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -90,10 +90,6 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
         tok = pipeline.setup_tokenizer(config, workdir)
         data = pipeline.prepare_data(config, workdir, tok)
     return tok, data
-
-
-class NonFiniteError(errors.UserError):
-    """A non-finite loss or gradient under train.nonfinite="stop"."""
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -222,8 +218,9 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
             preempted = loop.stop_requested(step)
             save = last or preempted or ckpt.due(step)
             if log or run_eval or save:
-                fetched = _fetch_checked(unchecked, t.nonfinite, ckpt)
-                skipped += sum(m["nonfinite"] > 0 for m in fetched)
+                fetched = jax.device_get([m for _, m in unchecked])
+                skipped += engine.check_finite([s for s, _ in unchecked], fetched,
+                                               t.nonfinite, ckpt)
                 window += fetched
                 unchecked = []
             if log:
@@ -249,20 +246,3 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 break
     ckpt.wait()
     return eval_metrics, state
-
-
-def _fetch_checked(unchecked: list[tuple[int, dict]], policy: str, ckpt) -> list[dict]:
-    """Fetches the metrics of the steps not yet checked, in one transfer, and applies the
-    non-finite policy to them: "stop" raises NonFiniteError naming the first bad step,
-    "skip" warns for each (the step has already dropped its update)."""
-    fetched = jax.device_get([m for _, m in unchecked])
-    for (step, _), metrics in zip(unchecked, fetched, strict=False):
-        if metrics["nonfinite"] > 0:
-            if policy == "stop":
-                ckpt.wait()
-                raise NonFiniteError(
-                    f"step {step}: non-finite loss or gradients; stopped, the last good "
-                    f"checkpoint is step {ckpt.latest_step()} (config.train.nonfinite="
-                    "'skip' skips such updates instead)")
-            logging.warning("step %d: non-finite loss or gradients, update skipped", step)
-    return fetched

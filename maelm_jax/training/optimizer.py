@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -50,3 +53,22 @@ def make_optimizer(
     if train.clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(train.clip_norm), adamw), schedule
     return adamw, schedule
+
+
+def finite_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,
+                  loss: jax.Array) -> tuple[Any, Any, jax.Array, jax.Array]:
+    """One optimiser update that a non-finite loss or gradient never reaches: the parameters
+    and Adam's moments stay as they were, and the loop stops or counts it
+    (config.train.nonfinite, training/engine.py). Returns (params, opt_state, the global
+    gradient norm, nonfinite: 1.0 when the update was dropped, else 0.0)."""
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    def keep_if_finite(new, old):
+        return jnp.where(finite, new, old)
+
+    return (jax.tree.map(keep_if_finite, new_params, params),
+            jax.tree.map(keep_if_finite, new_opt_state, opt_state), grad_norm,
+            1.0 - finite.astype(jnp.float32))

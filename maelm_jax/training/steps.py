@@ -22,6 +22,7 @@ import optax
 from jax.sharding import Mesh
 
 from maelm_jax import masking, objectives, sharding
+from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 
 
@@ -120,22 +121,15 @@ def make_train_step(
         )
         count = jnp.maximum(sums["count"], 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        loss, grad_norm = sums["loss_sum"] / count, optax.tree.norm(grads)
-        # A non-finite loss or gradient never reaches the parameters or Adam's moments: the
-        # update is dropped here, and the loop stops or counts it (config.train.nonfinite).
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        def keep_if_finite(new, old):
-            return jnp.where(finite, new, old)
-        params = jax.tree.map(keep_if_finite, params, state.params)
-        opt_state = jax.tree.map(keep_if_finite, opt_state, state.opt_state)
+        loss = sums["loss_sum"] / count
+        params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
+            tx, grads, state.opt_state, state.params, loss)
         metrics = {
             "loss": loss,
             "accuracy": sums["correct_sum"] / count,
             "grad_norm": grad_norm,
             "learning_rate": schedule(state.step),
-            "nonfinite": 1.0 - finite.astype(jnp.float32),
+            "nonfinite": nonfinite,
         }
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, metrics

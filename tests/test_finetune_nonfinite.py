@@ -1,0 +1,62 @@
+"""Fine-tuning shares pretraining's non-finite policy (training/engine.py): a step whose
+loss or gradients are not finite leaves the parameters and Adam's moments as they were;
+"stop" ends the run with one line naming the step, "skip" counts it and goes on."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maelm_jax.finetune import train
+from maelm_jax.training import engine
+
+from test_finetune_resume import _config, settings  # noqa: F401 (a fixture)
+
+RUN = {"train.num_epochs": 1, "train.log_every": 2, "train.checkpoint_every": 2}
+
+
+def _poison_step(step_index, monkeypatch):
+    """The real step, seeing NaN parameters at the given 0-based step: its own check must
+    drop the update (the clean parameters are handed back only if it does)."""
+    real = train.make_train_step
+
+    def make(*args, **kwargs):
+        train_step = real(*args, **kwargs)
+
+        def poisoned(state, batch):
+            bad = state.step == step_index
+            dirty = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), state.params)
+            new, metrics = train_step(state.replace(params=dirty), batch)
+            params = jax.tree.map(lambda n, p: jnp.where(bad, p, n), new.params, state.params)
+            return new.replace(params=params), metrics
+
+        return poisoned
+
+    monkeypatch.setattr(train, "make_train_step", make)
+
+
+def test_stop_names_the_step_and_keeps_the_resume_checkpoints(settings, tmp_path,  # noqa: F811
+                                                              monkeypatch):
+    _poison_step(2, monkeypatch)
+    workdir = tmp_path / "run"
+    with pytest.raises(engine.NonFiniteError,
+                       match=r"step 3: non-finite .* checkpoint is step 2") as info:
+        train.run(_config(settings, **RUN), str(workdir))
+    assert "\n" not in str(info.value)
+    assert (workdir / "resume" / "2").is_dir() and not (workdir / "results.json").exists()
+
+
+def test_skip_counts_the_dropped_update_and_finishes(settings, tmp_path,  # noqa: F811
+                                                     monkeypatch):
+    _poison_step(2, monkeypatch)
+    workdir = tmp_path / "run"
+    results = train.run(_config(settings, **RUN, **{"train.nonfinite": "skip"}), str(workdir))
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["split"] == "train"]
+    assert [r["skipped_updates"] for r in train_rows] == [0, 1, 1]
+    assert all(np.isfinite(r["grad_norm"]) or r["step"] == 4 for r in train_rows)
+    # Adam's moments kept out of the NaN: the steps after it train on finite numbers.
+    assert np.isfinite(train_rows[-1]["loss"]) and np.isfinite(train_rows[-1]["grad_norm"])
+    assert np.isfinite(results["dev"]["accuracy"])
