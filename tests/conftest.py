@@ -72,3 +72,27 @@ def pytest_collection_modifyitems(items):
         if any(defs[-1].scope in ("module", "package")
                for defs in fixture_defs.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def poison_steps(monkeypatch, module, factory: str, step_indices) -> None:
+    """Makes `module.factory`'s train steps see NaN parameters at the given 0-based steps,
+    then hands back the clean parameters (not Adam's moments): the step's own non-finite
+    check must drop the update, or the moments carry the NaN on."""
+    import jax
+    import jax.numpy as jnp
+
+    real = getattr(module, factory)
+
+    def make(*args, **kwargs):
+        train_step = real(*args, **kwargs)
+
+        def poisoned(state, batch):
+            bad = jnp.isin(state.step, jnp.asarray(step_indices))
+            dirty = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), state.params)
+            new, metrics = train_step(state.replace(params=dirty), batch)
+            params = jax.tree.map(lambda n, p: jnp.where(bad, p, n), new.params, state.params)
+            return new.replace(params=params), metrics
+
+        return poisoned
+
+    monkeypatch.setattr(module, factory, make)

@@ -4,37 +4,20 @@ loss or gradients are not finite leaves the parameters and Adam's moments as the
 
 import json
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from maelm_jax.finetune import train
 from maelm_jax.training import engine
 
+from conftest import poison_steps
 from test_finetune_resume import _config, settings  # noqa: F401 (a fixture)
 
 RUN = {"train.num_epochs": 1, "train.log_every": 2, "train.checkpoint_every": 2}
 
 
 def _poison_step(step_index, monkeypatch):
-    """The real step, seeing NaN parameters at the given 0-based step: its own check must
-    drop the update (the clean parameters are handed back only if it does)."""
-    real = train.make_train_step
-
-    def make(*args, **kwargs):
-        train_step = real(*args, **kwargs)
-
-        def poisoned(state, batch):
-            bad = state.step == step_index
-            dirty = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), state.params)
-            new, metrics = train_step(state.replace(params=dirty), batch)
-            params = jax.tree.map(lambda n, p: jnp.where(bad, p, n), new.params, state.params)
-            return new.replace(params=params), metrics
-
-        return poisoned
-
-    monkeypatch.setattr(train, "make_train_step", make)
+    poison_steps(monkeypatch, train, "make_train_step", [step_index])
 
 
 def test_stop_names_the_step_and_keeps_the_resume_checkpoints(settings, tmp_path,  # noqa: F811

@@ -18,7 +18,7 @@ import sentencepiece as spm
 from maelm_jax import errors
 from maelm_jax.training import checkpoint, engine, loop, steps
 
-from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+from conftest import HANG_SECONDS, REPO_ROOT, poison_steps, subprocess_env
 from tiny_config import tiny_config
 
 
@@ -163,23 +163,8 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
 # ---------------------------------------------------------------- non-finite losses
 
 def _poison_from(step_index, monkeypatch):
-    """Make the real train step see NaN parameters at the given 0-based steps, then hand
-    back the clean parameters: the step's own detection must catch it."""
-    real = steps.make_train_step
-
-    def make(*args, **kwargs):
-        train_step = real(*args, **kwargs)
-
-        def poisoned(state, tokens):
-            bad = jnp.isin(state.step, jnp.asarray(step_index))
-            dirty = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), state.params)
-            new, metrics = train_step(state.replace(params=dirty), tokens)
-            params = jax.tree.map(lambda n, p: jnp.where(bad, p, n), new.params, state.params)
-            return new.replace(params=params), metrics
-
-        return poisoned
-
-    monkeypatch.setattr(steps, "make_train_step", make)
+    """The real train step sees NaN parameters at the given 0-based steps."""
+    poison_steps(monkeypatch, steps, "make_train_step", step_index)
 
 
 def test_nonfinite_stop_names_the_step_and_keeps_the_good_checkpoint(

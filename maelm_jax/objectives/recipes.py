@@ -16,6 +16,8 @@ from typing import Any
 
 import ml_collections
 
+from maelm_jax import variants
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -30,14 +32,7 @@ class Recipe:
     def apply(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         """A copy of the pretraining `config` made into this model."""
         c = config.copy_and_resolve_references()
-        for dotted, value in self.changes.items():
-            *parents, leaf = dotted.split(".")
-            node = c
-            for part in parents:
-                node = node[part]
-            if leaf not in node:
-                raise KeyError(f"recipe {self.name} sets unknown config field {dotted!r}")
-            node[leaf] = value
+        variants.apply(c, self.changes)
         if self.derive is not None:
             self.derive(c)
         return c
