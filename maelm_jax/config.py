@@ -185,7 +185,8 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
 FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice(*MODES),
     # Looked up when checked, so an objective registered later is accepted.
-    "objective": schema.Field((str,), "a registered objective (maelm_jax/objectives)",
+    "objective": schema.Field((str,), "a registered objective (built in: "
+                              f"{', '.join(objectives.names())}; maelm_jax/objectives)",
                               lambda v: v in objectives.names()),
     "seed": schema.integer(0),
     "tokenizer.model_path": schema.path("a sentencepiece .model file, or empty to train one"),
