@@ -56,7 +56,7 @@ from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine, preemption
+from maelm_jax.training import engine, preemption, steps
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
@@ -284,10 +284,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     options = {"xla_backend_optimization_level": 0} if config.fast_compile else None
     setup = state_setup(model, tx, config.seed, buckets[0], mesh, rules, options)
     replicated = sharding.replicated(mesh)
-    train_step = jax.jit(make_train_step(model, task, tx, schedule, config.seed),
-                         in_shardings=(setup.shardings, batch_sharding),
-                         out_shardings=(setup.shardings, replicated), donate_argnums=0,
-                         compiler_options=options)
+    train_step = steps.jit_train_step(make_train_step(model, task, tx, schedule, config.seed),
+                                      setup, mesh, options)
     eval_step = jax.jit(make_eval_step(model, task),
                         in_shardings=(setup.shardings.params, batch_sharding),
                         out_shardings=replicated, compiler_options=options)
@@ -324,8 +322,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         ckpt)
                     means = engine.window_means(window)
                     means["skipped_updates"] = progress.skipped
-                    steps, seconds = loop.lap(step)
-                    means["examples_per_sec"] = steps * t.batch_size / seconds
+                    lapped, seconds = loop.lap(step)
+                    means["examples_per_sec"] = lapped * t.batch_size / seconds
                     writer.write("train", step, {**means, "epoch": epoch + 1})
                     progress.window = []
                 if step in eval_at:

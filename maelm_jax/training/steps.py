@@ -137,15 +137,18 @@ def make_train_step(
     return train_step
 
 
-def jit_train_step(train_step: Callable, setup: state_lib.StateSetup, mesh: Mesh) -> Callable:
-    """The train step compiled for the mesh: state in its shardings (donated), the batch
-    split over data x fsdp, metrics replicated. Fixed shardings in and out, so it compiles
-    exactly once."""
+def jit_train_step(train_step: Callable, setup: state_lib.StateSetup, mesh: Mesh,
+                   compiler_options: dict | None = None) -> Callable:
+    """A train step (pretraining's or fine-tuning's: state, batch -> state, metrics)
+    compiled for the mesh: state in its shardings (donated), every array of the batch split
+    over data x fsdp, metrics replicated. Fixed shardings in and out, so it compiles once
+    per batch shape."""
     return jax.jit(
         train_step,
         in_shardings=(setup.shardings, sharding.batch_sharding(mesh)),
         out_shardings=(setup.shardings, sharding.replicated(mesh)),
         donate_argnums=0,
+        compiler_options=compiler_options,
     )
 
 
