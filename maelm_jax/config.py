@@ -19,7 +19,7 @@ from maelm_jax import errors, masking, objectives, schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers, relative_position
+from maelm_jax.models import flash_attention, layers, relative_position
 from maelm_jax.models import stack as stack_lib
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
@@ -107,6 +107,11 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # Attention kernel of the encoder and decoder (layers.ATTENTION_IMPLS): "auto" takes
     # cuDNN's fused attention on GPUs at half precision and our einsums elsewhere.
     c.model.attention_impl = "auto"
+    # The Pallas kernel's tiles ("block_qxblock_k:warps:stages" for the forward, dK/dV and
+    # dQ kernels), how a bias shared by the batch gets its gradient ("batch": summed inside
+    # the kernel by bias_grad_groups groups of rows; "rows": per row, summed by XLA) and
+    # the dropout elements per 32-bit hash (1, 2 or 4); see models/flash_attention.py.
+    c.model.pallas = ml_collections.ConfigDict(flash_attention.KernelOptions().fields())
     # nn.scan over the layers of the encoder and of a self decoder: compile time and program
     # size no longer grow with depth; parameters gain a leading "layers" axis (checkpoints
     # of either layout restore into both).
@@ -213,6 +218,7 @@ FIELDS: dict[str, schema.Field] = {
     **schema.encoder_fields("model"),
     "model.activation_dropout": schema.rate(),
     "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
+    **schema.pallas_fields("model.pallas"),
     "model.scan_layers": schema.boolean(),
     "model.remat_policy": schema.choice(*stack_lib.REMAT_POLICIES),
     **schema.stack_fields("model.decoder"),
@@ -316,6 +322,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"an int > rel_pos_buckets / 4 = {stack.rel_pos_buckets // 4}",
             stack.rel_pos_max_distance,
         )
+    kernel_options(config)
     objective(config).validate(config, _require)
     t = config.train
     _require(
@@ -340,6 +347,15 @@ def objective(config: ml_collections.ConfigDict) -> objectives.Objective:
         raise ConfigError(f"config.objective: {e.args[0]}") from None
 
 
+def kernel_options(config: ml_collections.ConfigDict) -> flash_attention.KernelOptions:
+    """config.model.pallas as the kernel's options (ConfigError naming a bad field)."""
+    try:
+        return flash_attention.KernelOptions.from_fields(config.model.pallas.to_dict(),
+                                                         "config.model.pallas")
+    except flash_attention.OptionsError as e:
+        raise ConfigError(str(e)) from None
+
+
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
     """The frozen model description the objective's Flax module takes."""
     m = config.model
@@ -358,6 +374,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
         attention_dropout=m.attention_dropout,
         activation_dropout=m.activation_dropout,
         attention_impl=attention_impl,
+        pallas=kernel_options(config),
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
     )

@@ -139,6 +139,18 @@ def encoder_fields(prefix: str = "model") -> dict[str, Field]:
     }
 
 
+def pallas_fields(prefix: str = "model.pallas") -> dict[str, Field]:
+    """The Pallas attention kernel's options (models/flash_attention.py KernelOptions, whose
+    from_fields checks the tiles' own rules)."""
+    tile = text("a tile 'block_qxblock_k:warps:stages' such as '64x64:4:2'")
+    return {
+        **{f"{prefix}.{kernel}": tile for kernel in ("forward", "dkv", "dq")},
+        f"{prefix}.bias_grad": choice("batch", "rows"),  # flash_attention.BIAS_GRADS
+        f"{prefix}.bias_grad_groups": integer(1),
+        f"{prefix}.hash_elements": choice(1, 2, 4),  # flash_attention.HASH_ELEMENTS
+    }
+
+
 def optimizer_fields(prefix: str = "train") -> dict[str, Field]:
     """AdamW, its learning rate and clipping (maelm_jax/training/optimizer.py)."""
     return {

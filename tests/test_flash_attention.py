@@ -16,9 +16,10 @@ from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 SCALE = 0.25
 
 
-def reference(q, k, v, bias, key_valid, seed, rate):
-    """The formula, with the kernel's keep mask: softmax(scale q.k + bias), keys masked,
-    the probabilities dropped out and rescaled, times v."""
+def reference(q, k, v, bias, key_valid, seed, rate, elements=1):
+    """The formula, with the kernel's keep mask: softmax(scale q.k + bias), keys masked
+    (a fully masked row attends uniformly, as the einsum path's `where` makes it), the
+    probabilities dropped out and rescaled by the kept fraction, times v."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * SCALE
     if bias is not None:
         s = s + bias
@@ -26,7 +27,8 @@ def reference(q, k, v, bias, key_valid, seed, rate):
         s = jnp.where(key_valid[:, None, None, :], s, fa.MASKED)
     p = jax.nn.softmax(s, axis=-1)
     if rate:
-        p = jnp.where(fa.keep_mask(seed, p.shape, rate), p / (1 - rate), 0.0)
+        kept = 1 - fa.dropped_fraction(rate, elements)
+        p = jnp.where(fa.keep_mask(seed, p.shape, rate, elements), p / kept, 0.0)
     return jnp.einsum("bhqk,bkhd->bqhd", p, v)
 
 
@@ -39,6 +41,35 @@ def _inputs(B=2, n=70, m=90, H=2, D=16, bias_batch=1):
     return q, k, v, bias
 
 
+DEFAULT = fa.KernelOptions()
+
+
+def _check_against_the_formula(q, k, v, bias, valid, rate, options=DEFAULT):
+    """Outputs and the gradients in q, k, v (and the bias) of the kernel against the
+    formula's, with the kernel's keep mask; returns the kernel's gradients."""
+    seed = jnp.array([123, 456], jnp.uint32)
+    elements = options.hash_elements
+    out = fa.attention(q, k, v, bias, valid, seed, scale=SCALE, dropout_rate=rate,
+                       options=options)
+    want = reference(q, k, v, bias, valid, seed, rate, elements)
+    assert out.shape == q.shape
+    np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
+
+    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    kernel = lambda *a: jnp.sum(jnp.sin(fa.attention(  # noqa: E731
+        *a[:3], a[3] if bias is not None else None, valid, seed, scale=SCALE,
+        dropout_rate=rate, options=options)))
+    formula = lambda *a: jnp.sum(jnp.sin(reference(  # noqa: E731
+        *a[:3], a[3] if bias is not None else None, valid, seed, rate, elements)))
+    got = jax.grad(kernel, argnums)(q, k, v, bias)
+    expected = jax.grad(formula, argnums)(q, k, v, bias)
+    for name, g, e in zip("q k v bias".split(), got, expected, strict=False):
+        assert g.shape == e.shape, name
+        assert g.dtype == e.dtype, name
+        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
+    return got
+
+
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 @pytest.mark.parametrize("bias_batch, masked", [(1, True), (2, False), (None, True)])
 def test_kernel_matches_the_formula_forward_and_backward(rate, bias_batch, masked):
@@ -47,33 +78,92 @@ def test_kernel_matches_the_formula_forward_and_backward(rate, bias_batch, maske
     q, k, v, bias = _inputs(bias_batch=bias_batch or 1)
     bias = bias if bias_batch else None
     valid = (jnp.arange(90)[None] < jnp.array([[90], [77]])) if masked else None
-    seed = jnp.array([123, 456], jnp.uint32)
-    out = fa.attention(q, k, v, bias, valid, seed, scale=SCALE, dropout_rate=rate)
-    want = reference(q, k, v, bias, valid, seed, rate)
-    assert out.shape == q.shape
-    np.testing.assert_allclose(out, want, atol=2e-5, rtol=2e-5)
-
-    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
-    kernel = lambda *a: jnp.sum(jnp.sin(fa.attention(  # noqa: E731
-        *a[:3], a[3] if bias is not None else None, valid, seed, scale=SCALE,
-        dropout_rate=rate)))
-    formula = lambda *a: jnp.sum(jnp.sin(reference(  # noqa: E731
-        *a[:3], a[3] if bias is not None else None, valid, seed, rate)))
-    got = jax.grad(kernel, argnums)(q, k, v, bias)
-    expected = jax.grad(formula, argnums)(q, k, v, bias)
-    for name, g, e in zip("q k v bias".split(), got, expected, strict=False):
-        assert g.shape == e.shape, name
-        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
+    got = _check_against_the_formula(q, k, v, bias, valid, rate)
     if masked:  # a masked key takes no attention, so no gradient reaches it
         assert float(jnp.abs(got[1][1, 77:]).max()) == 0.0
         assert float(jnp.abs(got[2][1, 77:]).max()) == 0.0
 
 
-def test_keep_mask_statistics_and_independence():
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_fully_masked_rows(rate):
+    """A batch row whose keys are all masked attends uniformly over them (the einsum path's
+    softmax of equal scores), in the backward pass too: dV gets 1/m of each query's dO,
+    and no gradient reaches q, k or the bias (their scores are replaced). The forward kept
+    max + log m in one float32 once, which rounds back to the max: p came out 1, not 1/m."""
+    q, k, v, bias = _inputs(B=2, n=64, m=64)
+    valid = jnp.arange(64)[None] < jnp.array([[64], [0]])
+    got = _check_against_the_formula(q, k, v, bias, valid, rate)
+    assert float(jnp.abs(got[0][1]).max()) == 0.0
+    assert float(jnp.abs(got[1][1]).max()) == 0.0
+
+
+# The variants the GPU measurement chooses between: each computes the formula.
+VARIANTS = {
+    "bias_grad rows": fa.KernelOptions(bias_grad="rows"),
+    "bias_grad batch, 1 group": fa.KernelOptions(bias_grad="batch", bias_grad_groups=1),
+    "bias_grad batch, 2 groups": fa.KernelOptions(bias_grad="batch", bias_grad_groups=2),
+    "2 elements per hash": fa.KernelOptions(hash_elements=2),
+    "4 elements per hash, other tiles": fa.KernelOptions(
+        forward=fa.Tile(32, 64), dkv=fa.Tile(16, 32, 2, 3), dq=fa.Tile(64, 16, 8, 1),
+        hash_elements=4),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_kernel_variants_match_the_formula(variant):
+    """4 rows, a bias shared by the batch (summed inside by groups of rows, or per row),
+    keys masked, dropout on: outputs and gradients of q, k, v and the bias."""
+    q, k, v, bias = _inputs(B=4, n=40, m=50)
+    valid = jnp.arange(50)[None] < jnp.array([[50], [33], [50], [1]])
+    _check_against_the_formula(q, k, v, bias, valid, 0.3, VARIANTS[variant])
+
+
+def test_bias_gradient_groups():
+    """A shared bias's gradient is summed over the batch in the kernel by the largest
+    divisor of the batch that the option allows; a per-example bias keeps one per row."""
+    opts = fa.KernelOptions(bias_grad_groups=4)
+    assert fa.bias_grad_groups(32, 1, opts) == 4
+    assert fa.bias_grad_groups(6, 1, opts) == 3
+    assert fa.bias_grad_groups(32, 32, opts) == 32
+    assert fa.bias_grad_groups(32, None, opts) == 32
+    assert fa.bias_grad_groups(32, 1, fa.KernelOptions(bias_grad="rows")) == 32
+
+
+@pytest.mark.parametrize("elements", fa.HASH_ELEMENTS)
+def test_kernel_keep_tiles_are_the_keep_mask(elements):
+    """The kernels' tile of bits (one hash spread over `elements` keys by a reshape) is the
+    element-wise keep mask at those indices."""
+    seed = jnp.array([5, 6], jnp.uint32)
+    whole = fa.keep_mask(seed, (2, 3, 64, 96), 0.4, elements)
+    stream = fa.row_stream(seed[0], seed[1], jnp.int32(1), jnp.int32(2), 3)
+    tile = fa.keep(stream, 16 + jnp.arange(16), 32, 32, 96, 0.4, elements)
+    np.testing.assert_array_equal(tile, whole[1, 2, 16:32, 32:64])
+
+
+def test_options_parse_and_name_the_bad_field():
+    opts = fa.KernelOptions.from_fields({"forward": "128x64:4:3", "hash_elements": 4},
+                                        "config.model.pallas")
+    assert opts.forward == fa.Tile(128, 64, 4, 3) and opts.hash_elements == 4
+    assert fa.KernelOptions.from_fields(opts.fields()) == opts
+    assert opts.length_multiple == 128
+    for fields, message in (
+            ({"dq": "64x48:4:2"}, "config.model.pallas.dq: block_k must be a power of two"),
+            ({"dkv": "64x64"}, "config.model.pallas.dkv: expected 'block_qxblock_k"),
+            ({"hash_elements": 3}, "config.model.pallas.hash_elements: must be one of"),
+            ({"bias_grad": "atomic"}, "config.model.pallas.bias_grad: must be one of"),
+            ({"tiles": 1}, "config.model.pallas.tiles: unknown option")):
+        with pytest.raises(fa.OptionsError, match="^" + message.replace(".", r"\.")):
+            fa.KernelOptions.from_fields(fields, "config.model.pallas")
+
+
+@pytest.mark.parametrize("elements", fa.HASH_ELEMENTS)
+def test_keep_mask_statistics_and_independence(elements):
     rate = 0.1
-    mask = np.asarray(fa.keep_mask(jnp.array([1, 2], jnp.uint32), (4, 3, 128, 128), rate))
+    mask = np.asarray(fa.keep_mask(jnp.array([1, 2], jnp.uint32), (4, 3, 128, 128), rate,
+                                   elements))
     n = mask.size
     dropped = 1 - mask.mean()
+    rate = fa.dropped_fraction(rate, elements)  # 26/256 with 8 bits per element
     assert abs(dropped - rate) < 4 * np.sqrt(rate * (1 - rate) / n)
     # Rows (batch, head) and neighbouring elements are independent: pairs dropped together
     # as often as chance says.
@@ -81,7 +171,8 @@ def test_keep_mask_statistics_and_independence():
     for a, b in ((flat[0], flat[1]), (flat[:, :-1].ravel(), flat[:, 1:].ravel())):
         both = np.mean(~a & ~b)
         assert abs(both - rate ** 2) < 5 * np.sqrt(rate ** 2 / a.size)
-    other = np.asarray(fa.keep_mask(jnp.array([1, 3], jnp.uint32), (4, 3, 128, 128), rate))
+    other = np.asarray(fa.keep_mask(jnp.array([1, 3], jnp.uint32), (4, 3, 128, 128), rate,
+                                    elements))
     assert np.mean(other != mask) > 0.15  # another seed, other bits
 
 

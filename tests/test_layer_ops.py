@@ -110,3 +110,33 @@ def test_gelu_is_the_exact_gelu_with_its_gradient():
     assert float(jnp.max(jnp.abs(layers.gelu(x) - jax.nn.gelu(x, approximate=True)))) > 1e-4
     # bfloat16 in, bfloat16 out (the compute dtype on accelerators).
     assert layers.gelu(x.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "per key", "per query and key"])
+def test_even_lengths_for_cudnn_change_nothing(mask_kind):
+    """cuDNN's fused attention wants even lengths: odd ones are padded (padded keys masked,
+    padded queries sliced off). Checked with XLA's implementation of the same call, which
+    runs here: outputs and the gradients of q, k, v and the bias as without padding."""
+    B, n, m, H, D = 2, 5, 7, 2, 8
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(keys[0], (B, n, H, D))
+    k, v = (jax.random.normal(key, (B, m, H, D)) for key in keys[1:3])
+    bias = jax.random.normal(keys[3], (1, H, n, m))
+    mask = {"none": None,
+            "per key": (jnp.arange(m) < jnp.array([[7], [4]]))[:, None, None, :],
+            "per query and key": jnp.tril(jnp.ones((n, m), bool))[None, None]}[mask_kind]
+
+    def attend(q, k, v, bias, even):
+        args = layers._even_lengths(q, k, v, bias, mask) if even else (q, k, v, bias, mask)
+        if even:
+            assert args[0].shape[1] % 2 == 0 and args[1].shape[1] % 2 == 0
+        out = jax.nn.dot_product_attention(*args[:3], bias=args[3], mask=args[4],
+                                           implementation="xla")
+        return out[:, :n]
+
+    loss = lambda even: lambda *a: jnp.sum(jnp.sin(attend(*a, even)))  # noqa: E731
+    np.testing.assert_allclose(attend(q, k, v, bias, True), attend(q, k, v, bias, False),
+                               atol=1e-6)
+    for got, want in zip(jax.grad(loss(True), (0, 1, 2, 3))(q, k, v, bias),
+                         jax.grad(loss(False), (0, 1, 2, 3))(q, k, v, bias), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)

@@ -13,7 +13,7 @@ import ml_collections
 
 from maelm_jax import errors, paths, schema, sharding
 from maelm_jax.finetune import glue, heads
-from maelm_jax.models import layers
+from maelm_jax.models import flash_attention, layers
 
 SQUAD_TASKS = ("squad",)
 SQUAD_VERSIONS = ("2.0", "1.1")
@@ -130,6 +130,8 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # cuDNN's fused attention on GPUs at half precision (evaluation, and training without
     # attention dropout), our einsums elsewhere; "pallas" keeps dropout inside the kernel.
     c.model.attention_impl = "auto"
+    # The Pallas kernel's tiles and variants, as in pretraining (models/flash_attention.py).
+    c.model.pallas = ml_collections.ConfigDict(flash_attention.KernelOptions().fields())
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "files"  # "files" (GLUE TSVs / SQuAD JSON) or "tfds" (ArrayRecord)
@@ -251,6 +253,7 @@ FIELDS: dict[str, schema.Field] = {
     "model.classifier_dropout": schema.rate(),
     "model.pooling": schema.choice(*heads.POOLINGS),
     "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
+    **schema.pallas_fields("model.pallas"),
     "data.source": schema.choice(*DATA_SOURCES),
     "data.data_dir": schema.path("the GLUE data directory"),
     "data.tfds_name": schema.text(),
@@ -328,6 +331,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
                 f"config.task: expected a GLUE task ({', '.join(glue.TASK_NAMES)}) or "
                 f"squad, got {c.task!r}"
             ) from None
+    kernel_options(c)
     _require(
         bool(c.init_from) or bool(c.tokenizer_path),
         "tokenizer_path",
@@ -358,6 +362,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.sweep:
         seeds = tuple(c.grid.seeds)
         _require(len(set(seeds)) == len(seeds), "grid.seeds", "distinct seeds", seeds)
+
+
+def kernel_options(config: ml_collections.ConfigDict) -> flash_attention.KernelOptions:
+    """config.model.pallas as the kernel's options (one line naming a bad field)."""
+    try:
+        return flash_attention.KernelOptions.from_fields(config.model.pallas.to_dict(),
+                                                         "config.model.pallas")
+    except flash_attention.OptionsError as e:
+        raise FinetuneConfigError(str(e)) from None
 
 
 def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: int) -> str:

@@ -95,7 +95,7 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
         impl = config_lib.attention_impl(config, p.encoder_cfg.stack.num_heads,
                                          p.encoder_cfg.stack.d_model)
         cfg = dataclasses.replace(p.encoder_cfg, stack=dataclasses.replace(
-            p.encoder_cfg.stack, attention_impl=impl))
+            p.encoder_cfg.stack, attention_impl=impl, pallas=config_lib.kernel_options(config)))
         description = (p.description if pretrained
                        else f"random weights in the architecture of {p.description}")
         return cfg, p.params, p.tokenizer, description
@@ -109,7 +109,8 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
     cfg = encoder_lib.from_architecture(
         arch, where="config.model", dtype=m.dtype, dropout=m.dropout,
         attention_dropout=m.attention_dropout,
-        attention_impl=config_lib.attention_impl(config, m.num_heads, m.d_model))
+        attention_impl=config_lib.attention_impl(config, m.num_heads, m.d_model),
+        pallas=config_lib.kernel_options(config))
     return cfg, None, tok, "from scratch (no init_from)"
 
 

@@ -172,7 +172,23 @@ class Encoder(nn.Module):
         (True = real token) or None.
 
         Returns hidden states [B, n, d_model].
+
+        The sequence is padded once, here, to the attention kernel's length multiple
+        (layers.length_multiple; padded keys masked, their outputs dropped), unless the
+        hidden states are being collected (the diagnostics read every real position).
         """
+        n = tokens.shape[1]
+        pad = 0 if self.is_mutable_collection(layers.HIDDEN_STATES) else (
+            -n % layers.length_multiple(self.cfg.stack))
+        if pad:
+            if key_mask is None:
+                key_mask = jnp.ones(tokens.shape, bool)
+            # Position 0 for the padding: any row of the table does, nothing reads it.
+            tokens, positions, key_mask = (jnp.pad(a, ((0, 0), (0, pad)))
+                                           for a in (tokens, positions, key_mask))
+        return self._encode(tokens, positions, key_mask, deterministic)[:, :n]
+
+    def _encode(self, tokens, positions, key_mask, deterministic):
         x = layers.add_per_batch(
             self.embed(tokens),
             layers.lookup(self.position_embeddings, positions, ("positions", None)))

@@ -11,27 +11,50 @@ other offsets than the forward did. Here the dropout bits are a hash of a traced
 (batch, head, query, key) index: the same in the forward and backward kernels, the same
 for a resumed run, different for every layer under nn.scan.
 
-The kernels follow FlashAttention-2 (Dao, 2023) on Pallas' Triton backend (GPU):
+The kernels follow FlashAttention-2 (Dao, 2023) on Pallas' **Triton** backend, chosen
+explicitly by compiler params (a `pallas_call` without them goes to Mosaic GPU on jax
+0.10, where these kernels do not lower):
 
 * forward, one program per (query block, batch, head): the key blocks stream through an
   online softmax; o = sum_k dropout(p_k) v_k / rowsum(p), with p = exp(s - running max)
-  and s = scale q.k + bias, masked keys at -1e30. Dropout multiplies the normalised
-  probabilities, so it applies to the numerator only. It also writes the row's
-  log-sum-exp for the backward pass.
-* backward, two kernels: per key block, dK, dV and dbias; per query block, dQ. Both
-  recompute p from the log-sum-exp and the keep mask from the hash, with
-  dS = P * (dropout'(dO V^T) - rowsum(dO * O)), the bias gradient being dS itself.
+  and s = scale q.k + bias, masked keys at MASKED. Dropout multiplies the normalised
+  probabilities, so it applies to the numerator only. It also writes each row's max and
+  log row sum (kept apart: a fully masked row has max MASKED, and MASKED + log m rounds
+  back to MASKED in float32, which would make the backward recompute p = 1, not 1/m).
+* backward, two kernels: per key block, dK, dV and the bias gradient; per query block,
+  dQ. Both recompute p from the row statistics and the keep mask from the hash, with
+  dS = P * (dropout'(dO V^T) - rowsum(dO * O)), zero at masked keys; the bias gradient
+  is dS itself.
 
-The bias is [1 or B, heads, n, m] (the relative position bias), its gradient is written
-per batch row in float32 and summed over the batch where the bias was broadcast. Padded
-lengths: the wrapper pads n and m up to whole blocks (padded keys masked out) and slices
-the result, so the encoder's n_enc (L minus the removed [MASK]s) need not be a multiple
-of anything. On a CPU the same kernels run in Pallas' interpret mode (slowly; for tests).
+The bias is [1 or B, heads, n, m]. Its gradient (KernelOptions.bias_grad): a per-example
+bias gets dS per row in the bias's own dtype; a bias shared by the batch ([1, ...], the
+relative position bias of a full-length encoder) either has dS summed over the batch
+inside the dkv kernel ("batch": each program loops over a group of rows and accumulates
+its [n, block_k] column; `bias_grad_groups` groups, summed by XLA, deterministic, no
+atomics) or written per row in float32 and summed by XLA ("rows", the [B, heads, n, m]
+round trip, kept to measure against).
+
+Dropout bits (KernelOptions.hash_elements): one 32-bit hash per element (24 bits decide
+it), or one hash for 2 or 4 neighbouring keys (16 or 8 bits each, as FlashAttention-2
+does with Philox); the rate is then quantised to 2**-bits and the kept values are scaled
+by the kept fraction actually used, so the expectation stays exact.
+
+Lengths: n and m must be multiples of the tiles' (KernelOptions.length_multiple); the
+encoder pads its input once to that multiple (models/encoder.py). Other callers' lengths
+are padded here (padded keys masked out) and the result sliced. On a CPU the same kernels
+run in Pallas' interpreter (slowly; for tests): the choice is made when the program is
+lowered (jax.lax.platform_dependent), so a program exported for CUDA on a CPU host holds
+the Triton kernels.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,15 +62,132 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-# Tile sizes (queries x keys) of every kernel: 64 x 64 keeps a float32 score tile, the
-# bias tile and the keep mask in registers at head_dim 64. To be tuned on the GPU.
-BLOCK_Q = 64
-BLOCK_K = 64
-# The score of a masked key: large and finite, so a fully masked (padded) row has no NaN.
+# The score of a masked key: large and finite, so a fully masked row has no NaN.
 MASKED = -1e30
 # lowbias32 (C. Wellons): a 32-bit integer hash with full avalanche.
 _MIX1, _MIX2, _GOLDEN = np.uint32(0x7FEB352D), np.uint32(0x846CA68B), np.uint32(0x9E3779B9)
-_BITS = 24  # bits of each element's hash that decide it (the rate is exact to 2**-24)
+# How a bias shared by the batch gets its gradient (see the module docstring).
+BIAS_GRADS = ("batch", "rows")
+# Elements that share one 32-bit hash of the dropout bits.
+HASH_ELEMENTS = (1, 2, 4)
+_TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")
+
+
+class OptionsError(ValueError):
+    """Kernel options that cannot work; the message names the option."""
+
+
+def _power_of_two(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """One kernel's launch: its tile (queries x keys) and Triton's warps and pipeline stages.
+
+    Written "block_qxblock_k:num_warps:num_stages", e.g. "128x64:4:3".
+    """
+
+    block_q: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            size = getattr(self, name)
+            if not (_power_of_two(size) and size >= 16):
+                raise OptionsError(f"{name} must be a power of two >= 16 (Triton's dot), "
+                                   f"got {size}")
+        if not (_power_of_two(self.num_warps) and self.num_warps <= 16):
+            raise OptionsError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 8:
+            raise OptionsError(f"num_stages must be in [1, 8], got {self.num_stages}")
+
+    @classmethod
+    def parse(cls, text: str) -> Tile:
+        match = _TILE.match(text) if isinstance(text, str) else None
+        if not match:
+            raise OptionsError(f"expected 'block_qxblock_k:warps:stages' such as '64x64:4:2', "
+                               f"got {text!r}")
+        return cls(*map(int, match.groups()))
+
+    def __str__(self) -> str:
+        return f"{self.block_q}x{self.block_k}:{self.num_warps}:{self.num_stages}"
+
+    def compiler_params(self) -> plgpu.CompilerParams:
+        return plgpu.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How the three kernels run: each one's Tile, the bias-gradient scheme and the dropout
+    bits per hash. Every choice computes the same function (up to float rounding, and the
+    dropout bits' pattern for hash_elements); they differ in speed only, so the defaults are
+    for the GPU measurement to choose (benchmarks/gpu_suite.py sweeps them)."""
+
+    forward: Tile = Tile()
+    dkv: Tile = Tile()  # block_k: the program's key block; block_q: the queries it streams
+    dq: Tile = Tile()  # block_q: the program's query block; block_k: the keys it streams
+    bias_grad: str = "batch"  # one of BIAS_GRADS
+    bias_grad_groups: int = 4  # "batch": programs per (key block, head) over the batch
+    hash_elements: int = 1  # one of HASH_ELEMENTS
+
+    def __post_init__(self):
+        if self.bias_grad not in BIAS_GRADS:
+            raise OptionsError(f"bias_grad must be one of {', '.join(BIAS_GRADS)}, got "
+                               f"{self.bias_grad!r}")
+        if not (isinstance(self.bias_grad_groups, int) and self.bias_grad_groups >= 1):
+            raise OptionsError(f"bias_grad_groups must be an int >= 1, got "
+                               f"{self.bias_grad_groups!r}")
+        if self.hash_elements not in HASH_ELEMENTS:
+            raise OptionsError(f"hash_elements must be one of "
+                               f"{', '.join(map(str, HASH_ELEMENTS))}, got {self.hash_elements!r}")
+
+    @property
+    def query_multiple(self) -> int:
+        """What the number of queries must be a multiple of."""
+        return math.lcm(self.forward.block_q, self.dkv.block_q, self.dq.block_q)
+
+    @property
+    def key_multiple(self) -> int:
+        """What the number of keys must be a multiple of."""
+        return math.lcm(self.forward.block_k, self.dkv.block_k, self.dq.block_k)
+
+    @property
+    def length_multiple(self) -> int:
+        """What a self-attention length must be a multiple of."""
+        return math.lcm(self.query_multiple, self.key_multiple)
+
+    def fields(self) -> dict[str, Any]:
+        """The options as config fields (model.pallas.*): tiles as strings."""
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Tile) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any], where: str = "options") -> KernelOptions:
+        """The options of config fields as `fields` writes them; an OptionsError names the
+        field (`where`.<name>) and what is expected."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise OptionsError(f"{where}.{unknown[0]}: unknown option; expected "
+                               f"{', '.join(sorted(known))}")
+        values = {}
+        for name, value in fields.items():
+            try:
+                values[name] = Tile.parse(value) if name in ("forward", "dkv", "dq") else value
+            except OptionsError as e:
+                raise OptionsError(f"{where}.{name}: {e}") from None
+        try:
+            return cls(**values)
+        except OptionsError as e:
+            name = str(e).split(" ", 1)[0]
+            raise OptionsError(f"{where}.{name}: {str(e).split(' ', 1)[1]}") from None
+
+
+# ----------------------------------------------------------------------------------------
+# Dropout bits.
 
 
 def _mix(x: jax.Array) -> jax.Array:
@@ -66,221 +206,389 @@ def row_stream(seed0: jax.Array, seed1: jax.Array, batch: jax.Array, head: jax.A
     return _mix(_mix(row * _GOLDEN ^ seed0) ^ seed1)
 
 
-def keep(stream: jax.Array, queries: jax.Array, keys: jax.Array, key_stride: int,
-         rate: float) -> jax.Array:
-    """bool [len(queries), len(keys)]: which elements dropout keeps, with probability
-    1 - rate, a function of the row's stream and each (query, key) index alone (the
-    counter query * key_stride + key, key_stride being the unpadded number of keys)."""
-    counter = (queries[:, None] * key_stride + keys[None, :]).astype(jnp.uint32)
-    threshold = np.uint32(round(rate * 2 ** _BITS))
-    return (_mix(counter ^ stream) >> (32 - _BITS)) >= threshold
+def _bits(elements: int) -> int:
+    """Bits of a hash that decide one element when `elements` share it."""
+    return min(24, 32 // elements)
 
 
-def keep_mask(seed: jax.Array, shape: tuple[int, int, int, int], rate: float) -> jax.Array:
-    """bool [B, heads, n, m]: the whole keep mask the kernels apply, for tests and checks."""
+def _threshold(rate: float, elements: int) -> int:
+    return round(rate * 2 ** _bits(elements))
+
+
+def dropped_fraction(rate: float, elements: int = 1) -> float:
+    """The dropout rate the kernels really apply: `rate` quantised to the bits per element."""
+    return _threshold(rate, elements) / 2 ** _bits(elements)
+
+
+def keep(stream: jax.Array, queries: jax.Array, key_start: jax.Array, block_k: int,
+         key_stride: int, rate: float, elements: int = 1) -> jax.Array:
+    """bool [len(queries), block_k]: which elements of keys key_start .. + block_k dropout
+    keeps, a function of the row's stream and each (query, key) index alone.
+
+    Key k reads the bits [(k % e) * bits, (k % e + 1) * bits) of the hash of the counter
+    query * ceil(key_stride / e) + k // e (e = elements; key_start a multiple of e). One
+    hash is computed per e keys and its bits spread by a reshape.
+    """
+    bits, e = _bits(elements), elements
+    groups = jnp.asarray(key_start) // e + jnp.arange(block_k // e)
+    counter = (queries[:, None] * (-(-key_stride // e)) + groups[None, :]).astype(jnp.uint32)
+    hashed = _mix(counter ^ stream)
+    threshold = np.uint32(_threshold(rate, elements))
+    if e == 1:
+        return (hashed >> (32 - bits)) >= threshold
+    shifts = (jnp.arange(e) * bits).astype(jnp.uint32)
+    parts = (hashed[:, :, None] >> shifts[None, None, :]) & np.uint32(2 ** bits - 1)
+    return parts.reshape(len(queries), block_k) >= threshold
+
+
+def keep_mask(seed: jax.Array, shape: tuple[int, int, int, int], rate: float,
+              elements: int = 1) -> jax.Array:
+    """bool [B, heads, n, m]: the whole keep mask the kernels apply, for tests and checks,
+    computed element by element (no reshape), as `keep` documents it."""
     B, H, n, m = shape
+    bits, e = _bits(elements), elements
+    threshold = np.uint32(_threshold(rate, elements))
+    keys = jnp.arange(m)
+    shift = (32 - bits) if e == 1 else (keys % e * bits)
+
+    def row(stream):
+        counter = (jnp.arange(n)[:, None] * (-(-m // e)) + keys[None, :] // e)
+        hashed = _mix(counter.astype(jnp.uint32) ^ stream)
+        return ((hashed >> jnp.asarray(shift, jnp.uint32)) & np.uint32(2 ** bits - 1)
+                ) >= threshold
+
     streams = jax.vmap(lambda b: jax.vmap(lambda h: row_stream(seed[0], seed[1], b, h, H))(
         jnp.arange(H)))(jnp.arange(B))
-    return jax.vmap(jax.vmap(lambda s: keep(s, jnp.arange(n), jnp.arange(m), m, rate)))(streams)
+    return jax.vmap(jax.vmap(row))(streams)
 
 
-def _scores(q, k, bias_ref, valid_ref, q_slice, k_slice, scale):
-    """[block_q, block_k] float32 scores of one tile: scale q.k + bias, masked keys low."""
+# ----------------------------------------------------------------------------------------
+# Kernels.
+
+
+def _scores(q, k, bias, valid, scale):
+    """[block_q, block_k] float32 scores of one tile: scale q.k + bias, masked keys low.
+    bias: the tile [block_q, block_k] or None; valid: the keys' [block_k] int or None."""
     s = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * scale
-    if bias_ref is not None:
-        s = s + bias_ref[q_slice, k_slice].astype(jnp.float32)
-    if valid_ref is not None:
-        s = jnp.where(valid_ref[k_slice][None, :] != 0, s, MASKED)
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
+    if valid is not None:
+        s = jnp.where(valid[None, :] != 0, s, MASKED)
     return s
 
 
-def _program(seed_ref, num_heads: int, block: int):
-    """This program's (dropout stream, its block of the grid's first axis as a slice and
-    as indices) for a grid (block, batch, head)."""
-    i = pl.program_id(0)
-    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
-                        num_heads)
-    return stream, pl.ds(i * block, block), i * block + jnp.arange(block)
+def _dropout(x, kept, rate, elements):
+    """x at the kept elements, scaled by the inverse of the kept fraction; 0 elsewhere."""
+    if not rate:
+        return x
+    return jnp.where(kept, x * (1.0 / (1.0 - dropped_fraction(rate, elements))), 0.0)
 
 
-def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, o_ref, lse_ref, *,
-                    scale, rate, num_heads, key_stride):
+def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, o_ref, max_ref,
+                    logsum_ref, *, scale, rate, num_heads, key_stride, elements, block_k):
+    """Grid (query block, batch, head). q [block_q, D], k and v [m, D], bias [block_q, m],
+    valid [m]; o [block_q, D], max and logsum [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    stream, q_slice, queries = _program(seed_ref, num_heads, BLOCK_Q)
+    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
+                        num_heads)
+    queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q = q_ref[...]
 
     def body(j, carry):
         acc, row_max, row_sum = carry
-        k_slice = pl.ds(j * BLOCK_K, BLOCK_K)
-        s = _scores(q, k_ref[k_slice, :], bias_ref, valid_ref, q_slice, k_slice, scale)
+        keys = pl.ds(j * block_k, block_k)
+        s = _scores(q, k_ref[keys, :], None if bias_ref is None else bias_ref[:, keys],
+                    None if valid_ref is None else valid_ref[keys], scale)
         new_max = jnp.maximum(row_max, s.max(axis=1))
         p = jnp.exp(s - new_max[:, None])
         correction = jnp.exp(row_max - new_max)
         row_sum = correction * row_sum + p.sum(axis=1)
         if rate:
-            kept = keep(stream, queries, j * BLOCK_K + jnp.arange(BLOCK_K), key_stride, rate)
-            p = jnp.where(kept, p * (1.0 / (1.0 - rate)), 0.0)
-        v = v_ref[k_slice, :]
+            p = _dropout(p, keep(stream, queries, j * block_k, block_k, key_stride, rate,
+                                 elements), rate, elements)
+        v = v_ref[keys, :]
         acc = correction[:, None] * acc + plgpu.dot(p.astype(v.dtype), v).astype(jnp.float32)
         return acc, new_max, row_sum
 
     init = (jnp.zeros((block_q, head_dim), jnp.float32),
             jnp.full((block_q,), MASKED, jnp.float32), jnp.zeros((block_q,), jnp.float32))
-    acc, row_max, row_sum = jax.lax.fori_loop(0, num_keys // BLOCK_K, body, init)
+    acc, row_max, row_sum = jax.lax.fori_loop(0, num_keys // block_k, body, init)
     o_ref[...] = (acc / row_sum[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = row_max + jnp.log(row_sum)
+    max_ref[...] = row_max
+    logsum_ref[...] = jnp.log(row_sum)
 
 
-def _dropped_grad(dp, stream, queries, keys, key_stride, rate):
-    """dP from dP~ = dO V^T through the dropout of the probabilities."""
-    if not rate:
-        return dp
-    kept = keep(stream, queries, keys, key_stride, rate)
-    return jnp.where(kept, dp * (1.0 / (1.0 - rate)), 0.0)
+def _probabilities(s, row_max, logsum):
+    """p = exp(s - max - log sum) [block_q, block_k]: the softmax from the forward's row
+    statistics (max and log sum apart, exact for fully masked rows)."""
+    return jnp.exp((s - row_max[:, None]) - logsum[:, None])
 
 
-def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, lse_ref,
-                delta_ref, dk_ref, dv_ref, *dbias_refs, scale, rate, num_heads, key_stride):
-    """One key block: dK and dV over every query block, and the bias gradient's column
-    (dbias_refs: the one output [n, BLOCK_K] of it when there is a bias)."""
+def _score_grad(p, dp, delta, valid):
+    """dS = P (dP - delta), zero at masked keys (their scores do not depend on q, k or the
+    bias, as in the einsum path's `where`)."""
+    ds = p * (dp - delta[:, None])
+    return ds if valid is None else jnp.where(valid[None, :] != 0, ds, 0.0)
+
+
+def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_ref,
+                logsum_ref, delta_ref, dk_ref, dv_ref, *dbias_refs, scale, rate, num_heads,
+                key_stride, elements, block_q, shared_bias, accumulate, barrier):
+    """Grid (key block, head, batch group) over R = B / groups rows each.
+
+    q and do [R, n, D]; k, v, dk, dv [R, block_k, D]; valid [R, block_k]; max, logsum,
+    delta [R, n]; bias [R, n, block_k], or [n, block_k] when shared by the batch; dbias
+    (dbias_refs: its one output when there is a bias): [n, block_k] accumulated over the R
+    rows when `accumulate`, else [R, n, block_k] per row.
+    """
     dbias_ref = dbias_refs[0] if dbias_refs else None
-    num_queries, head_dim = q_ref.shape
-    stream, k_slice, keys = _program(seed_ref, num_heads, BLOCK_K)
-    k, v = k_ref[k_slice, :], v_ref[k_slice, :]
+    rows, block_k, head_dim = k_ref.shape
+    num_queries = q_ref.shape[1]
+    j, head, group = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
-    def body(i, carry):
-        dk, dv = carry
-        q_slice = pl.ds(i * BLOCK_Q, BLOCK_Q)
-        queries = i * BLOCK_Q + jnp.arange(BLOCK_Q)
-        q, do = q_ref[q_slice, :], do_ref[q_slice, :]
-        p = jnp.exp(_scores(q, k, bias_ref, valid_ref, q_slice, k_slice, scale)
-                    - lse_ref[q_slice][:, None])
-        dp = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
-        if rate:
-            kept = keep(stream, queries, keys, key_stride, rate)
-            p_dropped = jnp.where(kept, p * (1.0 / (1.0 - rate)), 0.0)
-            dp = jnp.where(kept, dp * (1.0 / (1.0 - rate)), 0.0)
-        else:
-            p_dropped = p
-        dv = dv + plgpu.dot(p_dropped.astype(do.dtype), do, trans_a=True).astype(jnp.float32)
-        ds = p * (dp - delta_ref[q_slice][:, None])
-        if dbias_ref is not None:
-            dbias_ref[q_slice, :] = ds
-        dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True).astype(jnp.float32) * scale
-        return dk, dv
+    def row(r, _):
+        stream = row_stream(seed_ref[0], seed_ref[1], group * rows + r, head, num_heads)
+        k, v = k_ref[r], v_ref[r]
+        valid = None if valid_ref is None else valid_ref[r]
 
-    zeros = jnp.zeros((BLOCK_K, head_dim), jnp.float32)
-    dk, dv = jax.lax.fori_loop(0, num_queries // BLOCK_Q, body, (zeros, zeros))
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+        def body(i, carry):
+            dk, dv = carry
+            queries = pl.ds(i * block_q, block_q)
+            q, do = q_ref[r, queries, :], do_ref[r, queries, :]
+            bias = None
+            if bias_ref is not None:
+                bias = bias_ref[queries, :] if shared_bias else bias_ref[r, queries, :]
+            p = _probabilities(_scores(q, k, bias, valid, scale), max_ref[r, queries],
+                               logsum_ref[r, queries])
+            dp = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
+            if rate:
+                kept = keep(stream, i * block_q + jnp.arange(block_q), j * block_k, block_k,
+                            key_stride, rate, elements)
+                p_dropped, dp = _dropout(p, kept, rate, elements), _dropout(dp, kept, rate,
+                                                                           elements)
+            else:
+                p_dropped = p
+            dv = dv + plgpu.dot(p_dropped.astype(do.dtype), do, trans_a=True
+                                ).astype(jnp.float32)
+            ds = _score_grad(p, dp, delta_ref[r, queries], valid)
+            if dbias_ref is not None and accumulate:
+                # Read back what this program wrote for the previous row (the load at the
+                # first row reads unwritten memory, discarded by the where); the barrier
+                # orders the threads' global stores before the next row's loads.
+                before = dbias_ref[queries, :]
+                dbias_ref[queries, :] = jnp.where(r > 0, before, 0.0) + ds
+                if barrier:
+                    plgpu.debug_barrier()
+            elif dbias_ref is not None:
+                dbias_ref[r, queries, :] = ds.astype(dbias_ref.dtype)
+            dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True).astype(jnp.float32) * scale
+            return dk, dv
+
+        zeros = jnp.zeros((block_k, head_dim), jnp.float32)
+        dk, dv = jax.lax.fori_loop(0, num_queries // block_q, body, (zeros, zeros))
+        dk_ref[r] = dk.astype(dk_ref.dtype)
+        dv_ref[r] = dv.astype(dv_ref.dtype)
+        return 0
+
+    jax.lax.fori_loop(0, rows, row, 0)
 
 
-def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, lse_ref,
-               delta_ref, dq_ref, *, scale, rate, num_heads, key_stride):
-    """One query block: dQ over every key block."""
+def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_ref,
+               logsum_ref, delta_ref, dq_ref, *, scale, rate, num_heads, key_stride,
+               elements, block_k):
+    """Grid (query block, batch, head). q, do, dq [block_q, D]; k, v [m, D]; bias
+    [block_q, m]; valid [m]; max, logsum, delta [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    stream, q_slice, queries = _program(seed_ref, num_heads, BLOCK_Q)
+    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
+                        num_heads)
+    queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q, do = q_ref[...], do_ref[...]
-    lse, delta = lse_ref[...], delta_ref[...]
+    row_max, logsum, delta = max_ref[...], logsum_ref[...], delta_ref[...]
 
     def body(j, dq):
-        k_slice = pl.ds(j * BLOCK_K, BLOCK_K)
-        keys = j * BLOCK_K + jnp.arange(BLOCK_K)
-        k, v = k_ref[k_slice, :], v_ref[k_slice, :]
-        p = jnp.exp(_scores(q, k, bias_ref, valid_ref, q_slice, k_slice, scale) - lse[:, None])
-        dp = _dropped_grad(plgpu.dot(do, v, trans_b=True).astype(jnp.float32), stream, queries,
-                           keys, key_stride, rate)
-        ds = p * (dp - delta[:, None])
+        keys = pl.ds(j * block_k, block_k)
+        k, v = k_ref[keys, :], v_ref[keys, :]
+        valid = None if valid_ref is None else valid_ref[keys]
+        s = _scores(q, k, None if bias_ref is None else bias_ref[:, keys], valid, scale)
+        p = _probabilities(s, row_max, logsum)
+        dp = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
+        if rate:
+            dp = _dropout(dp, keep(stream, queries, j * block_k, block_k, key_stride, rate,
+                                   elements), rate, elements)
+        ds = _score_grad(p, dp, delta, valid)
         return dq + plgpu.dot(ds.astype(k.dtype), k).astype(jnp.float32) * scale
 
-    dq = jax.lax.fori_loop(0, num_keys // BLOCK_K, body,
+    dq = jax.lax.fori_loop(0, num_keys // block_k, body,
                            jnp.zeros((block_q, head_dim), jnp.float32))
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _call(kernel, grid, in_specs, out_specs, out_shape, interpret, name, **static):
-    return pl.pallas_call(functools.partial(kernel, **static), grid=grid, in_specs=in_specs,
-                          out_specs=out_specs, out_shape=out_shape, interpret=interpret,
-                          name=name)
+# ----------------------------------------------------------------------------------------
+# Calls.
 
 
-def _input_specs(B, H, n, m, D, bias, valid, q_block: bool, do: bool = False):
-    """BlockSpecs of (seed, q, k, v, bias, valid[, do, lse, delta]) for a grid (block, b,
-    h): q (and do, lse, delta) by query block when `q_block`, else whole; the rest whole."""
-    rows = BLOCK_Q if q_block else n
-    q_index = (lambda i, b, h: (b, i, h, 0)) if q_block else (lambda i, b, h: (b, 0, h, 0))
-    r_index = (lambda i, b, h: (b, h, i)) if q_block else (lambda i, b, h: (b, h, 0))
-    bias_batch = None if bias is None else bias.shape[0]
-    specs = [
+def _call(kernel, tile: Tile, grid, in_specs, out_specs, out_shape, name: str,
+          interpret: bool | None, **static):
+    """The kernel as a function of its inputs (None for an absent bias or mask): Pallas'
+    interpreter on a CPU and Triton elsewhere, chosen when the program is lowered (or as
+    `interpret` says)."""
+
+    def call(interpret_now: bool):
+        now = dict(static)
+        if "barrier" in now:  # Triton's barrier; the interpreter runs one thread
+            now["barrier"] = not interpret_now
+        return pl.pallas_call(functools.partial(kernel, **now), grid=grid, in_specs=in_specs,
+                              out_specs=out_specs, out_shape=out_shape,
+                              interpret=interpret_now, name=name,
+                              compiler_params=tile.compiler_params())
+
+    def run(*args):
+        if interpret is not None:
+            return call(interpret)(*args)
+        leaves, tree = jax.tree.flatten(args)
+        # Each branch gets the leaves and rebuilds the arguments (None stays None).
+        branch = lambda interpret_now: lambda *xs: call(interpret_now)(  # noqa: E731
+            *jax.tree.unflatten(tree, xs))
+        return jax.lax.platform_dependent(*leaves, cpu=branch(True), default=branch(False))
+
+    return run
+
+
+def _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, options, interpret):
+    B, n, H, D = q.shape
+    m = k.shape[1]
+    tile = options.forward
+    bq = tile.block_q
+    bias_row = (lambda b: b) if bias is not None and bias.shape[0] > 1 else (lambda b: 0)
+    in_specs = [
         pl.BlockSpec((2,), lambda i, b, h: (0,)),
-        pl.BlockSpec((None, rows, None, D), q_index),
+        pl.BlockSpec((None, bq, None, D), lambda i, b, h: (b, i, h, 0)),
         pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
         pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
-        None if bias is None else pl.BlockSpec(
-            (None, None, n, m), lambda i, b, h: (b if bias_batch > 1 else 0, h, 0, 0)),
+        None if bias is None else pl.BlockSpec((None, None, bq, m),
+                                               lambda i, b, h: (bias_row(b), h, i, 0)),
         None if valid is None else pl.BlockSpec((None, m), lambda i, b, h: (b, 0)),
     ]
-    if do:
-        specs += [pl.BlockSpec((None, rows, None, D), q_index),
-                  pl.BlockSpec((None, None, rows), r_index),
-                  pl.BlockSpec((None, None, rows), r_index)]
-    return specs
-
-
-def _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, interpret):
-    B, n, H, D = q.shape
-    m = k.shape[1]
-    out, lse = _call(
-        _forward_kernel, (n // BLOCK_Q, B, H),
-        _input_specs(B, H, n, m, D, bias, valid, q_block=True),
-        [pl.BlockSpec((None, BLOCK_Q, None, D), lambda i, b, h: (b, i, h, 0)),
-         pl.BlockSpec((None, None, BLOCK_Q), lambda i, b, h: (b, h, i))],
-        [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, H, n), jnp.float32)],
-        interpret, "flash_attention_forward", scale=scale, rate=rate, num_heads=H,
-        key_stride=key_stride,
+    row_spec = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
+    return _call(
+        _forward_kernel, tile, (n // bq, B, H), in_specs,
+        [pl.BlockSpec((None, bq, None, D), lambda i, b, h: (b, i, h, 0)), row_spec, row_spec],
+        [jax.ShapeDtypeStruct(q.shape, q.dtype),
+         jax.ShapeDtypeStruct((B, H, n), jnp.float32),
+         jax.ShapeDtypeStruct((B, H, n), jnp.float32)],
+        "flash_attention_forward", interpret, scale=scale, rate=rate, num_heads=H,
+        key_stride=key_stride, elements=options.hash_elements, block_k=tile.block_k,
     )(seed, q, k, v, bias, valid)
-    return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _attention(q, k, v, bias, valid, seed, scale, rate, key_stride, interpret):
-    return _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, interpret)[0]
+def bias_grad_groups(batch: int, bias_batch: int | None, options: KernelOptions) -> int:
+    """Programs over the batch in the dkv kernel: one per row, unless a bias shared by the
+    batch has its gradient summed inside ("batch"): then the largest divisor of the batch
+    that is at most options.bias_grad_groups."""
+    if bias_batch is None or bias_batch == batch or options.bias_grad == "rows":
+        return batch
+    return max(g for g in range(1, min(batch, options.bias_grad_groups) + 1)
+               if batch % g == 0)
 
 
-def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, interpret):
-    out, lse = _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, interpret)
-    return out, (q, k, v, bias, valid, seed, out, lse)
-
-
-def _attention_bwd(scale, rate, key_stride, interpret, residuals, d_out):
-    q, k, v, bias, valid, seed, out, lse = residuals
-    B, n, H, D = q.shape
+def _dkv(args, shapes, scale, rate, key_stride, options, interpret):
+    seed, q, k, v, bias, valid, d_out, row_max, logsum, delta = args
+    B, n, H, D = shapes
     m = k.shape[1]
-    # rowsum(dO * O) = rowsum(dP~ * P~): the softmax's backward term, [B, H, n].
-    delta = jnp.einsum("bnhd,bnhd->bhn", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    static = dict(scale=scale, rate=rate, num_heads=H, key_stride=key_stride)
-    args = (seed, q, k, v, bias, valid, d_out, lse, delta)
-    out_specs = [pl.BlockSpec((None, BLOCK_K, None, D), lambda j, b, h: (b, j, h, 0))] * 2
+    tile = options.dkv
+    bk = tile.block_k
+    groups = bias_grad_groups(B, None if bias is None else bias.shape[0], options)
+    R = B // groups
+    shared = bias is not None and bias.shape[0] == 1 and B > 1
+    accumulate = shared and R > 1
+    per_row = lambda j, h, g: (g, 0, h, 0)  # noqa: E731
+    key_rows = lambda j, h, g: (g, j, h, 0)  # noqa: E731
+    stats = pl.BlockSpec((R, None, n), lambda j, h, g: (g, h, 0))
+    if bias is None:
+        bias_spec = None
+    elif shared:
+        bias_spec = pl.BlockSpec((None, None, n, bk), lambda j, h, g: (0, h, 0, j))
+    else:
+        bias_spec = pl.BlockSpec((R, None, n, bk), lambda j, h, g: (g, h, 0, j))
+    in_specs = [pl.BlockSpec((2,), lambda j, h, g: (0,)),
+                pl.BlockSpec((R, n, None, D), per_row),
+                pl.BlockSpec((R, bk, None, D), key_rows),
+                pl.BlockSpec((R, bk, None, D), key_rows),
+                bias_spec,
+                None if valid is None else pl.BlockSpec((R, bk), lambda j, h, g: (g, j)),
+                pl.BlockSpec((R, n, None, D), per_row), stats, stats, stats]
+    out_specs = [pl.BlockSpec((R, bk, None, D), key_rows)] * 2
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if bias is not None:
-        out_specs.append(pl.BlockSpec((None, None, n, BLOCK_K), lambda j, b, h: (b, h, 0, j)))
-        out_shape.append(jax.ShapeDtypeStruct((B, H, n, m), jnp.float32))
-    grads = _call(_dkv_kernel, (m // BLOCK_K, B, H),
-                  _input_specs(B, H, n, m, D, bias, valid, q_block=False, do=True),
-                  out_specs, out_shape, interpret, "flash_attention_dkv", **static)(*args)
+        if accumulate:  # one float32 column per group, summed over its rows
+            out_specs.append(pl.BlockSpec((None, None, n, bk), lambda j, h, g: (g, h, 0, j)))
+            out_shape.append(jax.ShapeDtypeStruct((groups, H, n, m), jnp.float32))
+        else:  # per row: in the bias's dtype for a per-example bias, else float32 to sum
+            out_specs.append(pl.BlockSpec((R, None, n, bk), lambda j, h, g: (g, h, 0, j)))
+            out_shape.append(jax.ShapeDtypeStruct(
+                (B, H, n, m), jnp.float32 if shared else bias.dtype))
+    grads = _call(
+        _dkv_kernel, tile, (m // bk, H, groups), in_specs, out_specs, out_shape,
+        "flash_attention_dkv", interpret, scale=scale, rate=rate, num_heads=H,
+        key_stride=key_stride, elements=options.hash_elements, block_q=tile.block_q,
+        shared_bias=shared, accumulate=accumulate, barrier=True,
+    )(*args)
     dk, dv = grads[0], grads[1]
     dbias = None
     if bias is not None:
         dbias = grads[2]
-        dbias = (dbias if bias.shape[0] == B else dbias.sum(axis=0, keepdims=True))
+        if dbias.shape[0] != bias.shape[0]:
+            dbias = dbias.sum(axis=0, keepdims=True)
         dbias = dbias.astype(bias.dtype)
-    dq = _call(_dq_kernel, (n // BLOCK_Q, B, H),
-               _input_specs(B, H, n, m, D, bias, valid, q_block=True, do=True),
-               pl.BlockSpec((None, BLOCK_Q, None, D), lambda i, b, h: (b, i, h, 0)),
-               jax.ShapeDtypeStruct(q.shape, q.dtype), interpret, "flash_attention_dq",
-               **static)(*args)
+    return dk, dv, dbias
+
+
+def _dq(args, shapes, scale, rate, key_stride, options, interpret):
+    seed, q, k, v, bias, valid, d_out, row_max, logsum, delta = args
+    B, n, H, D = shapes
+    m = k.shape[1]
+    tile = options.dq
+    bq = tile.block_q
+    bias_row = (lambda b: b) if bias is not None and bias.shape[0] > 1 else (lambda b: 0)
+    query_rows = pl.BlockSpec((None, bq, None, D), lambda i, b, h: (b, i, h, 0))
+    stats = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
+    in_specs = [pl.BlockSpec((2,), lambda i, b, h: (0,)), query_rows,
+                pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
+                pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
+                None if bias is None else pl.BlockSpec(
+                    (None, None, bq, m), lambda i, b, h: (bias_row(b), h, i, 0)),
+                None if valid is None else pl.BlockSpec((None, m), lambda i, b, h: (b, 0)),
+                query_rows, stats, stats, stats]
+    return _call(
+        _dq_kernel, tile, (n // bq, B, H), in_specs, query_rows,
+        jax.ShapeDtypeStruct(q.shape, q.dtype), "flash_attention_dq", interpret, scale=scale,
+        rate=rate, num_heads=H, key_stride=key_stride, elements=options.hash_elements,
+        block_k=tile.block_k,
+    )(*args)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _attention(q, k, v, bias, valid, seed, scale, rate, key_stride, options, interpret):
+    return _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, options,
+                    interpret)[0]
+
+
+def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, options, interpret):
+    out, row_max, logsum = _forward(q, k, v, bias, valid, seed, scale, rate, key_stride,
+                                    options, interpret)
+    return out, (q, k, v, bias, valid, seed, out, row_max, logsum)
+
+
+def _attention_bwd(scale, rate, key_stride, options, interpret, residuals, d_out):
+    q, k, v, bias, valid, seed, out, row_max, logsum = residuals
+    # rowsum(dO * O) = rowsum(dP~ * P~): the softmax's backward term, [B, H, n].
+    delta = jnp.einsum("bnhd,bnhd->bhn", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    args = (seed, q, k, v, bias, valid, d_out, row_max, logsum, delta)
+    static = (q.shape, scale, rate, key_stride, options, interpret)
+    dk, dv, dbias = _dkv(args, *static)
+    dq = _dq(args, *static)
     return dq, dk, dv, dbias, None, None
 
 
@@ -297,18 +605,21 @@ def _pad_to(x: jax.Array | None, axis: int, size: int, value=0) -> jax.Array | N
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
               key_valid: jax.Array | None, seed: jax.Array, *, scale: float,
-              dropout_rate: float = 0.0, interpret: bool | None = None) -> jax.Array:
+              dropout_rate: float = 0.0, options: KernelOptions = KernelOptions(),
+              interpret: bool | None = None) -> jax.Array:
     """softmax(scale q.k + bias, keys where key_valid), dropped out at dropout_rate, times v.
 
-    q [B, n, H, D], k and v [B, m, H, D] (D a power of two >= 16 on a GPU); bias
-    [1 or B, H, n, m] or None; key_valid [B, m] bool or None; seed [2] uint32, the dropout
-    bits' seed (unused at rate 0). interpret: Pallas' interpreter (default: on a CPU).
+    q [B, n, H, D], k and v [B, m, H, D] (D a power of two >= 16); bias [1 or B, H, n, m]
+    or None; key_valid [B, m] bool or None; seed [2] uint32, the dropout bits' seed (unused
+    at rate 0). options: tiles and variants (KernelOptions). interpret: Pallas' interpreter
+    (True) or Triton (False); by default the interpreter on a CPU and Triton elsewhere,
+    decided when the program is lowered. Lengths that are not multiples of the tiles are
+    padded here (padded keys masked) and the result sliced.
     Returns [B, n, H, D] in q's dtype. Differentiable in q, k, v and bias.
     """
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
     n, m = q.shape[1], k.shape[1]
-    n_pad, m_pad = -(-n // BLOCK_Q) * BLOCK_Q, -(-m // BLOCK_K) * BLOCK_K
+    n_pad = -(-n // options.query_multiple) * options.query_multiple
+    m_pad = -(-m // options.key_multiple) * options.key_multiple
     if m_pad != m and key_valid is None:
         key_valid = jnp.ones((k.shape[0], m), bool)
     valid = None if key_valid is None else _pad_to(key_valid.astype(jnp.int32), 1, m_pad)
@@ -317,5 +628,5 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
     if bias is not None:
         bias = _pad_to(_pad_to(bias, 2, n_pad), 3, m_pad)
     out = _attention(q, k, v, bias, valid, seed.astype(jnp.uint32), float(scale),
-                     float(dropout_rate), m, bool(interpret))
+                     float(dropout_rate), m, options, interpret)
     return out[:, :n]

@@ -53,6 +53,8 @@ class StackConfig:
     dtype: Dtype = jnp.float32  # compute dtype
     activation_dropout: float = 0.0  # on the MLP's hidden units; 0 in fairseq RoBERTa/MAE-LM
     attention_impl: str = "einsum"  # one of ATTENTION_IMPLS, resolved (never "auto")
+    # The Pallas kernel's tiles and variants (attention_impl "pallas" only).
+    pallas: flash_attention.KernelOptions = flash_attention.KernelOptions()
     scan_layers: bool = False  # nn.scan over the layers (TransformerStack; see below)
     remat_policy: str = "none"  # one of REMAT_POLICIES
 
@@ -173,6 +175,16 @@ def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None) 
     return "cudnn" if backend == "gpu" and half else "einsum"
 
 
+def length_multiple(cfg: StackConfig) -> int:
+    """What the attention implementation wants a self-attention length to be a multiple
+    of: the Pallas kernel's tiles; an even length for cuDNN (its fused attention refuses odd
+    lengths with a bias in training); 1 for the others. The encoder pads its input to it
+    once (padded keys masked) instead of every layer padding q, k, v and the bias."""
+    if cfg.attention_impl == "pallas":
+        return cfg.pallas.length_multiple
+    return 2 if cfg.attention_impl == "cudnn" else 1
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with an additive bias and a boolean key mask."""
 
@@ -218,9 +230,12 @@ class MultiHeadAttention(nn.Module):
         fused = (cfg.attention_impl in ("xla", "cudnn")
                  and (deterministic or cfg.attention_dropout == 0.0) and not diagnostics)
         if fused:
+            n = q.shape[1]
+            if cfg.attention_impl == "cudnn":
+                q, k, v, bias, key_mask = _even_lengths(q, k, v, bias, key_mask)
             out = jax.nn.dot_product_attention(
                 q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=key_mask,
-                scale=1.0 / float(Dh) ** 0.5, implementation=cfg.attention_impl)
+                scale=1.0 / float(Dh) ** 0.5, implementation=cfg.attention_impl)[:, :n]
         else:
             dropout = Dropout(cfg.attention_dropout, deterministic=deterministic)
             out = self._einsum_attention(q, k, v, bias, key_mask, dropout)
@@ -257,7 +272,7 @@ class MultiHeadAttention(nn.Module):
             bias = blocked if bias is None else bias.astype(jnp.float32) + blocked
         return flash_attention.attention(
             q, k, v, None if bias is None else bias.astype(q.dtype), key_valid, seed,
-            scale=1.0 / float(cfg.head_dim) ** 0.5, dropout_rate=rate)
+            scale=1.0 / float(cfg.head_dim) ** 0.5, dropout_rate=rate, options=cfg.pallas)
 
     def _einsum_attention(self, q, k, v, bias, key_mask, dropout: Dropout) -> jax.Array:
         """q [B, n, H, Dh], k and v [B, m, H, Dh] -> [B, n, H, Dh]; float32 logits and softmax."""
@@ -272,6 +287,35 @@ class MultiHeadAttention(nn.Module):
         # Sown (a no-op unless "intermediates" is mutable) for the attention diagnostics.
         self.sow("intermediates", "probs", probs)
         return jnp.einsum("bhqk,bkhd->bqhd", dropout(probs).astype(cfg.dtype), v)
+
+
+def _even_lengths(q, k, v, bias, mask):
+    """q [B, n, H, D], k and v [B, m, H, D], bias [., H, n, m] and mask [., 1, n or 1, m]
+    (or None) padded to even n and m (the mask to [., 1, n, m]), as cuDNN's fused attention
+    wants them in training with a bias (a key mask is one to it). Padded keys are masked
+    out; padded queries attend like the others (a fully masked row could give NaN, which
+    the backward pass would spread through dK and dV even from rows sliced off). A no-op
+    for the encoder, which pads its input."""
+    n, m = q.shape[1], k.shape[1]
+    pad_n, pad_m = n % 2, m % 2
+    if not (pad_n or pad_m):
+        return q, k, v, bias, mask
+
+    def pad(x, widths, value=0):
+        return jnp.pad(x, [(0, 0)] * (x.ndim - len(widths)) + list(widths),
+                       constant_values=value)
+
+    q = pad(q, [(0, pad_n), (0, 0), (0, 0)])
+    k, v = (pad(x, [(0, pad_m), (0, 0), (0, 0)]) for x in (k, v))
+    if bias is not None:
+        bias = pad(bias, [(0, pad_n), (0, pad_m)])
+    if mask is None:
+        mask = jnp.ones((1, 1, 1, m), bool)
+    # cuDNN turns the mask into a bias, which must span the queries.
+    mask = jnp.broadcast_to(mask, mask.shape[:2] + (n, m))
+    mask = pad(mask, [(0, pad_n), (0, 0)], True)  # queries: attend
+    mask = pad(mask, [(0, pad_m)], False)  # keys: masked
+    return q, k, v, bias, mask
 
 
 class FeedForward(nn.Module):

@@ -148,6 +148,7 @@ class MaeLm(base.Objective):
             pre_ln=d.pre_ln,
             dtype=stack.dtype,
             attention_impl=stack.attention_impl,
+            pallas=stack.pallas,
             scan_layers=stack.scan_layers,
             remat_policy=stack.remat_policy,
         )

@@ -34,6 +34,7 @@ _RESUMABLE_CHANGES = (
     "sharding_rules",
     "model.dtype",
     "model.attention_impl",
+    "model.pallas",
     "model.scan_layers",  # the checkpoint converts between the layouts on restore
     "model.remat_policy",
     "train.peak_tflops_per_device",
