@@ -233,3 +233,50 @@ def test_causal_mask_is_folded_into_the_bias():
     plain = layers.MultiHeadAttention(layers.StackConfig(num_layers=1, d_model=32, num_heads=2,
                                                          d_ff=64))
     np.testing.assert_allclose(got, plain.apply(params, x, x, None, causal, True), atol=1e-5)
+
+
+def test_sharded_kernel_is_the_single_device_kernel():
+    """On a mesh that splits the batch 4 ways and the heads 2 ways the kernel runs per
+    shard (jax.shard_map; XLA cannot partition a pallas_call), each shard offsetting its
+    dropout rows and heads: an attention layer with a shared bias, a key mask and dropout
+    gives the outputs and gradients of one device, and the kernel sees [2, n, 1, D] blocks.
+    (Shards that all started at row 0 would drop alike.)"""
+    from maelm_jax import sharding
+
+    cfg = layers.StackConfig(num_layers=1, d_model=32, num_heads=2, d_ff=64,
+                             attention_dropout=0.3, attention_impl="pallas")
+    attn = layers.MultiHeadAttention(cfg)
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    x = jax.random.normal(keys[0], (8, 24, 32))
+    bias = jax.random.normal(keys[1], (1, 2, 24, 24))
+    key_mask = jnp.arange(24)[None] < jnp.arange(8, 24, 2)[:, None]
+    params = attn.init(keys[2], x, x, bias, key_mask, True)
+    traced = []
+    real = fa.attention
+
+    def spy(q, *args, **kwargs):
+        traced.append(q.shape)
+        return real(q, *args, **kwargs)
+
+    def run(shape):
+        mesh = sharding.make_mesh(shape, jax.devices()[:int(np.prod(shape))])
+        rules = sharding.rules_from_config(sharding.DEFAULT_RULES)
+
+        def loss(params, x):
+            out = attn.apply(params, x, x, bias, key_mask, False,
+                             rngs={"dropout": jax.random.PRNGKey(7)})
+            return jnp.sum(jnp.sin(out)), out
+
+        traced.clear()
+        with pytest.MonkeyPatch.context() as patch, sharding.activate(mesh, rules):
+            patch.setattr(fa, "attention", spy)
+            x_on_mesh = jax.device_put(x, sharding.batch_sharding(mesh))
+            (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, x_on_mesh)
+        assert traced == [(8 // shape[0], 24, 2 // shape[2], 16)], traced
+        return out, grads
+
+    out, grads = run((4, 1, 2))
+    want, want_grads = run((1, 1, 1))
+    np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+    for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)

@@ -186,3 +186,16 @@ def test_finetuning_step_lowers(platform, impl):
     with sharding.activate(mesh, rules):
         text = lower(step, platform, setup.abstract, batch)
     check_kernels(text, impl if platform == "cuda" else "einsum", 2)
+
+
+def test_pallas_runs_per_shard_on_a_mesh():
+    """On 8 devices split 4 ways over the batch and 2 over the heads, the Triton kernels
+    take each device's rows and heads (shard_map), not the whole batch gathered onto every
+    device: [32 / 4, 128, 4 / 2, 64] blocks."""
+    c = pretraining_config("small,layers=2", "mlm", "pallas")
+    trainer = setup_lib.build(c, c.tokenizer.vocab_size, sharding.make_mesh((4, 1, 2)))
+    with sharding.activate(trainer.mesh, trainer.rules):
+        text = lower(trainer.train_step, "cuda", trainer.state.abstract, trainer.batch_spec())
+    calls = [line for line in text.splitlines() if f"@{TRITON}" in line]
+    assert len(calls) == 6 and all("tensor<8x128x2x64xbf16>" in line for line in calls)
+    assert "tensor<32x128x4x64xbf16>" not in " ".join(calls)

@@ -201,9 +201,17 @@ def _mix(x: jax.Array) -> jax.Array:
 def row_stream(seed0: jax.Array, seed1: jax.Array, batch: jax.Array, head: jax.Array,
                num_heads: int) -> jax.Array:
     """uint32: the hash state of one (batch, head) row of attention matrices, from the two
-    words of the call's seed."""
+    words of the call's seed; batch and head index the whole batch and all heads (a shard
+    adds its offsets), num_heads is the model's."""
     row = (batch * num_heads + head).astype(jnp.uint32)
     return _mix(_mix(row * _GOLDEN ^ seed0) ^ seed1)
+
+
+def _stream(seed_ref, batch, head, num_heads):
+    """row_stream of this shard's (batch, head): seed_ref holds the seed's two words and
+    the shard's first batch row and head."""
+    return row_stream(seed_ref[0], seed_ref[1], seed_ref[2] + batch.astype(jnp.uint32),
+                      seed_ref[3] + head.astype(jnp.uint32), num_heads)
 
 
 def _bits(elements: int) -> int:
@@ -290,8 +298,7 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, o_ref, m
     valid [m]; o [block_q, D], max and logsum [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
-                        num_heads)
+    stream = _stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
     queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q = q_ref[...]
 
@@ -348,7 +355,7 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_
     j, head, group = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
     def row(r, _):
-        stream = row_stream(seed_ref[0], seed_ref[1], group * rows + r, head, num_heads)
+        stream = _stream(seed_ref, group * rows + r, head, num_heads)
         k, v = k_ref[r], v_ref[r]
         valid = None if valid_ref is None else valid_ref[r]
 
@@ -401,8 +408,7 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_r
     [block_q, m]; valid [m]; max, logsum, delta [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    stream = row_stream(seed_ref[0], seed_ref[1], pl.program_id(1), pl.program_id(2),
-                        num_heads)
+    stream = _stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
     queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q, do = q_ref[...], do_ref[...]
     row_max, logsum, delta = max_ref[...], logsum_ref[...], delta_ref[...]
@@ -456,14 +462,15 @@ def _call(kernel, tile: Tile, grid, in_specs, out_specs, out_shape, name: str,
     return run
 
 
-def _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, options, interpret):
+def _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
+             interpret):
     B, n, H, D = q.shape
     m = k.shape[1]
     tile = options.forward
     bq = tile.block_q
     bias_row = (lambda b: b) if bias is not None and bias.shape[0] > 1 else (lambda b: 0)
     in_specs = [
-        pl.BlockSpec((2,), lambda i, b, h: (0,)),
+        pl.BlockSpec((4,), lambda i, b, h: (0,)),
         pl.BlockSpec((None, bq, None, D), lambda i, b, h: (b, i, h, 0)),
         pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
         pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
@@ -478,7 +485,7 @@ def _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, options, inter
         [jax.ShapeDtypeStruct(q.shape, q.dtype),
          jax.ShapeDtypeStruct((B, H, n), jnp.float32),
          jax.ShapeDtypeStruct((B, H, n), jnp.float32)],
-        "flash_attention_forward", interpret, scale=scale, rate=rate, num_heads=H,
+        "flash_attention_forward", interpret, scale=scale, rate=rate, num_heads=num_heads,
         key_stride=key_stride, elements=options.hash_elements, block_k=tile.block_k,
     )(seed, q, k, v, bias, valid)
 
@@ -493,7 +500,7 @@ def bias_grad_groups(batch: int, bias_batch: int | None, options: KernelOptions)
                if batch % g == 0)
 
 
-def _dkv(args, shapes, scale, rate, key_stride, options, interpret):
+def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
     seed, q, k, v, bias, valid, d_out, row_max, logsum, delta = args
     B, n, H, D = shapes
     m = k.shape[1]
@@ -512,7 +519,7 @@ def _dkv(args, shapes, scale, rate, key_stride, options, interpret):
         bias_spec = pl.BlockSpec((None, None, n, bk), lambda j, h, g: (0, h, 0, j))
     else:
         bias_spec = pl.BlockSpec((R, None, n, bk), lambda j, h, g: (g, h, 0, j))
-    in_specs = [pl.BlockSpec((2,), lambda j, h, g: (0,)),
+    in_specs = [pl.BlockSpec((4,), lambda j, h, g: (0,)),
                 pl.BlockSpec((R, n, None, D), per_row),
                 pl.BlockSpec((R, bk, None, D), key_rows),
                 pl.BlockSpec((R, bk, None, D), key_rows),
@@ -531,7 +538,7 @@ def _dkv(args, shapes, scale, rate, key_stride, options, interpret):
                 (B, H, n, m), jnp.float32 if shared else bias.dtype))
     grads = _call(
         _dkv_kernel, tile, (m // bk, H, groups), in_specs, out_specs, out_shape,
-        "flash_attention_dkv", interpret, scale=scale, rate=rate, num_heads=H,
+        "flash_attention_dkv", interpret, scale=scale, rate=rate, num_heads=num_heads,
         key_stride=key_stride, elements=options.hash_elements, block_q=tile.block_q,
         shared_bias=shared, accumulate=accumulate, barrier=True,
     )(*args)
@@ -545,7 +552,7 @@ def _dkv(args, shapes, scale, rate, key_stride, options, interpret):
     return dk, dv, dbias
 
 
-def _dq(args, shapes, scale, rate, key_stride, options, interpret):
+def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
     seed, q, k, v, bias, valid, d_out, row_max, logsum, delta = args
     B, n, H, D = shapes
     m = k.shape[1]
@@ -554,7 +561,7 @@ def _dq(args, shapes, scale, rate, key_stride, options, interpret):
     bias_row = (lambda b: b) if bias is not None and bias.shape[0] > 1 else (lambda b: 0)
     query_rows = pl.BlockSpec((None, bq, None, D), lambda i, b, h: (b, i, h, 0))
     stats = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
-    in_specs = [pl.BlockSpec((2,), lambda i, b, h: (0,)), query_rows,
+    in_specs = [pl.BlockSpec((4,), lambda i, b, h: (0,)), query_rows,
                 pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
                 pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
                 None if bias is None else pl.BlockSpec(
@@ -564,29 +571,31 @@ def _dq(args, shapes, scale, rate, key_stride, options, interpret):
     return _call(
         _dq_kernel, tile, (n // bq, B, H), in_specs, query_rows,
         jax.ShapeDtypeStruct(q.shape, q.dtype), "flash_attention_dq", interpret, scale=scale,
-        rate=rate, num_heads=H, key_stride=key_stride, elements=options.hash_elements,
+        rate=rate, num_heads=num_heads, key_stride=key_stride, elements=options.hash_elements,
         block_k=tile.block_k,
     )(*args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _attention(q, k, v, bias, valid, seed, scale, rate, key_stride, options, interpret):
-    return _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, options,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def _attention(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
+               interpret):
+    return _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
                     interpret)[0]
 
 
-def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, options, interpret):
+def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
+                   interpret):
     out, row_max, logsum = _forward(q, k, v, bias, valid, seed, scale, rate, key_stride,
-                                    options, interpret)
+                                    num_heads, options, interpret)
     return out, (q, k, v, bias, valid, seed, out, row_max, logsum)
 
 
-def _attention_bwd(scale, rate, key_stride, options, interpret, residuals, d_out):
+def _attention_bwd(scale, rate, key_stride, num_heads, options, interpret, residuals, d_out):
     q, k, v, bias, valid, seed, out, row_max, logsum = residuals
     # rowsum(dO * O) = rowsum(dP~ * P~): the softmax's backward term, [B, H, n].
     delta = jnp.einsum("bnhd,bnhd->bhn", d_out.astype(jnp.float32), out.astype(jnp.float32))
     args = (seed, q, k, v, bias, valid, d_out, row_max, logsum, delta)
-    static = (q.shape, scale, rate, key_stride, options, interpret)
+    static = (q.shape, scale, rate, key_stride, num_heads, options, interpret)
     dk, dv, dbias = _dkv(args, *static)
     dq = _dq(args, *static)
     return dq, dk, dv, dbias, None, None
@@ -606,7 +615,8 @@ def _pad_to(x: jax.Array | None, axis: int, size: int, value=0) -> jax.Array | N
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
               key_valid: jax.Array | None, seed: jax.Array, *, scale: float,
               dropout_rate: float = 0.0, options: KernelOptions = KernelOptions(),
-              interpret: bool | None = None) -> jax.Array:
+              interpret: bool | None = None, row_offset: tuple[Any, Any] = (0, 0),
+              num_heads: int | None = None) -> jax.Array:
     """softmax(scale q.k + bias, keys where key_valid), dropped out at dropout_rate, times v.
 
     q [B, n, H, D], k and v [B, m, H, D] (D a power of two >= 16); bias [1 or B, H, n, m]
@@ -615,6 +625,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
     (True) or Triton (False); by default the interpreter on a CPU and Triton elsewhere,
     decided when the program is lowered. Lengths that are not multiples of the tiles are
     padded here (padded keys masked) and the result sliced.
+    row_offset, num_heads: for a shard of a larger call (jax.shard_map), its first batch
+    row and head in the whole, and the whole's heads (default: this call's), so that the
+    dropout bits do not depend on how the call is split.
     Returns [B, n, H, D] in q's dtype. Differentiable in q, k, v and bias.
     """
     n, m = q.shape[1], k.shape[1]
@@ -627,6 +640,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
     k, v = _pad_to(k, 1, m_pad), _pad_to(v, 1, m_pad)
     if bias is not None:
         bias = _pad_to(_pad_to(bias, 2, n_pad), 3, m_pad)
-    out = _attention(q, k, v, bias, valid, seed.astype(jnp.uint32), float(scale),
-                     float(dropout_rate), m, options, interpret)
+    words = jnp.concatenate([seed.astype(jnp.uint32).reshape(2),
+                             jnp.asarray(row_offset, jnp.uint32).reshape(2)])
+    out = _attention(q, k, v, bias, valid, words, float(scale), float(dropout_rate), m,
+                     num_heads or q.shape[2], options, interpret)
     return out[:, :n]

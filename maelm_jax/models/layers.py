@@ -9,6 +9,8 @@ softmax are always float32.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -270,9 +272,10 @@ class MultiHeadAttention(nn.Module):
             blocked = jnp.broadcast_to(blocked, blocked.shape[:1] + (cfg.num_heads,)
                                        + blocked.shape[2:])
             bias = blocked if bias is None else bias.astype(jnp.float32) + blocked
-        return flash_attention.attention(
-            q, k, v, None if bias is None else bias.astype(q.dtype), key_valid, seed,
-            scale=1.0 / float(cfg.head_dim) ** 0.5, dropout_rate=rate, options=cfg.pallas)
+        call = functools.partial(flash_attention.attention, scale=1.0 / float(cfg.head_dim) ** 0.5,
+                                 dropout_rate=rate, options=cfg.pallas, num_heads=cfg.num_heads)
+        return _per_shard(call, q, k, v, None if bias is None else bias.astype(q.dtype),
+                          key_valid, seed)
 
     def _einsum_attention(self, q, k, v, bias, key_mask, dropout: Dropout) -> jax.Array:
         """q [B, n, H, Dh], k and v [B, m, H, Dh] -> [B, n, H, Dh]; float32 logits and softmax."""
@@ -287,6 +290,46 @@ class MultiHeadAttention(nn.Module):
         # Sown (a no-op unless "intermediates" is mutable) for the attention diagnostics.
         self.sow("intermediates", "probs", probs)
         return jnp.einsum("bhqk,bkhd->bqhd", dropout(probs).astype(cfg.dtype), v)
+
+
+def _per_shard(call, q, k, v, bias, key_valid, seed) -> jax.Array:
+    """call(q, k, v, bias, key_valid, seed, row_offset=...) on each device's rows and heads.
+
+    A pallas_call is opaque to XLA's SPMD partitioner, which would gather its operands onto
+    every device and compute the whole attention there; under a mesh that splits the batch
+    (or the heads, by the current logical rules) the kernel runs per shard in
+    jax.shard_map instead, each told where its rows and heads start so that the dropout
+    bits are the same whatever the mesh. q [B, n, H, D], k and v [B, m, H, D], bias
+    [1 or B, H, n, m] or None, key_valid [B, m] or None; the lengths stay whole.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return call(q, k, v, bias, key_valid, seed)
+
+    def split(spec, size):
+        """The mesh axes of `spec` if they split `size` evenly over more than one device
+        (a batch of one row, as when the state is built, stays whole), else None."""
+        names = (spec,) if isinstance(spec, str) else tuple(spec or ())
+        ways = math.prod(mesh.shape[a] for a in names)
+        return spec if ways > 1 and size % ways == 0 else None
+
+    batch, _, heads, _ = nn.logical_to_mesh_axes(("batch", "length", "act_heads", "kv"))
+    batch, heads = split(batch, q.shape[0]), split(heads, q.shape[2])
+    if batch is None and heads is None:
+        return call(q, k, v, bias, key_valid, seed)
+    P = jax.sharding.PartitionSpec
+    rows, per_head = P(batch, None, heads, None), None if bias is None else P(
+        batch if bias.shape[0] > 1 else None, heads, None, None)
+
+    def shard(q, k, v, bias, key_valid, seed):
+        start = [jnp.zeros((), jnp.int32) if spec is None else
+                 jax.lax.axis_index(spec) * size
+                 for spec, size in ((batch, q.shape[0]), (heads, q.shape[2]))]
+        return call(q, k, v, bias, key_valid, seed, row_offset=tuple(start))
+
+    return jax.shard_map(shard, mesh=mesh, in_specs=(
+        rows, rows, rows, per_head, None if key_valid is None else P(batch, None), P()),
+        out_specs=rows, check_vma=False)(q, k, v, bias, key_valid, seed)
 
 
 def _even_lengths(q, k, v, bias, mask):
