@@ -2,6 +2,7 @@
 --config.<field>=<value> overrides, and a bad flag is one line on stderr and exit 1; the
 benchmarks' default config files hold the sizes their docstrings give."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,45 @@ def test_compile_cache_script_measures_cold_and_cached():
     assert len(rows) == 1 and len(rows[0]) == 5
     cold, cached = float(rows[0][1]), float(rows[0][2])
     assert cold > 0 and cached > 0
+
+
+def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
+    """benchmarks/gpu_suite.py on this CPU at tiny sizes: the attention checks and one
+    variant of the sweep, the train steps of MLM and MAE-LM with the einsum and the
+    (interpreted) Pallas attention, and the three compile processes, written as JSON and a
+    markdown table; a part cut off by the budget is recorded as skipped."""
+    out = tmp_path / "suite"
+    tiny = TINY + [
+        "--config.model.decoder.num_layers=1", "--config.model.decoder.d_model=64",
+        "--config.model.decoder.num_heads=2", "--config.model.decoder.d_ff=128"]
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), f"--out={out}",
+         "--parts=attention,throughput,compile", "--sweep=none", "--peer=none",
+         "--impls=einsum,pallas", "--objectives=maelm", "--steps=1", "--repeats=1",
+         "--attention_repeats=1", *tiny], cwd=REPO.parent, env=env, capture_output=True,
+        text=True, timeout=HANG_SECONDS, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((out / "gpu_suite.json").read_text())
+    attention = record["parts"]["attention"]
+    assert all(c["ok"] for c in attention["checks"]) and len(attention["checks"]) == 9
+    assert attention["variants"][0]["ok"] and attention["fastest"] is not None
+    sides = record["parts"]["throughput"]["sides"]
+    assert set(sides) == {f"{o} / {i}" for o in ("mlm", "maelm") for i in ("einsum", "pallas")}
+    for name, side in sides.items():
+        assert side["ms"] > 0 and side["tokens_per_s"] > 0, name
+    assert sides["maelm / pallas"]["flops_ratio_to_mlm"] > 1
+    assert sides["maelm / pallas"]["time_ratio_to_mlm"] > 0
+    compile_record = record["parts"]["compile"]
+    assert all(compile_record[c]["compile_s"] > 0 for c in ("cold", "cached", "new_program"))
+    table = (out / "gpu_suite.md").read_text()
+    for heading in ("## Attention", "## Train step", "## Compile", "| maelm / pallas |"):
+        assert heading in table
+
+    skipped = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), f"--out={out}",
+         "--parts=quickstart", "--budget_seconds=10", *tiny], cwd=REPO.parent, env=env,
+        capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
+    assert skipped.returncode == 0, skipped.stderr[-3000:]
+    record = json.loads((out / "gpu_suite.json").read_text())
+    assert record["parts"] == {"quickstart": {"skipped": "budget: 10 s left"}}

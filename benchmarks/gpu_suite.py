@@ -1,0 +1,435 @@
+r"""Everything the GPU path is judged by, measured in one call and written to one directory.
+
+    python benchmarks/gpu_suite.py --out=DIR                       # 2 layers at BERT-base width
+    python benchmarks/gpu_suite.py --out=DIR --config=configs/benchmark/peer.py:base  # 12 layers
+    python benchmarks/gpu_suite.py --out=DIR --parts=attention --sweep=full
+
+Writes DIR/gpu_suite.json and DIR/gpu_suite.md (and each part's record and log under
+DIR/parts/ and DIR/logs/), rewritten after every part, so a call cut short still returns
+what it measured. Each part runs in a process of its own, in this order, while
+--budget_seconds (default 510: a 9-minute command with room to copy the results) lasts:
+
+1. attention (benchmarks/attention.py): the Pallas kernel against the einsum reference at
+   the compute dtype (outputs; gradients of q, k, v and the bias; the dropout's kept
+   fraction, variance, forward/backward agreement and determinism), then forward +
+   backward timed at the config's attention shapes for einsum with dropout, cuDNN without
+   and Pallas with dropout in every variant of --sweep (tiles, warps, stages, the
+   bias-gradient scheme, dropout elements per hash), each variant checked before it is
+   timed, and the fastest option values combined.
+2. throughput: the train step of each objective (--objectives) with each attention
+   implementation (--impls: einsum and pallas with the config's attention dropout, cudnn
+   without attention dropout, the only way its fused call runs in training; pallas with
+   the fastest options part 1 found) and Hugging Face's RobertaForMaskedLM (eager and
+   torch.compile, the faster counts; benchmarks/peer_hf.py), timed in rotation in one
+   process: ms/step, tokens/s, the ratio to the peer, MFU (6 N T and the papers' FLOPs)
+   against a bf16 8192^3 matmul measured in the same process, and each objective's time
+   ratio to MLM against its FLOPs ratio.
+3. quickstart: the README's command (`python main.py
+   --config=configs/pretrain/quickstart.py --workdir=...`) timed end to end, in a fresh
+   workdir, with the compilation cache of this call.
+4. compile: the MLM step (pallas where offered) compiled in three fresh processes
+   sharing a new cache directory: cold, cached (the same program), and a new program with
+   the same matmul shapes (another learning rate), which shows what XLA's cached
+   autotuning results buy a config that was never compiled.
+
+Targets (docs/performance.md): tokens/s over the peer's >= 1.5x for MLM, 3ML_self and
+3ML_cross and >= 1.3x for MAE-LM at BERT-base shapes; MFU >= 35 %; each objective's time
+ratio to MLM within 5 % of its FLOPs ratio; cold compile <= 45 s, cached <= 5 s; the
+quickstart <= 60 s. On a CPU the same runs at whatever sizes the config gives (the tests
+run it tiny), without the peer unless torch is installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before JAX starts: the peer and several processes share the GPU.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+
+from maelm_jax import cli  # noqa: E402
+
+import harness  # noqa: E402
+
+PARTS = ("attention", "throughput", "quickstart", "compile")
+IMPLS = ("einsum", "pallas", "cudnn")
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# Least seconds worth starting a part with.
+MIN_SECONDS = {"attention": 30, "throughput": 60, "quickstart": 30, "compile": 45}
+TARGETS = {"peer": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5},
+           "mfu": 0.35, "flops_ratio_gap": 0.05, "cold_compile_s": 45.0,
+           "cached_compile_s": 5.0, "quickstart_s": 60.0}
+
+FLAGS = flags.FLAGS
+harness.define_config("peer.py:base,layers=2")
+flags.DEFINE_string("out", "", "Directory for gpu_suite.json, gpu_suite.md, parts/, logs/.")
+flags.DEFINE_list("parts", list(PARTS), f"Parts to run, from {', '.join(PARTS)}.")
+flags.DEFINE_enum("sweep", "quick", ["none", "quick", "full"], "Pallas variants of part 1.")
+flags.DEFINE_list("impls", [], f"Attention implementations of part 2, from {', '.join(IMPLS)} "
+                  "(default: all three on a GPU, einsum elsewhere).")
+harness.define_objectives_flag(list(harness.OBJECTIVES), "Objectives of part 2 (mlm always).")
+flags.DEFINE_enum("peer", "hf", ["hf", "none"], "Part 2's Hugging Face peer, or none.")
+flags.DEFINE_integer("budget_seconds", 510, "Parts start while this many seconds last.",
+                     lower_bound=1)
+flags.DEFINE_integer("steps", 5, "Part 2: timed steps per measurement.", lower_bound=1)
+flags.DEFINE_integer("repeats", 3, "Part 2: measurements per side, rotated.", lower_bound=1)
+flags.DEFINE_integer("attention_repeats", 10, "Part 1: timed calls per variant.", lower_bound=1)
+flags.DEFINE_string("part", "", "Internal: run one part in this process.")
+flags.DEFINE_string("compile_case", "", "Internal: one compile process (cold, cached, new).")
+flags.DEFINE_string("cache", "", "Internal: the compile part's cache directory.")
+
+
+# --- the parts, each in its own process ------------------------------------------------
+
+
+def _write(path: pathlib.Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str))
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+def part_attention(out: pathlib.Path) -> dict:
+    import jax.numpy as jnp
+
+    from maelm_jax.models import layers
+
+    import attention
+
+    config = FLAGS.config
+    m = config.model
+    dtype = layers.resolve_dtype(m.dtype)
+    shape = (config.train.batch_size, config.data.seq_len, m.num_heads,
+             m.d_model // m.num_heads)
+    _log(harness.device_line())
+    record = attention.run(shape, jnp.dtype(dtype), m.attention_dropout,
+                           FLAGS.attention_repeats, attention.SWEEPS[FLAGS.sweep], _log)
+    record["device"] = harness.device_line()
+    return record
+
+
+def _impls() -> list[str]:
+    if FLAGS.impls:
+        unknown = sorted(set(FLAGS.impls) - set(IMPLS))
+        if unknown:
+            cli.fail(f"--impls: unknown {', '.join(unknown)}; expected some of "
+                     f"{', '.join(IMPLS)}", cli.program())
+        return list(FLAGS.impls)
+    return list(IMPLS) if harness.on_accelerator() else ["einsum"]
+
+
+def _side_config(config, objective: str, impl: str, pallas: dict | None):
+    c = config.copy_and_resolve_references()
+    c.model.attention_impl = impl
+    if impl == "pallas" and pallas:
+        c.model.pallas.update(pallas)
+    c = harness.objective_config(c, objective)
+    if impl == "cudnn":  # its fused call runs in training only without attention dropout
+        c.model.attention_dropout = c.model.decoder.attention_dropout = 0.0
+    return c
+
+
+def part_throughput(out: pathlib.Path) -> dict:
+    from maelm_jax import config as config_lib
+
+    config = FLAGS.config
+    impls = _impls()
+    objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:] if o in FLAGS.objectives]
+    fastest = None
+    attention_record = out / "parts" / "attention.json"
+    if attention_record.exists():
+        fastest = json.loads(attention_record.read_text()).get("fastest")
+    what, peak = harness.machine_speed()
+    _log(f"{harness.device_line()}; {harness.describe_speed(what, peak)}")
+    tokens = harness.random_tokens(config)
+    tokens_per_step = config.train.batch_size * config.data.seq_len
+    benches, sides = {}, {}
+    for impl in impls:
+        for objective in objectives:
+            name = f"{objective} / {impl}"
+            try:
+                c = _side_config(config, objective, impl, fastest)
+                config_lib.validate(c)
+                b = harness.Bench(c, tokens)
+            except Exception as e:  # noqa: BLE001 (a side that does not build is a finding)
+                sides[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                _log(f"  {name}: not timed ({sides[name]['error']})")
+                continue
+            benches[name] = b
+            sides[name] = {"objective": objective, "impl": impl,
+                           "compile_s": b.compile_seconds, "num_params": b.num_params,
+                           "flops": b.flops,
+                           "attention_dropout": c.model.attention_dropout}
+            _log(f"  {name}: compiled in {b.compile_seconds:.1f} s")
+    if FLAGS.peer == "hf":
+        try:
+            peers = _peers(config, tokens)
+        except ImportError as e:
+            peers = {}
+            _log(f"  peer: not timed ({e}; pip install -r requirements-bench.txt)")
+        for name, b in peers.items():
+            benches[name] = b
+            sides[name] = {"objective": "peer", "impl": b.attention,
+                           "num_params": b.num_params, "build_s": b.build_seconds}
+    harness.time_rotated(benches, 1, FLAGS.repeats, FLAGS.steps)
+    for name, b in benches.items():
+        s = statistics.median(b.wall)
+        side = sides[name]
+        side.update(ms=1e3 * s, tokens_per_s=tokens_per_step / s,
+                    mfu_6nt=harness.six_nt_tflops(b.num_params, tokens_per_step, s) / peak)
+        if "flops" in side:
+            side["mfu_flops"] = side["flops"] / s / 1e12 / peak
+        _log(f"  {name:28s} {1e3 * s:9.2f} ms/step {tokens_per_step / s:12.0f} tokens/s "
+             f"MFU {side['mfu_6nt']:.1%}")
+    peer_names = [n for n in benches if sides[n]["objective"] == "peer"]
+    peer = min(peer_names, key=lambda n: sides[n]["ms"]) if peer_names else None
+    for name, b in benches.items():
+        side = sides[name]
+        if peer and side["objective"] != "peer":
+            ratios = harness.round_ratios(benches[peer].wall, b.wall, FLAGS.steps)
+            side["vs_peer"] = statistics.median(ratios)
+        mlm = f"mlm / {side['impl']}"
+        if side["objective"] not in ("peer", "mlm") and mlm in benches:
+            side["time_ratio_to_mlm"] = statistics.median(
+                harness.round_ratios(b.wall, benches[mlm].wall, FLAGS.steps))
+            side["flops_ratio_to_mlm"] = side["flops"] / sides[mlm]["flops"]
+    return {"device": harness.device_line(), "peak_tflops": peak, "peak_measured_by": what,
+            "tokens_per_step": tokens_per_step, "peer": peer, "pallas_options": fastest,
+            "sides": sides}
+
+
+def _peers(config, tokens) -> dict:
+    import torch
+
+    import roberta_peer
+
+    device = "cuda" if harness.on_accelerator() and torch.cuda.is_available() else "cpu"
+    mlm = harness.objective_config(config, "mlm")
+    out = {}
+    for compiled in ((False, True) if device == "cuda" else (False,)):
+        b = roberta_peer.PeerBench(mlm, tokens, device, compiled)
+        out[b.name] = b
+        _log(f"  {b.name}: built in {b.build_seconds:.1f} s ({b.attention})")
+    return out
+
+
+def part_quickstart(out: pathlib.Path) -> dict:
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="quickstart-"))
+    command = [sys.executable, "main.py", "--config=configs/pretrain/quickstart.py",
+               f"--workdir={workdir / 'run'}"]
+    start = time.perf_counter()
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    record = {"command": " ".join(command[1:3]) + " --workdir=<fresh>", "seconds": seconds,
+              "returncode": run.returncode, "tail": run.stderr.strip().splitlines()[-5:]}
+    metrics = workdir / "run" / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]
+        evals = [r for r in rows if r.get("split") == "eval"]
+        if evals:
+            record["last_eval"] = evals[-1]
+    shutil.rmtree(workdir, ignore_errors=True)
+    _log(f"quickstart: {seconds:.1f} s, exit {run.returncode}")
+    return record
+
+
+def _compile_config(new_program: bool):
+    impl = "pallas" if harness.on_accelerator() else "einsum"
+    c = _side_config(FLAGS.config, "mlm", impl, None)
+    if new_program:  # another program (the schedule's constants), the same matmuls
+        c.train.learning_rate = 2 * c.train.learning_rate
+    return c
+
+
+def compile_case(case: str, cache: str) -> dict:
+    """One process: the MLM step built with the cache in `cache`; its compile seconds and
+    its first steps."""
+    from maelm_jax import compile_cache
+
+    compile_cache.enable(cache)
+    c = _compile_config(case == "new_program")
+    bench = harness.Bench(c, harness.random_tokens(c))
+    bench.run(3)
+    return {"compile_s": bench.compile_seconds, "step_ms": 1e3 * statistics.median(bench.wall),
+            "impl": c.model.attention_impl}
+
+
+def part_compile(out: pathlib.Path) -> dict:
+    record = {}
+    with tempfile.TemporaryDirectory(prefix="compile-cache-") as cache:
+        for case in ("cold", "cached", "new_program"):
+            run = subprocess.run([sys.executable, sys.argv[0], *_child_argv(),
+                                  f"--compile_case={case}", f"--cache={cache}"],
+                                 capture_output=True, text=True, check=False)
+            lines = run.stdout.strip().splitlines()
+            if run.returncode or not lines:
+                record[case] = {"error": (run.stderr.strip().splitlines() or ["?"])[-1]}
+            else:
+                record[case] = json.loads(lines[-1])
+            _log(f"compile {case}: {record[case]}")
+    return record
+
+
+PART_FUNCTIONS = {"attention": part_attention, "throughput": part_throughput,
+                  "quickstart": part_quickstart, "compile": part_compile}
+
+
+# --- the parent: budget, records, the table ---------------------------------------------
+
+
+def _child_argv() -> list[str]:
+    """This call's flags for a child process, without the internal ones."""
+    return [a for a in sys.argv[1:] if not a.startswith(("--part=", "--compile_case=",
+                                                         "--cache=", "--parts="))]
+
+
+def run_part(part: str, out: pathlib.Path, seconds: float) -> dict:
+    log = out / "logs" / f"{part}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    (out / "parts" / f"{part}.json").unlink(missing_ok=True)
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            run = subprocess.run([sys.executable, sys.argv[0], *_child_argv(), f"--part={part}"],
+                                 stdout=f, stderr=subprocess.STDOUT, timeout=seconds, check=False)
+            code = run.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    elapsed = time.perf_counter() - start
+    path = out / "parts" / f"{part}.json"
+    if path.exists():
+        record = json.loads(path.read_text())
+    else:
+        tail = log.read_text().strip().splitlines()[-3:]
+        record = {"error": f"timed out after {seconds:.0f} s" if code == "timeout"
+                  else f"exit {code}", "log_tail": tail}
+    record["seconds"] = elapsed
+    return record
+
+
+def _fmt(x, spec: str, missing: str = "-") -> str:
+    return missing if x is None else format(x, spec)
+
+
+def markdown(results: dict) -> str:
+    """The table a person reads: every part's figures and the targets' verdicts."""
+    lines = ["# GPU suite", "", f"Command: `{results['command']}`", ""]
+    parts = results["parts"]
+    a = parts.get("attention")
+    if a:
+        lines += ["## Attention", ""]
+        if "error" in a or "skipped" in a:
+            lines += [f"Not measured: {a.get('error') or a.get('skipped')}", ""]
+        else:
+            s = a["shape"]
+            lines += [f"{a['device']}; B={s['batch']}, L={s['length']}, heads={s['heads']}, "
+                      f"head_dim={s['head_dim']}, {a['dtype']}, attention dropout "
+                      f"{a['dropout']}.", "", "| check | ok | detail |", "|---|---|---|"]
+            lines += [f"| {c['name']} | {'yes' if c['ok'] else '**no**'} | {c['detail']} |"
+                      for c in a["checks"]]
+            lines += ["", "| forward + backward | ms | TFLOP/s of matmuls |", "|---|---|---|"]
+            lines += [f"| {name} | {t['ms']:.2f} | {t['matmul_tflops']:.1f} |"
+                      for name, t in a["timings"].items()]
+            lines += ["", f"Fastest correct Pallas options: `{a.get('fastest')}`", ""]
+            broken = [v for v in a["variants"] if not v.get("ok")]
+            if broken:
+                lines += ["Variants not timed: " + "; ".join(
+                    f"{v['changes']}: {v.get('error') or v.get('failed')}" for v in broken), ""]
+    t = parts.get("throughput")
+    if t:
+        lines += ["## Train step", ""]
+        if "error" in t or "skipped" in t:
+            lines += [f"Not measured: {t.get('error') or t.get('skipped')}", ""]
+        else:
+            lines += [f"{t['device']}; peak {t['peak_tflops']:.0f} TFLOP/s "
+                      f"({t['peak_measured_by']}); {t['tokens_per_step']} tokens per step; "
+                      f"the peer: {t['peer'] or 'not timed'}; Pallas options "
+                      f"`{t['pallas_options']}`.", "",
+                      "| side | attention dropout | compile s | ms/step | tokens/s | vs peer "
+                      "| MFU 6NT | MFU FLOPs | time / MLM | FLOPs / MLM |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+            for name, s in t["sides"].items():
+                if "error" in s:
+                    lines.append(f"| {name} | | | {s['error']} | | | | | | |")
+                    continue
+                target = TARGETS["peer"].get(s["objective"])
+                vs = _fmt(s.get("vs_peer"), ".2f") + ("x" if s.get("vs_peer") else "")
+                if target and s.get("vs_peer") is not None:
+                    vs += f" ({'meets' if s['vs_peer'] >= target else 'misses'} {target}x)"
+                lines.append(
+                    f"| {name} | {_fmt(s.get('attention_dropout'), 'g')} | "
+                    f"{_fmt(s.get('compile_s'), '.1f')} | {s['ms']:.2f} | "
+                    f"{s['tokens_per_s']:.0f} | {vs} | {s['mfu_6nt']:.1%} | "
+                    f"{_fmt(s.get('mfu_flops'), '.1%')} | "
+                    f"{_fmt(s.get('time_ratio_to_mlm'), '.3f')} | "
+                    f"{_fmt(s.get('flops_ratio_to_mlm'), '.3f')} |")
+            lines.append("")
+    q = parts.get("quickstart")
+    if q:
+        lines += ["## Quickstart", ""]
+        if "seconds" in q and "returncode" in q:
+            verdict = "meets" if q["seconds"] <= TARGETS["quickstart_s"] else "misses"
+            lines += [f"`{q['command']}`: {q['seconds']:.1f} s, exit {q['returncode']} "
+                      f"({verdict} <= {TARGETS['quickstart_s']:.0f} s); last eval: "
+                      f"{q.get('last_eval')}", ""]
+        else:
+            lines += [f"Not measured: {q.get('error') or q.get('skipped')}", ""]
+    c = parts.get("compile")
+    if c:
+        lines += ["## Compile", "", "| process | compile s | ms/step |", "|---|---|---|"]
+        for case in ("cold", "cached", "new_program"):
+            r = c.get(case, {})
+            lines.append(f"| {case} | {_fmt(r.get('compile_s'), '.1f', r.get('error', '-'))} "
+                         f"| {_fmt(r.get('step_ms'), '.2f')} |")
+        lines += ["", f"Targets: cold <= {TARGETS['cold_compile_s']:.0f} s, cached <= "
+                  f"{TARGETS['cached_compile_s']:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def main(argv) -> None:
+    del argv
+    if not FLAGS.out:
+        cli.fail("--out: expected a directory for the results", cli.program())
+    out = pathlib.Path(FLAGS.out).resolve()
+    if FLAGS.compile_case:
+        print(json.dumps(compile_case(FLAGS.compile_case, FLAGS.cache)))
+        return
+    if FLAGS.part:
+        _write(out / "parts" / f"{FLAGS.part}.json", PART_FUNCTIONS[FLAGS.part](out))
+        return
+    unknown = sorted(set(FLAGS.parts) - set(PARTS))
+    if unknown:
+        cli.fail(f"--parts: unknown {', '.join(unknown)}; expected some of {', '.join(PARTS)}",
+                 cli.program())
+    harness.objective_configs(FLAGS.config, ["mlm"])  # a bad config: one line, now
+    _impls()
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results = {"command": " ".join(["python", "benchmarks/gpu_suite.py", *sys.argv[1:]]),
+               "targets": TARGETS, "parts": {}}
+    for part in [p for p in PARTS if p in FLAGS.parts]:
+        left = FLAGS.budget_seconds - (time.perf_counter() - start)
+        if left < MIN_SECONDS[part]:
+            results["parts"][part] = {"skipped": f"budget: {left:.0f} s left"}
+        else:
+            print(f"{part}: running (up to {left:.0f} s; log in {out / 'logs'})", flush=True)
+            results["parts"][part] = run_part(part, out, left)
+        _write(out / "gpu_suite.json", results)
+        (out / "gpu_suite.md").write_text(markdown(results))
+    print((out / "gpu_suite.md").read_text())
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.tool_flags_parser)

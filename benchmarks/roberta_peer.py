@@ -1,0 +1,87 @@
+"""The Hugging Face peer of the throughput benchmarks (peer_hf.py, gpu_suite.py):
+RobertaForMaskedLM's train step at one of our configs, timed as harness.Bench is.
+
+Needs torch and transformers (pip install -r requirements-bench.txt); imported only by
+the benchmarks that time the peer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ml_collections
+import numpy as np
+
+from maelm_jax import tokenizer
+
+import harness
+
+
+class PeerBench(harness.Timed):
+    """RobertaForMaskedLM's train step, recording times the way harness.Bench.run does.
+
+    `ours` is our MLM's config: the peer takes its encoder's sizes and dropout, its
+    vocabulary, length, masking rate and optimiser settings. device "cuda": bf16 autocast,
+    SDPA attention, fused AdamW, each step synchronised; `compiled`: under torch.compile.
+    """
+
+    def __init__(self, ours: ml_collections.ConfigDict, tokens: np.ndarray, device: str,
+                 compiled: bool):
+        super().__init__()
+        import torch
+        import transformers
+
+        self.torch, self.device = torch, device
+        train, m = ours.train, ours.model
+        self.mask_ratio = ours.masking.mask_ratio
+        self.clip_norm = train.clip_norm
+        self.vocab_size = ours.tokenizer.vocab_size
+        start = time.perf_counter()
+        torch.manual_seed(0)  # initial weights and every step's masks
+        config = transformers.RobertaConfig(
+            vocab_size=self.vocab_size, hidden_size=m.d_model, num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads, intermediate_size=m.d_ff,
+            # RoBERTa numbers positions from padding_idx + 1 = 2.
+            max_position_embeddings=ours.data.seq_len + 2,
+            hidden_dropout_prob=m.dropout, attention_probs_dropout_prob=m.attention_dropout)
+        cuda = device == "cuda"
+        model = transformers.RobertaForMaskedLM(
+            config, **({"attn_implementation": "sdpa"} if cuda else {})).to(device).train()
+        self.attention = model.config._attn_implementation
+        self.num_params = sum(p.numel() for p in model.parameters())  # tied counted once
+        # Our optimiser's hyper-parameters (a constant rate: the schedule costs nothing).
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=train.learning_rate, betas=(train.adam_b1, train.adam_b2),
+            eps=train.adam_eps, weight_decay=train.weight_decay,
+            **({"fused": True} if cuda else {}))
+        self.parameters = list(model.parameters())
+        self.model = torch.compile(model) if compiled else model
+        self.name = "peer (torch.compile)" if compiled else "peer"
+        self.tokens = torch.from_numpy(tokens).long().to(device)
+        self.build_seconds = time.perf_counter() - start
+
+    def mask(self):
+        """DataCollatorForLanguageModeling.torch_mask_tokens, without a tokenizer (the random
+        ids hold no special tokens)."""
+        torch, ids = self.torch, self.tokens.clone()
+        labels = ids.clone()
+        full = lambda p: torch.full(ids.shape, p, device=self.device)  # noqa: E731
+        masked = torch.bernoulli(full(self.mask_ratio)).bool()
+        labels[~masked] = -100
+        replaced = torch.bernoulli(full(0.8)).bool() & masked
+        ids[replaced] = tokenizer.MASK_ID
+        randomized = torch.bernoulli(full(0.5)).bool() & masked & ~replaced
+        ids[randomized] = torch.randint(self.vocab_size, ids.shape, device=self.device)[randomized]
+        return ids, labels
+
+    def step_once(self) -> None:
+        torch = self.torch
+        ids, labels = self.mask()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device == "cuda"):
+            loss = self.model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
