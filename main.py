@@ -15,6 +15,7 @@ Any config field can be overridden with --config.<field>=<value>.
 
 import logging
 import pathlib
+import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -51,7 +52,14 @@ flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for mult
                     "runs outside TPU pods and SLURM (which are detected automatically).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
 flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator_address).")
+flags.DEFINE_float("time_limit_minutes", 0.0, "Stop once this much wall time has passed "
+                   "(training saves a checkpoint at the step it is on; the study stops "
+                   "between its parts) and exit with status 75; the same command continues. "
+                   "0: no limit.", lower_bound=0.0)
 flags.mark_flags_as_required(["config", "workdir"])
+# Exit status of a run stopped at --time_limit_minutes: sysexits.h's EX_TEMPFAIL ("try
+# again"), so a script can tell "finished" (0) from "call again".
+TIME_LIMIT_STATUS = 75
 
 _PROJECT_DIR = pathlib.Path(__file__).resolve().parent
 # Our own code (a virtual environment inside the checkout is not).
@@ -81,32 +89,40 @@ def main(argv):
         compile_cache.disable()
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-        mode = FLAGS.config.get("mode", "pretrain")
-        if mode == "finetune" and FLAGS.config.get("sweep"):
-            finetune_sweep.run_sweep(FLAGS.config, FLAGS.workdir)
-        elif mode == "finetune":
-            finetune_train.run(FLAGS.config, FLAGS.workdir)
-        elif mode == "rank":
-            analysis_run.analyse(FLAGS.config, FLAGS.workdir)
-        elif mode == "fill_mask":
-            fill_mask.run(FLAGS.config, FLAGS.workdir)
-        elif mode == "study":
-            study_run.run(FLAGS.config, FLAGS.workdir)
-        elif mode == "prepare":
-            from maelm_jax.data import prepare  # Apache Beam: imported only for this mode
-
-            config_lib.validate(FLAGS.config)
-            prepare.run(config_lib.resolve_paths(FLAGS.config), FLAGS.workdir)
-        else:
-            loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
-            if FLAGS.config.train.fill_mask_examples and distributed.is_leader():
-                fill_mask.after_pretraining(FLAGS.workdir)  # what the finished run learned
+        with preemption.time_limit(60 * FLAGS.time_limit_minutes):
+            _run_mode(FLAGS.config.get("mode", "pretrain"))
+    except preemption.TimeLimit as e:  # a checkpoint is saved; the same command continues
+        absl_logging.warning("%s", e)
+        sys.exit(TIME_LIMIT_STATUS)
     except preemption.Preempted as e:  # a checkpoint is saved: not a failure
         absl_logging.warning("%s", e)
     except errors.UserError as e:
         if FLAGS.debug:
             raise
         cli.fail(cli.one_line(e))
+
+
+def _run_mode(mode: str) -> None:
+    """The entry of the config's mode (see the module docstring)."""
+    if mode == "finetune" and FLAGS.config.get("sweep"):
+        finetune_sweep.run_sweep(FLAGS.config, FLAGS.workdir)
+    elif mode == "finetune":
+        finetune_train.run(FLAGS.config, FLAGS.workdir)
+    elif mode == "rank":
+        analysis_run.analyse(FLAGS.config, FLAGS.workdir)
+    elif mode == "fill_mask":
+        fill_mask.run(FLAGS.config, FLAGS.workdir)
+    elif mode == "study":
+        study_run.run(FLAGS.config, FLAGS.workdir)
+    elif mode == "prepare":
+        from maelm_jax.data import prepare  # Apache Beam: imported only for this mode
+
+        config_lib.validate(FLAGS.config)
+        prepare.run(config_lib.resolve_paths(FLAGS.config), FLAGS.workdir)
+    else:
+        loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+        if FLAGS.config.train.fill_mask_examples and distributed.is_leader():
+            fill_mask.after_pretraining(FLAGS.workdir)  # what the finished run learned
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import json
 import re
 
+import numpy as np
 import pytest
 
 from maelm_jax import errors
@@ -210,3 +211,88 @@ def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
         assert set(run["centred"]["last_layer"]) == {"with_mask", "without_mask", "mask_only"}
     meta = json.loads(next((tmp_path / "out" / "data").glob("*/meta.json")).read_text())
     assert set(meta["sources"]) == {"large", "wiki"}
+
+
+class _Ticks:
+    """A monotonic clock for preemption that advances one second each time it is read:
+    the loops read it once per step and the study once per part, so a time limit of n
+    seconds stops a study at the same place on any machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_a_study_in_slices_resumes_and_reuses_every_finished_part(study, tmp_path,
+                                                                  monkeypatch, caplog):
+    """The study under time limits that stop it inside the first model's pretraining,
+    then between parts, then inside a fine-tuning sweep: each call writes the report of
+    what is done (finished false, the parts left), the next continues, and the last one
+    ends where the uninterrupted study did, redoing nothing that was finished."""
+    from maelm_jax.training import preemption
+
+    _, c, reference = study
+    c = c.copy_and_resolve_references()
+    c.reserve_seconds = 0
+    out = tmp_path / "sliced"
+    monkeypatch.setattr(preemption, "time", _Ticks())
+    done, stamps = [], {}
+    for limit in (3, 6, 5, 9, 1000):
+        caplog.clear()
+        caplog.set_level("INFO")
+        with preemption.time_limit(limit):
+            try:
+                result = study_run.run(c, str(out))
+            except preemption.TimeLimit:
+                result = json.loads((out / report.JSON_FILE).read_text())
+                assert not result["finished"] and result["parts_left"]
+                assert "**Not finished**" in (out / report.MARKDOWN_FILE).read_text()
+        # Parts done before stay done, and their runs are not redone.
+        assert result["parts_done"][:len(done)] == done
+        for path, stamp in stamps.items():
+            assert path.stat().st_mtime == stamp, path
+        for name in MODELS:
+            if f"pretrain {name}" in done:
+                assert f"study: {name} is pretrained, skipping" in caplog.text
+        done = result["parts_done"]
+        stamps = {p: p.stat().st_mtime for p in out.rglob("results.json")}
+        if result["finished"]:
+            break
+    assert result["finished"] and not result["parts_left"]
+    assert len(done) == 2 + 1 + 3  # two models, the rank analysis, RTE for two and control
+    for name in MODELS:
+        got, want = result["pretraining"][name], reference["pretraining"][name]
+        assert got["step"] == want["step"] == 4
+        np.testing.assert_allclose(got["eval_loss"], want["eval_loss"], rtol=1e-5)
+    for name in (*MODELS, "scratch"):
+        np.testing.assert_allclose(result["glue"][name]["RTE"]["median"],
+                                   reference["glue"][name]["RTE"]["median"], atol=1e-6)
+
+
+def test_main_exits_75_at_the_time_limit_with_the_report_so_far(tiny_tokenizer, tmp_path):
+    """Through main.py, as a script runs it: too little time left to start pretraining
+    (config.reserve_seconds) stops the study before its first part, with the report of
+    nothing done and exit status 75; the log says the same command continues."""
+    import subprocess
+    import sys
+
+    from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+
+    config_file = tmp_path / "study.py"
+    config_file.write_text(  # this file's tiny study, as a config file for main.py
+        f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+        "from test_study import _config\n\n\ndef get_config():\n"
+        f"    return _config({tiny_tokenizer.model_path!r})\n")
+    run = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "main.py"), f"--config={config_file}",
+         f"--workdir={tmp_path / 'out'}", "--time_limit_minutes=0.001"],
+        env=subprocess_env(), capture_output=True, text=True, timeout=HANG_SECONDS,
+        check=False)
+    assert run.returncode == 75, run.stderr[-2000:]
+    assert "time limit:" in run.stderr and "run the same command to continue" in run.stderr
+    result = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
+    assert result["finished"] is False and result["parts_done"] == []
+    assert result["parts_left"][0] == "pretrain mlm"

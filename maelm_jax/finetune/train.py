@@ -56,7 +56,7 @@ from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine, preemption, steps
+from maelm_jax.training import engine, steps
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
@@ -236,8 +236,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """One fine-tuning run; returns the results (also written to results.json).
 
     An unfinished run of the same config in `workdir` continues from its latest resume
-    checkpoint; anything else there is replaced (see the module docstring). On SIGTERM,
-    saves a resume checkpoint and raises preemption.Preempted.
+    checkpoint; anything else there is replaced (see the module docstring). On a stop
+    request (SIGTERM, the time limit), saves a resume checkpoint and raises
+    preemption.Preempted (TimeLimit).
     """
     started = time.perf_counter()
     config, workdir = config_lib.prepare(config, workdir)
@@ -347,9 +348,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     writer.flush()  # a resumed run finds every metrics line up to here
                 if stopping:
                     ckpt.wait()
-                    raise preemption.Preempted(
-                        f"preempted: saved a checkpoint at step {step} in {ckpt.directory}; "
-                        "run the same command to continue")
+                    raise loop.stopped(step, str(ckpt.directory))
 
     best = progress.evals[progress.best]
     selected = best if t.select == "best" else progress.evals[-1]

@@ -45,6 +45,10 @@ def study_defaults() -> ml_collections.ConfigDict:
     # The control: the same encoder fine-tuned from random weights with the same settings,
     # which says whether pretraining helped at all at this scale.
     c.scratch = True
+    # Under a time limit (main.py --time_limit_minutes), a part (a model's pretraining, the
+    # rank analysis, a model's fine-tuning on a task) starts only while this much time is
+    # left; the study then stops, writes what it has, and the same command continues.
+    c.reserve_seconds = 60.0
     return c
 
 
@@ -75,6 +79,7 @@ FIELDS: dict[str, schema.Field] = {
     "finetune.warmup_ratio": schema.number(0.0, 1.0),
     "rank_tokens": schema.integer(0),
     "scratch": schema.boolean(),
+    "reserve_seconds": schema.number(0.0),
 }
 
 

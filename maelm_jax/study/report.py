@@ -1,6 +1,8 @@
 """The study's outputs: study.json, study.md and its plots.
 
-* ``study.json``: everything the table and plots show, and each model's config.
+* ``study.json``: everything the table and plots show, and each model's config; while
+  the study is unfinished (a time limit or a preemption stopped it), "finished": false
+  and the parts done and left.
 * ``study.md``: one row per model (pretraining eval loss and accuracy next to the unigram
   baseline, last-layer rank_tau with and without [MASK], the GLUE medians and their
   average, wall time, training FLOPs) and one for the from-scratch control, then each
@@ -57,14 +59,20 @@ def markdown(result: dict) -> str:
                "rank (with [MASK])", "centred rank (no [MASK])", "centred rank (with [MASK])"]
               + tasks + (["GLUE avg."] if tasks else [])
               + ["pretraining time", "training FLOPs"])
-    lines = ["# Laptop-scale study", "",
-             "Same corpus, tokenizer, token budget, optimiser settings and seed for every "
-             f"model; rank_tau with tau = {result['rank']['tau']:g} on held-out blocks "
-             "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians "
-             f"over seeds {result['seeds']}"
-             + (f" from {result['glue_dir']}" if result["glue_dir"] else
-                " (no glue_dir given: no fine-tuning)") + ".", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    tau = result["rank"]["tau"]
+    lines = ["# Laptop-scale study", ""]
+    if not result.get("finished", True):
+        lines += [f"**Not finished**: {len(result['parts_done'])} of "
+                  f"{len(result['parts_done']) + len(result['parts_left'])} parts done; "
+                  f"left: {', '.join(result['parts_left'])}. The same command continues.", ""]
+    lines += ["Same corpus, tokenizer, token budget, optimiser settings and seed for every "
+              "model; rank_tau with tau = "
+              + ("(not yet analysed)" if tau is None else f"{tau:g}") + " on held-out blocks "
+              "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians "
+              f"over seeds {result['seeds']}"
+              + (f" from {result['glue_dir']}" if result["glue_dir"] else
+                 " (no glue_dir given: no fine-tuning)") + ".", "",
+              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for n in names:
         p = result["pretraining"][n]
         r, c = rank.get(p["workdir"], {}), centred.get(p["workdir"], {})
@@ -85,7 +93,9 @@ def markdown(result: dict) -> str:
     for n in result.get("controls", []):
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
         row = [_name(n)] + ["—"] * 7 + [_fmt(s, ".1f") for s in scores]
-        row += [_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"), "—", "—"]
+        if tasks:
+            row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
+        row += ["—", "—"]
         lines.append("| " + " | ".join(row) + " |")
     if tasks:
         lines += ["", "Per seed (dev, the task's metric):", ""]

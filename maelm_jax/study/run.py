@@ -3,8 +3,14 @@
 shared tokenizer -> each model pretrained (<workdir>/pretrain/<model>) -> the rank
 analysis of all of them (<workdir>/rank) -> each model fine-tuned on each GLUE task found
 with every seed (<workdir>/finetune/<model>/<task>, a sweep of one setting) -> study.json,
-study.md and the plots. Every step is an ordinary workdir: a finished one is reused, an
+study.md and the plots. Every part is an ordinary workdir: a finished one is reused, an
 interrupted one resumes, so running the same command again continues where it stopped.
+
+In slices: under a time limit (main.py --time_limit_minutes; preemption.time_limit) a
+part starts only while config.reserve_seconds are left, and a pretraining or fine-tuning
+run stops at the limit with a checkpoint; the study then writes what it has so far
+(study.json with "finished": false and the parts done and left, study.md, the plots) and
+raises preemption.TimeLimit. A preempted study (SIGTERM) writes the same and stops.
 """
 
 from __future__ import annotations
@@ -25,20 +31,23 @@ from maelm_jax.finetune import config as finetune_config_lib
 from maelm_jax.finetune import glue, sweep
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report
-from maelm_jax.training import loop
+from maelm_jax.training import loop, preemption
 from maelm_jax.training import workdir as workdir_lib
 
 TIMES_FILE = "study_time.json"  # wall seconds spent in a sub-run, summed over resumes
 
 
 def _timed(directory: paths.Path, work) -> float:
-    """Runs work(), adds its wall time to directory/TIMES_FILE; returns the total."""
+    """Runs work(), adds its wall time to directory/TIMES_FILE (also when it stops at a
+    time limit or a preemption, so the total spans every call); returns the total."""
     start = time.perf_counter()
-    work()
-    path = directory / TIMES_FILE
-    total = (json.loads(paths.read_text(path))["seconds"] if path.is_file() else 0.0)
-    total += time.perf_counter() - start
-    paths.write_text(path, json.dumps({"seconds": total}))
+    try:
+        work()
+    finally:
+        path = directory / TIMES_FILE
+        total = (json.loads(paths.read_text(path))["seconds"] if path.is_file() else 0.0)
+        total += time.perf_counter() - start
+        paths.write_text(path, json.dumps({"seconds": total}))
     return total
 
 
@@ -122,8 +131,19 @@ def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigD
     return c
 
 
+def _start(part: str, reserve_seconds: float) -> None:
+    """Raises TimeLimit when too little time is left to start `part`."""
+    left = preemption.time_left()
+    if left < reserve_seconds:
+        raise preemption.TimeLimit(
+            f"time limit: {max(left, 0):.0f} s left, fewer than config.reserve_seconds="
+            f"{reserve_seconds:g}, so {part} was not started; run the same command to "
+            "continue")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Runs (or resumes) the study; returns what study.json holds."""
+    """Runs (or resumes) the study; returns what study.json holds. Writes the report, of
+    what is done so far, also when a time limit or a preemption stops it (and re-raises)."""
     config_lib.validate(config)
     root = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(root)
@@ -131,31 +151,60 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     paths.write_text(root / "config.json", pretrain_config.to_json(config))
     names = config_lib.names(config.models)
     configs = {n: config_lib.model_config(config, n) for n in names}
-    # One tokenizer and one set of prepared blocks for every model.
-    shared = pretrain_config.resolve_paths(configs[names[0]])
-    tok = pipeline.setup_tokenizer(shared, root)
-    for c in configs.values():
-        c.tokenizer.model_path = tok.model_path
-        c.data.cache_dir = str(root / "data")
-    pretrained = {n: _pretrain(n, configs[n], root / "pretrain" / n) for n in names}
-    rank = _rank(config, names, pretrained, root / "rank")
-    glue: dict[str, dict[str, dict]] = {}
-    for task in _glue_tasks(config):
-        sweeps = {n: finetune_config(config, task, pretrained[n]["workdir"]) for n in names}
-        if config.scratch:
-            sweeps[SCRATCH] = scratch_config(config, task, pretrained[names[0]]["workdir"])
-        for n, c in sweeps.items():
-            summary = sweep.run_sweep(c, str(root / "finetune" / n / task))
-            glue.setdefault(n, {})[task] = {
-                "metric": summary["primary_metric"],
-                "median": summary["best_median"][summary["primary_metric"]],
-                "per_seed": summary["settings"][0]["per_seed"],
-                "seconds": summary["settings"][0]["wall_seconds"],
-            }
-    result = {"models": names, "controls": [SCRATCH] if SCRATCH in glue else [],
-              "pretraining": pretrained, "rank": rank, "glue": glue,
+    tasks = _glue_tasks(config)
+    controls = [SCRATCH] if config.scratch and tasks else []
+    parts = ([f"pretrain {n}" for n in names] + ["rank analysis"]
+             + [f"fine-tune {n} on {t}" for t in tasks for n in names + controls])
+    result = {"models": names, "controls": controls, "finished": False,
+              "parts_done": [], "parts_left": list(parts),
+              "pretraining": {n: {"workdir": str(root / "pretrain" / n)} for n in names},
+              "rank": {"tau": None, "runs": []}, "glue": {},
               "glue_dir": config.glue_dir, "seeds": list(config.seeds),
               "pretrain_config": {n: json.loads(pretrain_config.to_json(configs[n]))
                                   for n in names}}
+
+    def done(part: str) -> None:
+        result["parts_done"].append(part)
+        result["parts_left"].remove(part)
+
+    try:
+        # One tokenizer and one set of prepared blocks for every model.
+        shared = pretrain_config.resolve_paths(configs[names[0]])
+        tok = pipeline.setup_tokenizer(shared, root)
+        for c in configs.values():
+            c.tokenizer.model_path = tok.model_path
+            c.data.cache_dir = str(root / "data")
+        for n in names:
+            _start(f"pretrain {n}", config.reserve_seconds)
+            result["pretraining"][n] = _pretrain(n, configs[n], root / "pretrain" / n)
+            done(f"pretrain {n}")
+        _start("the rank analysis", config.reserve_seconds)
+        result["rank"] = _rank(config, names, result["pretraining"], root / "rank")
+        done("rank analysis")
+        for task in tasks:
+            sweeps = {n: finetune_config(config, task, result["pretraining"][n]["workdir"])
+                      for n in names}
+            if controls:
+                sweeps[SCRATCH] = scratch_config(config, task,
+                                                 result["pretraining"][names[0]]["workdir"])
+            for n, c in sweeps.items():
+                _start(f"fine-tuning {n} on {task}", config.reserve_seconds)
+                summary = sweep.run_sweep(c, str(root / "finetune" / n / task))
+                result["glue"].setdefault(n, {})[task] = {
+                    "metric": summary["primary_metric"],
+                    "median": summary["best_median"][summary["primary_metric"]],
+                    "per_seed": summary["settings"][0]["per_seed"],
+                    "seconds": summary["settings"][0]["wall_seconds"],
+                }
+                done(f"fine-tune {n} on {task}")
+        result["finished"] = True
+    except preemption.Preempted:
+        for p in result["pretraining"].values():  # what a stopped model has logged
+            if "step" not in p:
+                p.update(report.pretraining_metrics(paths.Path(p["workdir"])))
+        report.write(root, result)
+        logging.warning("study: %d of %d parts done, %s left", len(result["parts_done"]),
+                        len(parts), ", ".join(result["parts_left"]))
+        raise
     report.write(root, result)
     return result

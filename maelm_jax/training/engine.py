@@ -9,9 +9,10 @@ and fine-tuning (finetune/train.py): `Loop`.
 * Non-finite updates: the step has dropped them (optimizer.finite_update) and flags them
   in its metrics; `check_finite` applies config.train.nonfinite when the flags are read
   back: "stop" names the first bad step and the last good checkpoint, "skip" warns.
-* Stop requests: SIGTERM (a scheduler's notice; preemption.StopRequest) or JAX's
-  preemption sync point, at which all processes agree to stop at the same step. The loop
-  then saves a checkpoint at the step just finished and stops.
+* Stop requests: SIGTERM (a scheduler's notice; preemption.StopRequest), JAX's
+  preemption sync point, at which all processes agree to stop at the same step, or the
+  time limit (preemption.time_limit; process 0's clock decides for all). The loop then
+  saves a checkpoint at the step just finished and raises `stopped`'s exception.
 
 Each loop keeps its own policy: when to log, evaluate and save, and what a stop does.
 """
@@ -25,7 +26,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax import compile_cache, errors
+from maelm_jax import compile_cache, distributed, errors
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import preemption
 
@@ -37,6 +38,7 @@ class Loop:
     def __init__(self, start: int, ckpt: checkpoint_lib.Checkpointer):
         self._first, self._ckpt = start + 1, ckpt
         self._stop = preemption.StopRequest()
+        self._out_of_time = False
         self._step, self._time = start, time.perf_counter()  # where the window began
 
     def __enter__(self) -> Loop:
@@ -66,8 +68,23 @@ class Loop:
 
     def stop_requested(self, step: int) -> bool:
         """Whether to save at `step` and stop. Every process asks at the same steps (the
-        preemption sync point is collective)."""
-        return self._stop.received or self._ckpt.reached_preemption(step)
+        preemption sync point and the time limit's broadcast are collective)."""
+        if self._stop.received or self._ckpt.reached_preemption(step):
+            return True
+        self._out_of_time = preemption.limited() and distributed.leader_says_ok(
+            preemption.time_left() <= 0)
+        return self._out_of_time
+
+    def stopped(self, step: int, where: str) -> preemption.Preempted:
+        """What to raise once the checkpoint of `step` (in `where`) is saved after a stop
+        request: TimeLimit at the time limit, else Preempted."""
+        if self._out_of_time:
+            return preemption.TimeLimit(
+                f"time limit: saved a checkpoint at step {step} in {where}; run the same "
+                "command to continue")
+        return preemption.Preempted(
+            f"preempted: saved a checkpoint at step {step} in {where}; run the same command "
+            "to continue")
 
 
 def window_means(window: list[dict[str, float]]) -> dict[str, float]:

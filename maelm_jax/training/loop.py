@@ -96,7 +96,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False) -> dict[str, float]:
     """Pretrains per `config` in `workdir`, resuming from its latest checkpoint.
 
-    Returns the last evaluation's metrics (empty if the run was preempted before one).
+    Returns the last evaluation's metrics. A stop request (SIGTERM, the preemption sync
+    point, the time limit) saves a checkpoint and raises preemption.Preempted (TimeLimit).
     """
     config_lib.validate(config)
     # Every path absolute, once: relative ones mean the current directory (orbax and
@@ -241,8 +242,6 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 writer.flush()  # a resumed run finds every metrics line up to its checkpoint
             if preempted:
                 ckpt.wait()
-                logging.warning("preempted: saved a checkpoint at step %d; run the same "
-                                "command to resume", step)
-                break
+                raise loop.stopped(step, str(ckpt.directory))
     ckpt.wait()
     return eval_metrics, state

@@ -1,17 +1,31 @@
 """Stopping a training loop cleanly on request, shared by pretraining and fine-tuning.
 
-Most schedulers send SIGTERM some time before they kill a job (a preemption notice). The
-loops check `StopRequest.received` after every step; when it is set they save a
-checkpoint at the step just finished and stop, so rerunning the same command continues
-from there.
+Two kinds of request:
+
+* **Preemption.** Most schedulers send SIGTERM some time before they kill a job (a
+  preemption notice); JAX's preemption sync point tells every process of a job at once.
+* **A time limit** (`time_limit`, main.py's --time_limit_minutes): a job that may hold its
+  machine only so long (a lent GPU's 10-minute commands, a batch slot) stops itself.
+
+The loops check after every step (training/engine.py); when a request is in, they save a
+checkpoint at the step just finished and raise `Preempted` (or its kind `TimeLimit`)
+through their callers (a sweep, the study), so nothing else starts; rerunning the same
+command continues from there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import signal
 import threading
+import time
+from collections.abc import Iterator
 
 from absl import logging
+
+# The monotonic time at which a time limit ends (None: no limit).
+_deadline: float | None = None
 
 
 class StopRequest:
@@ -38,6 +52,33 @@ class StopRequest:
 
 
 class Preempted(Exception):
-    """A run that saved a checkpoint and stopped on request (not a failure: main.py logs
-    the message and exits with status 0). Raised through the callers (a sweep, the study)
-    so that they stop too; the same command continues them all."""
+    """A run that saved a checkpoint and stopped on request. Raised through the callers (a
+    sweep, the study) so that they stop too; the same command continues them all."""
+
+
+class TimeLimit(Preempted):
+    """A run (or a study, between its parts) that stopped at the time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Within the block, loops stop (saving a checkpoint) once `seconds` have passed, and
+    callers that start long uninterruptible work ask `time_left` first. None or 0: no
+    limit."""
+    global _deadline
+    previous = _deadline
+    _deadline = time.monotonic() + seconds if seconds else None
+    try:
+        yield
+    finally:
+        _deadline = previous
+
+
+def time_left() -> float:
+    """Seconds until the time limit (infinite without one)."""
+    return math.inf if _deadline is None else _deadline - time.monotonic()
+
+
+def limited() -> bool:
+    """Whether a time limit is set."""
+    return _deadline is not None
