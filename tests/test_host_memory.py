@@ -45,9 +45,12 @@ def test_scratch_memory_is_reused_only_when_kept():
     kept, default = _faults("keep"), _faults("default")
     assert kept["kept"] and not default["kept"]
     # Without the tuning every run maps and zeroes the scratch buffer afresh (the control,
-    # which shows the measurement can see it); with it, the first run's pages are reused.
-    assert sorted(default["faults"])[2] > _SCRATCH_PAGES // 2, default
-    assert sorted(kept["faults"])[2] < _SCRATCH_PAGES // 10, kept
+    # which shows the measurement can see it); with it, earlier runs' pages are reused. Not
+    # by every run: a small block left inside the freed space can make the heap grow once
+    # more (seen on a loaded machine: 19028, 16410, 0, 18853, 0 faults), so the claim is
+    # that reuse happens at all, which never happens without the tuning.
+    assert min(default["faults"]) > _SCRATCH_PAGES // 2, default
+    assert min(kept["faults"]) < _SCRATCH_PAGES // 10, kept
 
 
 def test_other_platforms_are_left_alone(monkeypatch):

@@ -159,9 +159,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
               "parts_done": [], "parts_left": list(parts),
               "pretraining": {n: {"workdir": str(root / "pretrain" / n)} for n in names},
               "rank": {"tau": None, "runs": []}, "glue": {},
-              "glue_dir": config.glue_dir, "seeds": list(config.seeds),
-              "pretrain_config": {n: json.loads(pretrain_config.to_json(configs[n]))
-                                  for n in names}}
+              "glue_dir": config.glue_dir, "seeds": list(config.seeds)}
 
     def done(part: str) -> None:
         result["parts_done"].append(part)
@@ -174,6 +172,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for c in configs.values():
             c.tokenizer.model_path = tok.model_path
             c.data.cache_dir = str(root / "data")
+        result["pretrain_config"] = {n: json.loads(pretrain_config.to_json(configs[n]))
+                                     for n in names}
         for n in names:
             _start(f"pretrain {n}", config.reserve_seconds)
             result["pretraining"][n] = _pretrain(n, configs[n], root / "pretrain" / n)
