@@ -303,8 +303,32 @@ def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
     d = run_cfg.data
     if d.get("prepared"):  # shards of mode "prepare"
         data = shards.load(d.prepared)
-        return data.seq_len, itertools.chain.from_iterable(
-            data.valid[n] for n in sorted(data.valid))
+    else:
+        data = packing.PreparedData.load(_cache_set(workdir, run_cfg, tok))
+    return data.seq_len, itertools.chain.from_iterable(data.valid[n] for n in sorted(data.valid))
+
+
+def corpus(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
+           tok: tokenizer_lib.Tokenizer) -> dict:
+    """What a pretraining run was trained on: {"fingerprint", "sources": {name: counts}}
+    from its prepared data's meta.json or shard manifest (counts: tokens, train_blocks,
+    valid_blocks as preparation recorded them)."""
+    if run_cfg.data.get("prepared"):
+        manifest = shards.read_manifest(paths.Path(run_cfg.data.prepared))
+        return {"fingerprint": manifest["fingerprint"], "sources": {
+            name: {**{k: v for k, v in entry.items() if k not in shards.SPLITS},
+                   **{f"{split}_blocks": sum(s["blocks"] for s in entry[split]["shards"])
+                      for split in shards.SPLITS}}
+            for name, entry in manifest["sources"].items()}}
+    directory = _cache_set(workdir, run_cfg, tok)
+    meta = json.loads(paths.read_text(directory / "meta.json"))
+    return {"fingerprint": directory.name, "sources": meta["sources"]}
+
+
+def _cache_set(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
+               tok: tokenizer_lib.Tokenizer) -> paths.Path:
+    """The directory of the data set a pretraining run prepared in its data cache."""
+    d = run_cfg.data
     cache_dir = paths.Path(d.cache_dir or workdir / "data")
     prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
                 if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
@@ -322,8 +346,7 @@ def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
             f"config.source: cannot find the validation blocks of {workdir} in {cache_dir} "
             f"({len(prepared)} prepared data sets of length {d.seq_len}); set "
             "config.source to a corpus instead")
-    data = packing.PreparedData.load(chosen[0].parent)
-    return data.seq_len, itertools.chain.from_iterable(data.valid[n] for n in sorted(data.valid))
+    return chosen[0].parent
 
 
 def metrics(workdir: paths.Path, split: str) -> list[dict]:

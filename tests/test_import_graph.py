@@ -95,7 +95,7 @@ LAYERS = (
     ("maelm_jax.config", "maelm_jax.mfu"),
     ("maelm_jax.training",),
     ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study",
-     "maelm_jax.runs"),
+     "maelm_jax.runs", "maelm_jax.export"),
 )
 
 

@@ -1,0 +1,1 @@
+"""Export of a trained run to a directory Hugging Face transformers loads (mode "export")."""

@@ -1,0 +1,299 @@
+"""Mode "export": a trained run as a directory Hugging Face transformers loads.
+
+    python main.py --config=configs/export.py --workdir=<output dir> \
+        --config.init_from=<pretraining or fine-tuning workdir, or a checkpoint>
+
+writes, into ``--workdir``:
+
+* ``config.json``: the architecture (remote/configuration_maelm.py's fields) with
+  ``auto_map``, so that the Auto classes load it with ``trust_remote_code=True``;
+* ``configuration_maelm.py``, ``modeling_maelm.py``, ``tokenization_maelm.py``: the
+  model's PyTorch code (maelm_jax/export/remote/, copied as they are);
+* ``model.safetensors``: every parameter of the run (encoder, and the decoder and LM head
+  of a pretraining run or the head of a fine-tuning run), float32, written with
+  safetensors' numpy API (exporting needs no PyTorch);
+* ``tokenizer.model``, ``tokenizer_config.json``, ``special_tokens_map.json``;
+* ``README.md``, the model card; ``training_config.json``, the run's own config.json.
+
+The export is written to a temporary directory beside ``--workdir`` and renamed into
+place at the end, so a failed export leaves nothing; a ``--workdir`` that holds anything
+but an earlier export is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from maelm_jax import paths, runs
+from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.export import card, weights
+from maelm_jax.export import config as export_config
+from maelm_jax.export.config import ExportError
+from maelm_jax.models import encoder as encoder_lib
+
+REMOTE_DIR = pathlib.Path(__file__).parent / "remote"
+REMOTE_FILES = ("configuration_maelm.py", "modeling_maelm.py", "tokenization_maelm.py")
+MODEL_TYPE = "maelm_jax"  # remote/configuration_maelm.py's MaelmConfig.model_type
+AUTO_MAP = {
+    "AutoConfig": "configuration_maelm.MaelmConfig",
+    "AutoModel": "modeling_maelm.MaelmModel",
+    "AutoModelForMaskedLM": "modeling_maelm.MaelmForMaskedLM",
+    "AutoModelForSequenceClassification": "modeling_maelm.MaelmForSequenceClassification",
+    "AutoModelForQuestionAnswering": "modeling_maelm.MaelmForQuestionAnswering",
+}
+WEIGHTS_FILE = "model.safetensors"
+# Objectives whose models the PyTorch code reproduces (the decoder kinds of maelm included).
+OBJECTIVES = ("mlm", "maelm")
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Exports config.init_from into workdir; returns what was written ({"files": ...})."""
+    config = export_config.validate(config)
+    out = paths.resolve(workdir, "--workdir")
+    _check_output(out)
+    try:
+        exported = _read_run(config.init_from)
+    except runs.CheckpointError as e:
+        raise ExportError(str(e)) from None
+    files = _files(exported)
+    _publish(files, out)
+    return {"workdir": str(out), "files": sorted(files), "hf_config": exported["hf_config"]}
+
+
+def _check_output(out: paths.Path) -> None:
+    """Refuses an output that is a file, or a directory holding anything but an export."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--workdir: {out} is a file; give a new or empty directory")
+    if not out.exists() or not list(out.iterdir()):
+        return
+    config = out / "config.json"
+    try:
+        earlier = json.loads(paths.read_text(config)).get("model_type") == MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        earlier = False
+    if not earlier:
+        found = sorted(p.name for p in out.iterdir())[0]
+        raise ExportError(f"--workdir: {out} holds other files (e.g. {found}); give a new or "
+                          "empty directory, or an earlier export to replace")
+
+
+def _read_run(init_from: str) -> dict[str, Any]:
+    """What the export is made of: the run's config, parameters, tokenizer and records."""
+    run_dir, step_dir = runs.resolve_checkpoint(init_from)
+    recorded = runs.read_json(run_dir / runs.CONFIG_FILE)
+    run_cfg = runs.run_config(recorded)
+    tok = runs.find_tokenizer(run_dir, "")
+    step = int(step_dir.name)
+    params = runs.restore_params(step_dir)
+    if run_cfg.get("mode", "pretrain") == "finetune":
+        hf_config, head, facts = _finetuned(run_dir, run_cfg, params)
+    else:
+        hf_config, head, facts = _pretrained(run_dir, run_cfg, tok, step)
+    vocab = np.shape(params["encoder"]["word_embeddings"]["embedding"])[0]
+    if vocab != tok.vocab_size:
+        raise ExportError(f"config.init_from: {step_dir} has a vocabulary of {vocab} pieces "
+                          f"but the run's tokenizer {tok.model_path} has {tok.vocab_size}")
+    return {"run_dir": run_dir, "step": step, "recorded": recorded, "run_cfg": run_cfg,
+            "tokenizer": tok, "hf_config": hf_config,
+            "state": weights.state_dict(params, head), "facts": facts}
+
+
+def _encoder_fields(arch: dict[str, Any], model: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The encoder's part of config.json: its architecture record and the run's dropout."""
+    return {
+        "vocab_size": arch["vocab_size"],
+        "hidden_size": arch["d_model"],
+        "num_hidden_layers": arch["num_layers"],
+        "num_attention_heads": arch["num_heads"],
+        "intermediate_size": arch["d_ff"],
+        "max_position_embeddings": arch["max_positions"],
+        "pre_ln": arch["pre_ln"],
+        "rel_pos_buckets": arch["rel_pos_buckets"],
+        "rel_pos_max_distance": arch["rel_pos_max_distance"],
+        "rel_pos_bucket_fn": arch["rel_pos_bucket_fn"],
+        "hidden_dropout_prob": float(model.dropout),
+        "attention_probs_dropout_prob": float(model.attention_dropout),
+        "activation_dropout": float(model.get("activation_dropout", 0.0)),
+    }
+
+
+def _base_config(architectures: list[str], fields: dict[str, Any]) -> dict[str, Any]:
+    return {"architectures": architectures, "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
+            "torch_dtype": "float32", "layer_norm_eps": 1e-5,
+            "pad_token_id": tokenizer_lib.PAD_ID, "bos_token_id": tokenizer_lib.BOS_ID,
+            "eos_token_id": tokenizer_lib.EOS_ID, "mask_token_id": tokenizer_lib.MASK_ID,
+            **fields}
+
+
+def pretraining_config(run_cfg: ml_collections.ConfigDict, vocab_size: int) -> dict:
+    """config.json of a pretraining run (MaelmForMaskedLM, with its decoder if it has one)."""
+    m = run_cfg.model
+    if run_cfg.objective not in OBJECTIVES:
+        raise ExportError(f"config.init_from: the run was pretrained with objective "
+                          f"{run_cfg.objective!r}; export knows {', '.join(OBJECTIVES)}")
+    arch = encoder_lib.model_architecture(m, vocab_size=vocab_size,
+                                          max_positions=int(run_cfg.data.seq_len))
+    decoder = None
+    if run_cfg.objective == "maelm":  # as objectives/maelm.py builds it
+        d = m.decoder
+        decoder = {"kind": d.kind, "num_layers": d.num_layers, "hidden_size": d.d_model,
+                   "num_attention_heads": d.num_heads, "intermediate_size": d.d_ff,
+                   "pre_ln": d.pre_ln, "max_position_embeddings": int(run_cfg.data.seq_len),
+                   "rel_pos_buckets": d.rel_pos_buckets,
+                   "rel_pos_max_distance": d.rel_pos_max_distance,
+                   "share_positions": d.share_positions, "dropout": float(d.dropout),
+                   "attention_dropout": float(d.attention_dropout),
+                   "activation_dropout": 0.0}
+    return _base_config(["MaelmForMaskedLM"], {
+        **_encoder_fields(arch, m), "objective": run_cfg.objective,
+        "misaligned_positions": bool(m.misaligned_positions), "decoder": decoder})
+
+
+def _pretrained(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
+                tok: tokenizer_lib.Tokenizer, step: int):
+    """config.json, head name and model-card facts of a pretraining run."""
+    facts = {"kind": "pretraining", "objective": card.objective_name(run_cfg),
+             "step": step,
+             "tokens_seen": step * int(run_cfg.train.batch_size) * int(run_cfg.data.seq_len),
+             "metrics": _last_eval(run_dir, step), "corpus": _corpus(run_dir, run_cfg, tok),
+             "max_length": int(run_cfg.data.seq_len)}
+    return pretraining_config(run_cfg, tok.vocab_size), None, facts
+
+
+def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict
+                      ) -> tuple[dict, str, str]:
+    """(config.json, the head's PyTorch name, the task's name) of a fine-tuning run whose
+    encoder has the architecture record `arch`."""
+    from maelm_jax.finetune import glue
+
+    fields = {**_encoder_fields(arch, run_cfg.model), "objective": "mlm", "decoder": None,
+              "classifier_dropout": float(run_cfg.model.classifier_dropout),
+              "pooling": run_cfg.model.pooling}
+    if str(run_cfg.task).lower() == "squad":
+        fields["qa_context_only"] = bool(run_cfg.squad.exclude_question)
+        return (_base_config(["MaelmForQuestionAnswering"], fields), "qa_outputs",
+                "SQuAD " + run_cfg.squad.version)
+    task = glue.get_task(run_cfg.task)
+    labels = list(task.label_names) or ["score"]
+    fields.update(id2label=dict(enumerate(labels)),
+                  label2id={name: i for i, name in enumerate(labels)},
+                  problem_type="regression" if task.is_regression
+                  else "single_label_classification")
+    return _base_config(["MaelmForSequenceClassification"], fields), "classifier", task.name
+
+
+def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: Any):
+    """config.json, head name and model-card facts of a fine-tuning run."""
+    path = run_dir / runs.ENCODER_FILE
+    try:
+        encoder_cfg = encoder_lib.from_architecture(runs.read_json(path),
+                                                    where=f"config.init_from: {path}")
+    except encoder_lib.ArchitectureError as e:
+        raise ExportError(str(e)) from None
+    arch = encoder_lib.architecture(encoder_cfg)
+    hf_config, head, task = finetuning_config(arch, run_cfg)
+    if head == "classifier":
+        outputs = np.shape(params["head"]["out"]["kernel"])[-1]
+        if outputs != len(hf_config["id2label"]):
+            raise ExportError(f"config.init_from: {run_dir}'s head has {outputs} outputs; "
+                              f"{task} has {len(hf_config['id2label'])}")
+    results_path = run_dir / "results.json"
+    results = json.loads(paths.read_text(results_path)) if results_path.is_file() else {}
+    facts = {"kind": "fine-tuning", "task": task, "step": None,
+             "metrics": results.get("dev", {}), "init_from": results.get("init_from", ""),
+             "max_length": runs.default_seq_len(run_cfg, arch["max_positions"])}
+    return hf_config, head, facts
+
+
+def _last_eval(run_dir: paths.Path, step: int) -> dict:
+    evals = [row for row in runs.metrics(run_dir, "eval") if row.get("step", 0) <= step]
+    return {k: v for k, v in evals[-1].items() if k != "split"} if evals else {}
+
+
+def _corpus(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
+            tok: tokenizer_lib.Tokenizer) -> dict | None:
+    """The prepared data's record, or None when it is no longer where the run left it."""
+    with contextlib.suppress(Exception):  # a moved corpus: the card says it is unknown
+        return runs.corpus(run_dir, run_cfg, tok)
+    return None
+
+
+def _tokenizer_files(tok: tokenizer_lib.Tokenizer, max_length: int) -> dict[str, bytes]:
+    piece = tokenizer_lib.SPECIAL_TOKENS
+    bos, eos = piece[tokenizer_lib.BOS_ID], piece[tokenizer_lib.EOS_ID]
+    # RoBERTa's roles: <s> begins (and classifies), </s> ends and separates a pair.
+    specials = {"bos_token": bos, "eos_token": eos, "sep_token": eos, "cls_token": bos,
+                "unk_token": piece[tokenizer_lib.UNK_ID], "pad_token": piece[tokenizer_lib.PAD_ID],
+                "mask_token": piece[tokenizer_lib.MASK_ID]}
+    tokenizer_config = {
+        "tokenizer_class": "MaelmTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_maelm.MaelmTokenizer", None]},
+        "model_max_length": max_length, "padding_side": "right", "truncation_side": "right",
+        "clean_up_tokenization_spaces": False, **specials}
+    return {"tokenizer.model": paths.Path(tok.model_path).read_bytes(),
+            "tokenizer_config.json": _json(tokenizer_config),
+            "special_tokens_map.json": _json(specials)}
+
+
+def _json(value: Any) -> bytes:
+    return (json.dumps(value, indent=2) + "\n").encode("utf-8")
+
+
+def _files(exported: dict[str, Any]) -> dict[str, bytes | np.ndarray]:
+    """File name -> content (the weights as their state dict, written last)."""
+    command = " ".join(shlex.quote(a) for a in [os.path.basename(sys.argv[0]), *sys.argv[1:]])
+    files: dict[str, Any] = {name: (REMOTE_DIR / name).read_bytes() for name in REMOTE_FILES}
+    files.update(_tokenizer_files(exported["tokenizer"], exported["facts"]["max_length"]))
+    files["training_config.json"] = _json(exported["recorded"])
+    files["README.md"] = card.model_card(exported["hf_config"], exported["facts"],
+                                         exported["run_dir"], command).encode("utf-8")
+    files["config.json"] = _json(exported["hf_config"])
+    files[WEIGHTS_FILE] = exported["state"]
+    return files
+
+
+def _write(files: dict[str, Any], directory: pathlib.Path) -> None:
+    from safetensors.numpy import save_file
+
+    for name, content in files.items():
+        if name == WEIGHTS_FILE:
+            save_file(content, str(directory / name), metadata={"format": "pt"})
+        else:
+            (directory / name).write_bytes(content)
+
+
+def _publish(files: dict[str, Any], out: paths.Path) -> None:
+    """Writes the files to a temporary directory and puts it in out's place; in a bucket,
+    uploads them with config.json last (an export without it is not one)."""
+    local = paths.is_local(out)
+    parent = pathlib.Path(out).parent if local else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=parent))
+    try:
+        _write(files, tmp)
+        if not local:
+            for file in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+                paths.upload(file, out / file.name)
+            return
+        target = pathlib.Path(out)
+        old = None
+        if target.exists():
+            old = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+            os.replace(target, old / "export")
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
