@@ -329,6 +329,26 @@ for name, (path, kind) in spec["exports"].items():
             model = AutoModelForSequenceClassification.from_pretrained(path, **kw)
             out[name + "/logits"] = model(**enc).logits.numpy()
             out[name + "/labels"] = np.asarray(list(model.config.id2label.values()))
+# Fine-tuning an export with transformers' Trainer, as the README shows: a new head on the
+# pretrained encoder, and both trained.
+from transformers import Trainer, TrainingArguments
+path = spec["trainer"]
+tok = AutoTokenizer.from_pretrained(path, **kw)
+model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2, **kw)
+before = {k: v.clone() for k, v in model.state_dict().items()}
+pretrained = AutoModel.from_pretrained(path, **kw).state_dict()
+train = [{**tok(t, truncation=True), "labels": int("good" in t)}
+         for t in ["a good film", "a bad film"] * 8]
+args = TrainingArguments(output_dir=spec["out"] + ".trainer", num_train_epochs=2,
+                         per_device_train_batch_size=8, learning_rate=1e-3, report_to=[],
+                         use_cpu=True, save_strategy="no")
+result = Trainer(model=model, args=args, train_dataset=train, processing_class=tok).train()
+after = model.state_dict()
+out["trainer"] = np.asarray([
+    all(torch.equal(before["encoder." + k], v) for k, v in pretrained.items()),
+    not torch.equal(*(d["encoder.word_embeddings.weight"] for d in (before, after))),
+    not torch.equal(before["classifier.out.weight"], after["classifier.out.weight"]),
+    bool(np.isfinite(result.training_loss))])
 np.savez(spec["out"], **out)
 """
 MASKED = ["Return a <mask> of the items in the <mask>.", "The <mask> module provides files."]
@@ -339,11 +359,13 @@ def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path, ti
     kinds = {"rte": "classifier", "stsb": "classifier", "squad": "qa"}
     spec = {"exports": {n: (str(e), kinds.get(n, "pretraining")) for n, (_, e) in exports.items()},
             "texts": TEXTS[:2] + ["short"], "pairs": PAIRS + ["pair"], "masked": MASKED,
-            "out": str(tmp_path / "hf.npz")}
+            "out": str(tmp_path / "hf.npz"), "trainer": str(exports["maelm"][1])}
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
     subprocess.run([sys.executable, "-c", _LOAD, json.dumps(spec)], cwd=tmp_path, env=env,
                    check=True, capture_output=True, text=True)
     hf = np.load(tmp_path / "hf.npz")
+    # Trainer: the encoder loaded as pretrained, then it and the new head trained.
+    assert hf["trainer"].tolist() == [True, True, True, True]
     for name, (run_dir, _) in exports.items():
         pretrained = runs.load_pretrained(str(run_dir), 0.0, 0.0, "float32")
         max_len = 32

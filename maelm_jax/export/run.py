@@ -157,7 +157,7 @@ def pretraining_config(run_cfg: ml_collections.ConfigDict, vocab_size: int) -> d
                    "activation_dropout": 0.0}
     return _base_config(["MaelmForMaskedLM"], {
         **_encoder_fields(arch, m), "objective": run_cfg.objective,
-        "misaligned_positions": bool(m.misaligned_positions), "decoder": decoder})
+        "misaligned_positions": bool(m.misaligned_positions), "pretraining_decoder": decoder})
 
 
 def _pretrained(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
@@ -177,7 +177,7 @@ def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict
     encoder has the architecture record `arch`."""
     from maelm_jax.finetune import glue
 
-    fields = {**_encoder_fields(arch, run_cfg.model), "objective": "mlm", "decoder": None,
+    fields = {**_encoder_fields(arch, run_cfg.model), "objective": "mlm",
               "classifier_dropout": float(run_cfg.model.classifier_dropout),
               "pooling": run_cfg.model.pooling}
     if str(run_cfg.task).lower() == "squad":

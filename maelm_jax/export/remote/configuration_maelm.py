@@ -13,11 +13,13 @@ class MaelmConfig(PretrainedConfig):
     """A maelm_jax encoder, and the decoder and head that pretraining or fine-tuning gave it.
 
     objective: "mlm" (the encoder reads [MASK]) or "maelm" (MAE-LM, 3ML_self and 3ML_cross:
-    [MASK]s are left out of the encoder; `decoder` describes the network that predicts them).
-    decoder: None, or a dict of the decoder's fields: kind ("self", "cross", "causal_cross",
-    "cross_only"), num_layers, hidden_size, num_attention_heads, intermediate_size, pre_ln,
-    max_position_embeddings (the pretraining length), rel_pos_buckets, rel_pos_max_distance,
-    share_positions.
+    [MASK]s are left out of the encoder; `pretraining_decoder` describes the network that
+    predicts them).
+    pretraining_decoder: None, or a dict of the decoder's fields: kind ("self", "cross",
+    "causal_cross", "cross_only"), num_layers, hidden_size, num_attention_heads,
+    intermediate_size, pre_ln, max_position_embeddings (the pretraining length),
+    rel_pos_buckets, rel_pos_max_distance, share_positions and its dropout rates. (Not
+    "decoder": transformers reads a field of that name as an encoder-decoder's sub-config.)
     """
 
     model_type = "maelm_jax"
@@ -41,7 +43,7 @@ class MaelmConfig(PretrainedConfig):
         initializer_range=0.02,
         objective="mlm",
         misaligned_positions=False,
-        decoder=None,
+        pretraining_decoder=None,
         classifier_dropout=0.1,
         pooling="first",
         qa_context_only=True,
@@ -68,7 +70,7 @@ class MaelmConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.objective = objective
         self.misaligned_positions = misaligned_positions
-        self.decoder = decoder
+        self.pretraining_decoder = pretraining_decoder
         self.classifier_dropout = classifier_dropout
         self.pooling = pooling
         self.qa_context_only = qa_context_only

@@ -262,7 +262,7 @@ class LmHead(nn.Module):
 
 def _decoder_settings(config):
     """The decoder's fields, and the settings its layers read (its own dropout rates)."""
-    d = dict(config.decoder)
+    d = dict(config.pretraining_decoder)
     return d, SimpleNamespace(layer_norm_eps=config.layer_norm_eps,
                               hidden_dropout_prob=d["dropout"],
                               attention_probs_dropout_prob=d["attention_dropout"],
@@ -408,7 +408,7 @@ class MaelmForMaskedLM(MaelmPreTrainedModel):
         self.decoder = self.decoder_to_encoder = None
         d_in = config.hidden_size
         if config.objective != "mlm":
-            d = config.decoder
+            d = config.pretraining_decoder
             if d["kind"] == "self":
                 self.decoder = SelfDecoder(config)
                 d_in = d["hidden_size"]
