@@ -18,6 +18,7 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
+from configs.pretrain import quickstart as quickstart_config
 from maelm_jax import config as config_lib
 from maelm_jax import fill_mask, masking, runs
 from maelm_jax import tokenizer as tokenizer_lib
@@ -248,25 +249,40 @@ def _write_squad(path):
         {"title": "t", "paragraphs": [{"context": context, "qas": qas * 4}]}]}))
 
 
-def _tiny_finetune(c, init_from, tmp):
+def _tiny_finetune(c, init_from):
     c.init_from = str(init_from)
     c.model.dropout = c.model.attention_dropout = 0.0
-    c.data.max_seq_len, c.data.buckets = 32, (32,)
+    c.data.max_seq_len, c.data.buckets = MAX_LEN, (MAX_LEN,)
     c.train.batch_size = c.train.eval_batch_size = 8
     c.train.num_epochs = 1
     c.mesh.shape, c.fast_compile, c.predict_test = (1, 1, 1), True, False
     return c
 
 
+# The README quickstart's config, for a few steps: its tokenizer, sizes and sequence length.
+QUICK_STEPS = ("--config.train.num_steps=4", "--config.train.checkpoint_every=4",
+               "--config.train.eval_every=4", "--config.train.eval_batches=2",
+               "--config.train.log_every=2", "--config.train.fill_mask_examples=1")
+MAX_LEN = 64  # the quickstart's data.seq_len, and the fine-tuning runs' max_seq_len
+
+
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory, tiny_tokenizer):
-    """The papers' four models pretrained for 4 steps, three fine-tuning runs from MAE-LM
-    (RTE, STS-B, SQuAD 2.0), each exported; the MLM run through main.py."""
+def exports(tmp_path_factory):
+    """The README quickstart (MAE-LM) and its :mlm variant through main.py for 4 steps,
+    3ML_self and 3ML_cross on the same config and tokenizer, three fine-tuning runs from
+    the MAE-LM one (RTE, STS-B, SQuAD 2.0); each exported, the MLM run through main.py."""
     tmp = tmp_path_factory.mktemp("export")
     out = {}
-    for name in ("mlm", "maelm", "3ml_self", "3ml_cross"):
-        c = _config(name, {}, tiny_tokenizer.model_path)
+    for name, arg in (("maelm", ""), ("mlm", ":mlm")):
+        subprocess.run([sys.executable, "main.py", f"--config=configs/pretrain/quickstart.py{arg}",
+                        f"--workdir={tmp / name}", *QUICK_STEPS], cwd=REPO_ROOT,
+                       env=subprocess_env(1), check=True, capture_output=True, text=True)
+        out[name] = (tmp / name, tmp / f"{name}_hf")
+    for name in ("3ml_self", "3ml_cross"):
+        c = recipes.MODELS[name].apply(quickstart_config.get_config())
+        c.tokenizer.model_path = str(tmp / "maelm" / "tokenizer.model")
         c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 4
+        c.train.eval_batches, c.train.fill_mask_examples = 2, 0
         loop.train_and_evaluate(c, str(tmp / name))
         out[name] = (tmp / name, tmp / f"{name}_hf")
     glue_dir = tmp / "glue"
@@ -275,12 +291,12 @@ def exports(tmp_path_factory, tiny_tokenizer):
     _write_glue(glue_dir, "STS-B", ("sentence1", "sentence2"),
                 lambda rng: f"{rng.uniform(0, 5):.2f}")
     for task in ("rte", "stsb"):
-        c = _tiny_finetune(glue_config.get_config(task), tmp / "maelm", tmp)
+        c = _tiny_finetune(glue_config.get_config(task), tmp / "maelm")
         c.data.data_dir = str(glue_dir)
         finetune_train.run(c, str(tmp / task))
         out[task] = (tmp / task, tmp / f"{task}_hf")
     _write_squad(tmp / "squad.json")
-    c = _tiny_finetune(squad_config.get_config("v2"), tmp / "maelm", tmp)
+    c = _tiny_finetune(squad_config.get_config("v2"), tmp / "maelm")
     c.squad.train_file = c.squad.dev_file = str(tmp / "squad.json")
     c.squad.doc_stride, c.squad.max_query_len = 16, 8
     finetune_train.run(c, str(tmp / "squad"))
@@ -355,7 +371,7 @@ MASKED = ["Return a <mask> of the items in the <mask>.", "The <mask> module prov
 PAIRS = ["the house by the tree", "was built in the long summer of the good year"]
 
 
-def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path, tiny_tokenizer):
+def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path):
     kinds = {"rte": "classifier", "stsb": "classifier", "squad": "qa"}
     spec = {"exports": {n: (str(e), kinds.get(n, "pretraining")) for n, (_, e) in exports.items()},
             "texts": TEXTS[:2] + ["short"], "pairs": PAIRS + ["pair"], "masked": MASKED,
@@ -368,9 +384,8 @@ def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path, ti
     assert hf["trainer"].tolist() == [True, True, True, True]
     for name, (run_dir, _) in exports.items():
         pretrained = runs.load_pretrained(str(run_dir), 0.0, 0.0, "float32")
-        max_len = 32
-        expected_ids = finetune_data.encode_texts(tiny_tokenizer,
-                                                  [spec["texts"], spec["pairs"]], max_len)
+        expected_ids = finetune_data.encode_texts(pretrained.tokenizer,
+                                                  [spec["texts"], spec["pairs"]], MAX_LEN)
         ids = hf[name + "/ids"]
         for row, expected in zip(ids, expected_ids, strict=True):
             assert row[:len(expected)].tolist() == expected.tolist()
@@ -431,7 +446,7 @@ def test_the_export_is_a_model_directory_with_a_card(exports):
                      if isinstance(node, ast.ImportFrom) and not node.level}
         assert imported <= allowed, (name, imported - allowed)
     card = (export_dir / "README.md").read_text()
-    assert "tokens seen | 1,024" in card  # 4 steps x 8 sequences x 32 tokens
+    assert "tokens seen | 8,192" in card  # 4 steps x 32 sequences x 64 tokens
     assert "steps | 4" in card and "trust_remote_code=True" in card
     assert "corpus fingerprint | " in card and "unknown" not in card
     assert '"loss"' in card  # the last evaluation
