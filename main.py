@@ -63,6 +63,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 # Exit status of a run stopped at --time_limit_minutes: sysexits.h's EX_TEMPFAIL ("try
 # again"), so a script can tell "finished" (0) from "call again".
 TIME_LIMIT_STATUS = 75
+# Exit status of a preempted run (SIGTERM, or a TPU maintenance event), after it saved a
+# checkpoint at the step it was on: 128 + SIGTERM, what a process ended by SIGTERM reports
+# and what Kubernetes, JobSet and Slurm treat as "preempted, run again" rather than "done".
+PREEMPTED_STATUS = 143
 
 _PROJECT_DIR = pathlib.Path(__file__).resolve().parent
 # Our own code (a virtual environment inside the checkout is not).
@@ -97,8 +101,9 @@ def main(argv):
     except preemption.TimeLimit as e:  # a checkpoint is saved; the same command continues
         absl_logging.warning("%s", e)
         sys.exit(TIME_LIMIT_STATUS)
-    except preemption.Preempted as e:  # a checkpoint is saved: not a failure
+    except preemption.Preempted as e:  # a checkpoint is saved; the same command continues
         absl_logging.warning("%s", e)
+        sys.exit(PREEMPTED_STATUS)
     except errors.UserError as e:
         if FLAGS.debug:
             raise

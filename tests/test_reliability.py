@@ -186,6 +186,23 @@ def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer,
     assert np.isfinite(m[6]["loss"])
 
 
+def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
+    """The skipped updates before a checkpoint are counted after resuming from it: the
+    same log lines as the run without a stop."""
+    _poison_from([2, 3], monkeypatch)
+    c = _config(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip")
+    loop.train_and_evaluate(c, str(tmp_path / "whole"))
+    c.train.num_steps = c.train.checkpoint_every = 4
+    loop.train_and_evaluate(c, str(tmp_path / "resumed"))
+    c.train.num_steps = 6
+    loop.train_and_evaluate(c, str(tmp_path / "resumed"))
+    whole, resumed = train_metrics(tmp_path / "whole"), train_metrics(tmp_path / "resumed")
+    assert [resumed[s]["skipped_updates"] for s in range(1, 7)] == [0, 0, 1, 2, 2, 2]
+    for step in (5, 6):
+        assert resumed[step]["skipped_updates"] == whole[step]["skipped_updates"]
+        assert resumed[step]["loss"] == pytest.approx(whole[step]["loss"], rel=1e-5)
+
+
 class _Watched:
     """A step metric that records, at every read-back to the host, how many steps had been
     dispatched by then."""
@@ -319,7 +336,7 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes(tmp_path, tiny_token
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=HANG_SECONDS)
-    assert proc.returncode == 0, stderr[-2000:]
+    assert proc.returncode == 143, stderr[-2000:]  # preempted: schedulers run it again
     assert "preempted: saved a checkpoint at step" in stderr
     saved = checkpoint.Checkpointer(run / "checkpoints", 1000, 3).latest_step()
     assert saved >= 5 and saved % 1000

@@ -2,9 +2,12 @@
 across mesh shapes, mixed precision, and a two-process run through jax.distributed."""
 
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -221,3 +224,42 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
     np.testing.assert_allclose([got[s] for s in (1, 2)], [expected[s] for s in (1, 2)],
                                rtol=2e-5)
     assert (multi / "checkpoints" / "2").exists()
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tiny_tokenizer):
+    """A scheduler's SIGTERM reaching only process 0 of a two-process job: JAX's preemption
+    service makes both save the same step and exit 143, and the same command finishes."""
+    run = tmp_path / "run"
+    port = _free_port()
+    common = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
+              f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
+              "--config.mesh.shape=(4,2,1)", "--config.train.checkpoint_every=100000",
+              "--config.train.eval_every=100000", "--num_processes=2"]
+    procs = [subprocess.Popen(common + ["--config.train.num_steps=100000",
+                                        f"--coordinator_address=127.0.0.1:{port}",
+                                        f"--process_id={i}"],
+                              cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=subprocess_env(4)) for i in range(2)]
+    deadline = time.monotonic() + HANG_SECONDS
+    while not ((run / "metrics.jsonl").exists() and len(_train_losses(run)) >= 3):
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 143, out[-3000:]
+    steps = [int(re.search(r"preempted: saved a checkpoint at step (\d+)", out).group(1))
+             for out in outputs]
+    assert steps[0] == steps[1] and (run / "checkpoints" / str(steps[0])).is_dir()
+    port = _free_port()
+    finish = [subprocess.Popen(common + [f"--config.train.num_steps={steps[0] + 2}",
+                                         f"--coordinator_address=127.0.0.1:{port}",
+                                         f"--process_id={i}"],
+                               cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=subprocess_env(4))
+              for i in range(2)]
+    outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in finish]
+    for p, out in zip(finish, outputs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    assert f"resumed from checkpoint at step {steps[0]}" in outputs[0]
+    assert max(_train_losses(run)) == steps[0] + 2

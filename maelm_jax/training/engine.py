@@ -37,7 +37,8 @@ class Loop:
 
     def __init__(self, start: int, ckpt: checkpoint_lib.Checkpointer):
         self._first, self._ckpt = start + 1, ckpt
-        self._stop = preemption.StopRequest()
+        # One process: our own SIGTERM flag; several: JAX's preemption sync point alone.
+        self._stop = preemption.StopRequest(install=jax.process_count() == 1)
         self._out_of_time = False
         self._step, self._time = start, time.perf_counter()  # where the window began
 

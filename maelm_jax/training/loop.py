@@ -140,8 +140,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             "resumed from checkpoint at step %d (data position %d)", step, meta["data_position"]
         )
         start = meta["data_position"]
+        # Counters the logs report go on from the checkpoint (absent in older ones: 0).
+        skipped = int(meta.get("skipped_updates", 0))
     else:
-        state, start = trainer.init(), 0
+        state, start, skipped = trainer.init(), 0, 0
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
         workdir_lib.write_config(config, workdir)
@@ -182,7 +184,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     try:
         metrics, _ = _train_loop(config, state, trainer, eval_data, batches,
-                                 ckpt, writer, utilisation, start, unigram_accuracy)
+                                 ckpt, writer, utilisation, start, unigram_accuracy, skipped)
         return metrics
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.
@@ -191,9 +193,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, ckpt, writer,
-                utilisation, start, unigram_accuracy: float) -> tuple[dict[str, float], Any]:
+                utilisation, start, unigram_accuracy: float, skipped: int = 0
+                ) -> tuple[dict[str, float], Any]:
     """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
     non-finite and preemption policies. Returns (the last eval's metrics, the state).
+    `skipped`: the non-finite updates dropped before `start` (saved with each checkpoint).
 
     Between logging, eval and checkpoint steps nothing is read back from the device: the
     host dispatches step after step while the accelerator runs them. Step metrics pile up
@@ -206,7 +210,6 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
     unchecked: list[tuple[int, dict]] = []  # (step, metrics on device) not yet fetched
     window: list[dict] = []  # fetched metrics since the last log
     eval_metrics: dict[str, float] = {}
-    skipped = 0
     with sharding.activate(trainer.mesh, trainer.rules), engine.Loop(start, ckpt) as loop:
         for step in range(start + 1, t.num_steps + 1):
             state, step_metrics = trainer.train_step(
@@ -238,7 +241,8 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 eval_metrics["unigram_accuracy"] = unigram_accuracy
                 writer.write("eval", step, eval_metrics)
             if save:
-                ckpt.save(step, state, {"step": step, "data_position": step}, force=True)
+                ckpt.save(step, state, {"step": step, "data_position": step,
+                                        "skipped_updates": skipped}, force=True)
                 writer.flush()  # a resumed run finds every metrics line up to its checkpoint
             if preempted:
                 ckpt.wait()

@@ -31,14 +31,20 @@ _deadline: float | None = None
 class StopRequest:
     """Within its `with` block, SIGTERM sets `received` instead of ending the process
     (only in the main thread, where Python delivers signals); the previous handler comes
-    back when the block ends."""
+    back when the block ends.
 
-    def __init__(self):
+    install=False leaves SIGTERM to JAX: in a job of several processes, JAX's preemption
+    service catches it and all processes agree on the step to stop at (the loop asks
+    through Checkpointer.reached_preemption). A flag of this process's own would stop it
+    alone, and the others would wait for it in their next collective forever."""
+
+    def __init__(self, install: bool = True):
         self.received = False
+        self._install = install
         self._previous = None
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        if self._install and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self
 
