@@ -6,6 +6,7 @@ killed with SIGKILL); a finished run, or an unfinished one of another config, st
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -187,9 +188,12 @@ def test_a_finished_run_or_another_configs_unfinished_run_starts_over(settings, 
     assert len(steps) == len(set(steps)) == 3 + 4  # train at 4, 8, 12; dev at 3, 6, 9, 12
 
 
-def test_main_killed_with_sigkill_continues_where_it_stopped(settings, tmp_path):
-    """A real kill: main.py fine-tunes 120 steps with resume checkpoints every 20 and is
-    killed once the first one is complete; the same command finishes the run."""
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_main_killed_or_preempted_continues_where_it_stopped(settings, tmp_path, how):
+    """A real kill (SIGKILL) or preemption notice (SIGTERM): main.py fine-tunes 120 steps
+    with resume checkpoints every 20 and gets the signal once the first one is complete;
+    the same command finishes the run as if nothing had happened. SIGTERM: a checkpoint at
+    the step it was on, exit status 143 and no results."""
     data = tmp_path / "glue" / "SST-2"
     _write_sst2(data, 480, 0)  # 60 steps per epoch
     run = {"train.num_epochs": 2, "train.log_every": 10, "train.checkpoint_every": 20,
@@ -204,9 +208,14 @@ def test_main_killed_with_sigkill_continues_where_it_stopped(settings, tmp_path)
     while not ((killed / "resume").is_dir() and _resume_steps(killed)):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
+    proc.send_signal(how)
     proc.wait()
-    assert not (killed / "results.json").exists()  # killed before the end
+    assert not (killed / "results.json").exists()  # stopped before the end
+    if how == signal.SIGTERM:
+        assert proc.returncode == 143, log.read_text()[-2000:]
+        step = int(re.search(r"preempted: saved a checkpoint at step (\d+)",
+                             log.read_text()).group(1))
+        assert step in _resume_steps(killed)
     resumed = subprocess.run(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
                              env=subprocess_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -27,12 +27,17 @@ def _sst2_like(directory, n, seed):
 
 @pytest.fixture
 def tiny_sweep_config(tmp_path, tiny_tokenizer):
+    return tiny_sweep(tmp_path, tiny_tokenizer.model_path)
+
+
+def tiny_sweep(tmp_path, tokenizer_path, num_epochs=1):
+    """Two learning rates x two seeds of a tiny encoder on SST-2-like files in tmp_path."""
     data = tmp_path / "glue" / "SST-2"
-    data.mkdir(parents=True)
+    data.mkdir(parents=True, exist_ok=True)
     (data / "train.tsv").write_text(_sst2_like(data, 48, 0))
     (data / "dev.tsv").write_text(_sst2_like(data, 16, 1))
     c = glue_config.get_config("sst2")
-    c.tokenizer_path = tiny_tokenizer.model_path  # from scratch: no init_from
+    c.tokenizer_path = tokenizer_path  # from scratch: no init_from
     c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.d_ff = 1, 32, 2, 64
     c.model.rel_pos_buckets, c.model.rel_pos_max_distance, c.model.max_positions = 8, 16, 32
     c.data.data_dir = str(tmp_path / "glue")
@@ -41,7 +46,7 @@ def tiny_sweep_config(tmp_path, tiny_tokenizer):
     c.mesh.shape, c.fast_compile = (1, 1, 1), True
     c.sweep = True
     config_lib.set_grid(c, {"learning_rate": (1e-3, 3e-3), "batch_size": (16,),
-                            "num_epochs": (1,), "warmup_ratio": (0.1,)})
+                            "num_epochs": (num_epochs,), "warmup_ratio": (0.1,)})
     c.grid.seeds = (1, 2)
     return c
 
@@ -193,3 +198,51 @@ def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
     c.task, c.tokenizer_path = "sst2", "x.model"  # the workdir is checked first
     with pytest.raises(config_lib.FinetuneConfigError, match=r"holds a pretrain run"):
         train.run(c, str(pretraining_dir))
+
+
+def test_a_preempted_sweep_exits_143_and_the_same_command_finishes(tmp_path, tiny_tokenizer):
+    """Through main.py: SIGTERM during the sweep's first run saves it and stops the sweep
+    (exit 143, no summary, no later run started); the same command finishes with the
+    summary of a sweep that was never stopped."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+
+    config_file = tmp_path / "sweep_config.py"
+    config_file.write_text(  # this file's tiny sweep, as a config file for main.py
+        f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+        "import pathlib\nfrom test_finetune_sweep import tiny_sweep\n\n\n"
+        "def get_config():\n"
+        f"    return tiny_sweep(pathlib.Path({str(tmp_path)!r}), "
+        f"{tiny_tokenizer.model_path!r}, num_epochs=20)\n")
+    cmd = [sys.executable, "main.py", f"--config={config_file}",
+           f"--workdir={tmp_path / 'sweep'}", "--config.train.log_every=1"]
+    first = tmp_path / "sweep" / "runs" / "lr0.001_bs16_ep20_wu0.1" / "seed_1"
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), text=True,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + HANG_SECONDS
+    while not ((first / "metrics.jsonl").exists()
+               and len((first / "metrics.jsonl").read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=HANG_SECONDS)
+    assert proc.returncode == 143, stderr[-2000:]
+    step = int(re.search(r"preempted: saved a checkpoint at step (\d+)", stderr).group(1))
+    assert (first / "resume" / str(step)).is_dir() and step < 60
+    assert not (tmp_path / "sweep" / "sweep.json").exists()
+    assert not (tmp_path / "sweep" / "runs" / "lr0.001_bs16_ep20_wu0.1" / "seed_2").exists()
+    subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), check=True, capture_output=True,
+                   timeout=HANG_SECONDS)
+    resumed = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    c = tiny_sweep(tmp_path, tiny_tokenizer.model_path, num_epochs=20)
+    c.train.log_every = 1
+    whole = sweep.run_sweep(c, str(tmp_path / "whole"))
+    for got, want in zip(resumed["settings"], whole["settings"], strict=True):
+        assert got["setting"] == want["setting"]
+        for seed in ("1", "2"):
+            assert got["per_seed"][seed] == pytest.approx(want["per_seed"][seed], abs=1e-6)
