@@ -323,13 +323,17 @@ def test_failed_save_is_reported_and_the_previous_checkpoint_survives(
 
 # ---------------------------------------------------------------- preemption
 
-def test_sigterm_saves_the_current_step_and_the_run_resumes(tmp_path, tiny_tokenizer):
+def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, tiny_tokenizer):
+    """main.py as a scheduler runs it: SIGTERM saves the step the run is on and exits 143
+    with no post-training work (no fill-mask examples); the same command continues and
+    ends as the run that was never stopped."""
     run = tmp_path / "run"
     cmd = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
            f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
-           "--config.train.checkpoint_every=1000", "--config.train.eval_every=1000"]
-    proc = subprocess.Popen(cmd + ["--config.train.num_steps=100000"], cwd=REPO_ROOT,
-                            env=subprocess_env(), stderr=subprocess.PIPE, text=True)
+           "--config.train.num_steps=200", "--config.train.checkpoint_every=1000",
+           "--config.train.eval_every=1000", "--config.train.fill_mask_examples=1"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(1), stderr=subprocess.PIPE,
+                            text=True)
     deadline = time.monotonic() + HANG_SECONDS
     while not ((run / "metrics.jsonl").exists() and len(train_metrics(run)) >= 5):
         assert proc.poll() is None and time.monotonic() < deadline
@@ -338,11 +342,22 @@ def test_sigterm_saves_the_current_step_and_the_run_resumes(tmp_path, tiny_token
     _, stderr = proc.communicate(timeout=HANG_SECONDS)
     assert proc.returncode == 143, stderr[-2000:]  # preempted: schedulers run it again
     assert "preempted: saved a checkpoint at step" in stderr
+    assert "run the same command to continue" in stderr
     saved = checkpoint.Checkpointer(run / "checkpoints", 1000, 3).latest_step()
-    assert saved >= 5 and saved % 1000
-    resumed = subprocess.run(cmd + [f"--config.train.num_steps={saved + 2}"], cwd=REPO_ROOT,
-                             env=subprocess_env(), capture_output=True, text=True, check=True)
+    assert 5 <= saved < 200
+    assert not (run / "fill_mask.md").exists()  # no post-training work
+    resumed = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True,
+                             text=True, check=True)
     assert f"resumed from checkpoint at step {saved}" in resumed.stderr
+    assert (run / "fill_mask.md").exists()
+    whole = tmp_path / "whole"
+    subprocess.run([*cmd[:3], f"--workdir={whole}", *cmd[4:]], cwd=REPO_ROOT,
+                   env=subprocess_env(1), capture_output=True, text=True, check=True)
+    got, want = train_metrics(run, "eval")[200], train_metrics(whole, "eval")[200]
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
+    assert train_metrics(run)[200]["loss"] == pytest.approx(train_metrics(whole)[200]["loss"],
+                                                            rel=1e-6)
+    assert (run / "fill_mask.md").read_text() == (whole / "fill_mask.md").read_text()
 
 
 def test_finetuning_from_the_wrong_kind_of_checkpoint_touches_nothing(tmp_path):
