@@ -157,6 +157,7 @@ def test_two_processes_read_disjoint_rows_of_the_shards(prepared, tmp_path):
               f"--config.data.prepared={root / 'shards'}",
               "--config.data.sources.main.kind=text",
               f"--config.data.sources.main.path={tmp_path / 'not_here.txt'}",
+              "--config.data.validation_fraction=0.1",  # as prepared
               "--config.train.num_steps=2", "--config.mesh.shape=(4,2,1)",
               f"--workdir={tmp_path / 'multi'}"]
     port = _free_port()
@@ -226,3 +227,82 @@ def test_a_damaged_file_is_one_line_and_leaves_nothing(prepared, tmp_path):
                        match=r"^\S+cut.txt.gz: cannot read past line \d+ .*truncated gzip file\?$"):
         prepare.run(c, str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def _copy(prepared, tmp_path):
+    import shutil
+
+    root, _, manifest, _ = prepared
+    copy = tmp_path / "shards"
+    shutil.copytree(root / "shards", copy)
+    first = manifest["sources"]["books"]["train"]["shards"][0]["file"]
+    return copy, copy / first
+
+
+def _main(prepared_dir, workdir, *flags):
+    return subprocess.run(
+        [sys.executable, "main.py", "--config=tests/tiny_config.py",
+         f"--config.data.prepared={prepared_dir}", "--config.data.validation_fraction=0.1",
+         "--config.train.num_steps=2", f"--workdir={workdir}", *flags],
+        cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True, text=True,
+        timeout=HANG_SECONDS)
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.data.seq_len=64",
+     r"config.data.seq_len: 64, but config.data.prepared \S+ was prepared with 32"),
+    ("--config.tokenizer.vocab_size=600",
+     r"config.tokenizer.vocab_size: 600, but config.data.prepared \S+ was prepared with 512"),
+    ("--config.data.validation_fraction=0.2",
+     r"config.data.validation_fraction: 0.2, but config.data.prepared \S+ was prepared "
+     r"with 0.1"),
+])
+def test_shards_that_do_not_fit_the_run_are_one_line(prepared, tmp_path, flag, message):
+    root, _, _, _ = prepared
+    run = _main(root / "shards", tmp_path / "run", flag)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert re.search(message, run.stderr) and "Traceback" not in run.stderr
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda path: path.write_bytes(path.read_bytes()[:-100]),
+     r"shard \S+-00000-of-\d+.array_record is \d+ bytes, its manifest says \d+"),
+    (lambda path: path.unlink(), r"shard \S+-00000-of-\d+.array_record is missing"),
+    (lambda path: path.write_bytes(_flipped(path.read_bytes())),
+     r"shard \S+-00000-of-\d+.array_record does not match its SHA-256"),
+])
+def test_a_damaged_or_missing_shard_is_found_before_training(prepared, tmp_path, damage,
+                                                             message):
+    copy, shard = _copy(prepared, tmp_path)
+    damage(shard)
+    run = _main(copy, tmp_path / "run")
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert re.search(message, run.stderr) and "Traceback" not in run.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def _flipped(data: bytes) -> bytes:
+    """The same bytes with a few in the middle changed (the size stays)."""
+    middle = len(data) // 2
+    return data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 8]) + data[middle + 8:]
+
+
+def test_a_damaged_shard_of_a_large_set_is_named_when_read(prepared, tmp_path, monkeypatch):
+    """Too large to hash up front: the damaged record group stops the run with one line
+    naming its file (ArrayRecord's own checksums), not a library traceback."""
+    from maelm_jax import errors
+
+    root, c, _, _ = prepared
+    copy, shard = _copy(prepared, tmp_path)
+    shard.write_bytes(_flipped(shard.read_bytes()))
+    monkeypatch.setattr(shards, "DIGEST_UP_FRONT_BYTES", 0)
+    data = shards.load(copy)
+    with pytest.raises(errors.UserError, match=rf"shard {re.escape(str(shard))} is damaged"):
+        np.asarray(data.train["books"][:])
+    # And a run reading it (through the loader's prefetching) stops with the same line.
+    run_config = tiny_config("maelm")
+    run_config.data.prepared, run_config.data.validation_fraction = str(copy), 0.1
+    run_config.train.num_steps = 50
+    with pytest.raises(errors.UserError, match=rf"shard {re.escape(str(shard))} is damaged"):
+        loop.train_and_evaluate(run_config, str(tmp_path / "run"))

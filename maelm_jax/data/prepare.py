@@ -166,9 +166,10 @@ class _WriteShard(beam.DoFn):
         file = shards.shard_name(split, name, shard, count)
         with tempfile.TemporaryDirectory() as local:
             shards.write_shard(pathlib.Path(local) / file, blocks)
+            size, sha256 = shards.file_digest(pathlib.Path(local) / file)
             paths.upload(pathlib.Path(local) / file, paths.Path(self.out_dir) / file)
         note = {"source": name, "split": split, "shard": shard, "file": file,
-                "blocks": len(blocks)}
+                "blocks": len(blocks), "bytes": size, "sha256": sha256}
         paths.write_text(paths.Path(self.notes_dir) / f"shard-{file}.json", json.dumps(note))
         yield note
 
@@ -211,12 +212,15 @@ def pipeline_options(config: ml_collections.ConfigDict) -> PipelineOptions:
 
 
 def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerprint: str,
-              dtype: str) -> dict:
+              dtype: str, tok) -> dict:
     """The manifest from the workers' notes."""
     notes = [json.loads(paths.read_text(f)) for f in sorted(notes_dir.glob("*.json"))]
-    manifest: dict[str, Any] = {"format": shards.FORMAT, "fingerprint": fingerprint,
-                                "dtype": dtype, "seq_len": config.data.seq_len,
-                                "tokenizer": shards.TOKENIZER, "sources": {}}
+    manifest: dict[str, Any] = {
+        "format": shards.FORMAT, "fingerprint": fingerprint, "dtype": dtype,
+        "seq_len": config.data.seq_len,
+        "validation_fraction": config.data.validation_fraction,
+        "tokenizer": shards.TOKENIZER, "vocab_size": tok.vocab_size,
+        "tokenizer_sha256": shards.file_digest(tok.model_path)[1], "sources": {}}
     for name in config.data.sources:
         entry = {split: {"shards": [], "documents": 0, "tokens": 0} for split in shards.SPLITS}
         entry["read"] = {}
@@ -231,7 +235,8 @@ def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerpr
                     entry["read"][key] = entry["read"].get(key, 0) + value
             else:
                 entry[note["split"]]["shards"].append(
-                    {"file": note["file"], "blocks": note["blocks"], "index": note["shard"]})
+                    {"file": note["file"], "blocks": note["blocks"], "bytes": note["bytes"],
+                     "sha256": note["sha256"], "index": note["shard"]})
         for split in shards.SPLITS:
             entry[split]["shards"].sort(key=lambda s: s.pop("index"))
             entry[split]["blocks"] = sum(s["blocks"] for s in entry[split]["shards"])
@@ -299,7 +304,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise _user_error(e) from None
     finally:
         beam_logs.setLevel(level)
-    manifest = _manifest(notes, config, fingerprint, dtype)
+    manifest = _manifest(notes, config, fingerprint, dtype, tok)
     manifest["seconds"] = time.monotonic() - start
     paths.write_text(out / shards.MANIFEST, json.dumps(manifest, indent=2))  # last
     paths.remove(notes)

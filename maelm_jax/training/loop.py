@@ -71,6 +71,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
     others wait, then everyone loads the same files. A failure leaves the workdir as it
     was. (config.json is written once the checkpoint, if any, has restored.)"""
     if config.data.prepared:  # shards of mode "prepare": every process reads its own blocks
+        shards.check_run(config)  # they fit this run and are whole, before anything is written
         if jax.process_index() == 0:
             workdir_lib.check_compatible(config, workdir, allow_config_change)
             with workdir_lib.all_or_nothing(workdir):
