@@ -11,7 +11,7 @@
 # (kept between calls on a warm machine; finished parts are reused, an interrupted model
 # resumes from its checkpoint), with JAX's compilation cache in /tmp/jaxcache, then copies
 # the small results (study.md, study.json, the plots and the log's last lines) to OUT_DIR.
-# Exit status: 0 when the study is finished, 75 when another call is needed (the table
+# Exit status: 0 when the study is finished, 75 (time limit) or 143 (preempted) when another call is needed (the table
 # holds what is done so far), 1 on an error.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_study.sh OUT_DIR [MINUTES [main.py flags ...]]}
@@ -51,6 +51,7 @@ tail -n 400 "$out/study.log" > "$out/study.log.tail" && mv "$out/study.log.tail"
 case $status in
   0) echo "gpu_study.sh: the study is finished; results in $out" ;;
   75) echo "gpu_study.sh: not finished (the time limit); call again to continue" ;;
+  143) echo "gpu_study.sh: preempted (SIGTERM); call again to continue" ;;
   *) echo "gpu_study.sh: failed with status $status; the end of $out/study.log:" >&2
      tail -n 5 "$out/study.log" >&2
      exit 1 ;;
