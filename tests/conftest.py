@@ -96,3 +96,27 @@ def poison_steps(monkeypatch, module, factory: str, step_indices) -> None:
         return poisoned
 
     monkeypatch.setattr(module, factory, make)
+
+
+def preempt_main(cmd, metrics_file: pathlib.Path, lines: int = 3, **popen) -> int:
+    """Runs main.py's `cmd`, sends SIGTERM once `metrics_file` has `lines` lines, and
+    checks the preemption contract's exit: status 143 and the message. Returns the step
+    it says it saved."""
+    import re
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, env=subprocess_env(), text=True, stderr=subprocess.PIPE,
+                            **popen)
+    deadline = time.monotonic() + HANG_SECONDS
+    while not (metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= lines):
+        assert proc.poll() is None and time.monotonic() < deadline, "finished or hung"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=HANG_SECONDS)
+    assert proc.returncode == 143, stderr[-2000:]
+    found = re.search(r"preempted: saved a checkpoint at step (\d+) .*run the same command",
+                      stderr)
+    assert found, stderr[-2000:]
+    return int(found.group(1))

@@ -204,13 +204,10 @@ def test_a_preempted_sweep_exits_143_and_the_same_command_finishes(tmp_path, tin
     """Through main.py: SIGTERM during the sweep's first run saves it and stops the sweep
     (exit 143, no summary, no later run started); the same command finishes with the
     summary of a sweep that was never stopped."""
-    import re
-    import signal
     import subprocess
     import sys
-    import time
 
-    from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+    from conftest import HANG_SECONDS, REPO_ROOT, preempt_main, subprocess_env
 
     config_file = tmp_path / "sweep_config.py"
     config_file.write_text(  # this file's tiny sweep, as a config file for main.py
@@ -222,17 +219,7 @@ def test_a_preempted_sweep_exits_143_and_the_same_command_finishes(tmp_path, tin
     cmd = [sys.executable, "main.py", f"--config={config_file}",
            f"--workdir={tmp_path / 'sweep'}", "--config.train.log_every=1"]
     first = tmp_path / "sweep" / "runs" / "lr0.001_bs16_ep20_wu0.1" / "seed_1"
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(), text=True,
-                            stderr=subprocess.PIPE)
-    deadline = time.monotonic() + HANG_SECONDS
-    while not ((first / "metrics.jsonl").exists()
-               and len((first / "metrics.jsonl").read_text().splitlines()) >= 3):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=HANG_SECONDS)
-    assert proc.returncode == 143, stderr[-2000:]
-    step = int(re.search(r"preempted: saved a checkpoint at step (\d+)", stderr).group(1))
+    step = preempt_main(cmd, first / "metrics.jsonl", cwd=REPO_ROOT)
     assert (first / "resume" / str(step)).is_dir() and step < 60
     assert not (tmp_path / "sweep" / "sweep.json").exists()
     assert not (tmp_path / "sweep" / "runs" / "lr0.001_bs16_ep20_wu0.1" / "seed_2").exists()

@@ -303,13 +303,10 @@ def test_main_exits_143_when_preempted_and_the_same_command_finishes(tiny_tokeni
     """Through main.py: SIGTERM during the first model's pretraining saves its checkpoint
     at the step it was on and stops the study there (exit 143, the report so far, no
     next model); the same command finishes the study."""
-    import re
-    import signal
     import subprocess
     import sys
-    import time
 
-    from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+    from conftest import HANG_SECONDS, REPO_ROOT, preempt_main, subprocess_env
 
     _write_glue(tmp_path / "glue")
     config_file = tmp_path / "study.py"
@@ -322,16 +319,7 @@ def test_main_exits_143_when_preempted_and_the_same_command_finishes(tiny_tokeni
     cmd = [sys.executable, str(REPO_ROOT / "main.py"), f"--config={config_file}",
            f"--workdir={tmp_path / 'out'}"]
     first = tmp_path / "out" / "pretrain" / MODELS[0]
-    proc = subprocess.Popen(cmd, env=subprocess_env(), text=True, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + HANG_SECONDS
-    while not ((first / "metrics.jsonl").exists()
-               and len((first / "metrics.jsonl").read_text().splitlines()) >= 3):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=HANG_SECONDS)
-    assert proc.returncode == 143, stderr[-2000:]
-    step = int(re.search(r"preempted: saved a checkpoint at step (\d+)", stderr).group(1))
+    step = preempt_main(cmd, first / "metrics.jsonl")
     assert (first / "checkpoints" / str(step)).is_dir() and step < 60
     result = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
     assert result["finished"] is False and result["parts_done"] == []

@@ -260,34 +260,44 @@ class LmHead(nn.Module):
         return x.float() @ word_embeddings.float().T + self.bias
 
 
-def _decoder_settings(config):
-    """The decoder's fields, and the settings its layers read (its own dropout rates)."""
-    d = dict(config.pretraining_decoder)
-    return d, SimpleNamespace(layer_norm_eps=config.layer_norm_eps,
-                              hidden_dropout_prob=d["dropout"],
-                              attention_probs_dropout_prob=d["attention_dropout"],
-                              activation_dropout=d["activation_dropout"])
-
-
-class SelfDecoder(nn.Module):
-    """MAE-LM's and 3ML_self's decoder: the encoder's outputs at their positions, the [MASK]
-    embedding elsewhere, its own positions, a Transformer stack over the whole length."""
+class _Decoder(nn.Module):
+    """What both decoders have: the projection from the encoder's width (3ML), their own
+    position table (or the encoder's), the embedding LayerNorm and dropout, an optional
+    relative position bias; `settings` are config.pretraining_decoder's fields,
+    `layer_config` what its layers read (its own dropout rates)."""
 
     def __init__(self, config):
         super().__init__()
-        d, dec_config = _decoder_settings(config)
+        d = self.settings = dict(config.pretraining_decoder)
+        self.layer_config = SimpleNamespace(
+            layer_norm_eps=config.layer_norm_eps, hidden_dropout_prob=d["dropout"],
+            attention_probs_dropout_prob=d["attention_dropout"],
+            activation_dropout=d["activation_dropout"])
         width, self.share_positions = d["hidden_size"], d["share_positions"]
         self.projection = (nn.Linear(config.hidden_size, width)
                            if width != config.hidden_size else None)
         self.position_embeddings = (None if self.share_positions else
                                     nn.Embedding(d["max_position_embeddings"], width))
         self.ln_embed = LayerNorm(width, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(dec_config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(d["dropout"])
         self.relative_bias = (RelativePositionBias(
             d["rel_pos_buckets"], d["rel_pos_max_distance"], d["num_attention_heads"],
             config.rel_pos_bucket_fn) if d["rel_pos_buckets"] else None)
-        self.stack = Stack(d["num_layers"], width, d["num_attention_heads"],
-                           d["intermediate_size"], d["pre_ln"], dec_config)
+
+    def position_table(self, encoder_positions):
+        """[positions, D_dec]: the decoder's own table, or the encoder's when shared."""
+        return encoder_positions if self.share_positions else self.position_embeddings.weight
+
+
+class SelfDecoder(_Decoder):
+    """MAE-LM's and 3ML_self's decoder: the encoder's outputs at their positions, the [MASK]
+    embedding elsewhere, its own positions, a Transformer stack over the whole length."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        d = self.settings
+        self.stack = Stack(d["num_layers"], d["hidden_size"], d["num_attention_heads"],
+                           d["intermediate_size"], d["pre_ln"], self.layer_config)
 
     def forward(self, hidden, enc_index, enc_valid, mask_embedding, key_mask, encoder_positions):
         """hidden [B, n_enc, D] at positions enc_index [B, n_enc] (enc_valid: real ones);
@@ -299,9 +309,7 @@ class SelfDecoder(nn.Module):
         # Invalid slots write to a spare last row, dropped below.
         index = torch.where(enc_valid, enc_index, torch.full_like(enc_index, n))
         x = x.scatter(1, index[..., None].expand(-1, -1, x.shape[-1]), hidden)[:, :n]
-        table = (encoder_positions if self.share_positions
-                 else self.position_embeddings.weight)
-        x = self.dropout(self.ln_embed(x + table[:n][None]))
+        x = self.dropout(self.ln_embed(x + self.position_table(encoder_positions)[:n][None]))
         positions = torch.arange(n, device=x.device)[None]
         bias = self.relative_bias(positions, positions) if self.relative_bias else None
         return self.stack(x, bias, key_mask)
@@ -347,37 +355,26 @@ CROSS_SELF_ATTENTION = {"cross": "bidirectional", "causal_cross": "causal",
                         "cross_only": "none"}
 
 
-class CrossDecoder(nn.Module):
+class CrossDecoder(_Decoder):
     """3ML_cross (and MAE-LM Table 2's causal_cross, cross_only): a learned [MASK] vector at
     each removed position attends to the others and to the encoder's outputs."""
 
     def __init__(self, config):
-        super().__init__()
-        d, dec_config = _decoder_settings(config)
-        width, self.share_positions = d["hidden_size"], d["share_positions"]
+        super().__init__(config)
+        d, width = self.settings, self.settings["hidden_size"]
         self.kind = CROSS_SELF_ATTENTION[d["kind"]]
-        self.projection = (nn.Linear(config.hidden_size, width)
-                           if width != config.hidden_size else None)
         self.mask_embedding = nn.Parameter(torch.zeros(width))
-        self.position_embeddings = (None if self.share_positions else
-                                    nn.Embedding(d["max_position_embeddings"], width))
-        self.ln_embed = LayerNorm(width, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(dec_config.hidden_dropout_prob)
-        self.relative_bias = (RelativePositionBias(
-            d["rel_pos_buckets"], d["rel_pos_max_distance"], d["num_attention_heads"],
-            config.rel_pos_bucket_fn) if d["rel_pos_buckets"] else None)
         self.layers = nn.ModuleList(
             CrossLayer(width, d["num_attention_heads"], d["intermediate_size"], d["pre_ln"],
-                       self.kind, dec_config) for _ in range(d["num_layers"]))
+                       self.kind, self.layer_config) for _ in range(d["num_layers"]))
         self.ln_final = LayerNorm(width, eps=config.layer_norm_eps) if d["pre_ln"] else None
 
     def forward(self, hidden, enc_index, enc_valid, dec_index, dec_valid, encoder_positions):
         """hidden [B, n_enc, D] at enc_index; the removed [MASK]s at dec_index [B, n_de]
         (ascending; dec_valid: real ones). Returns [B, n_de, D_dec]."""
         context = self.projection(hidden) if self.projection is not None else hidden
-        table = (encoder_positions if self.share_positions
-                 else self.position_embeddings.weight)
-        x = self.dropout(self.ln_embed(self.mask_embedding + table[dec_index]))
+        x = self.dropout(self.ln_embed(self.mask_embedding
+                                       + self.position_table(encoder_positions)[dec_index]))
         self_bias = cross_bias = None
         if self.relative_bias is not None:
             self_bias = self.relative_bias(dec_index, dec_index)
