@@ -187,20 +187,25 @@ def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer,
 
 
 def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
-    """The skipped updates before a checkpoint are counted after resuming from it: the
-    same log lines as the run without a stop."""
-    _poison_from([2, 3], monkeypatch)
-    c = _config(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip")
+    """The skipped updates and the steps since the last log line before a stop are carried
+    by its checkpoint: the resumed run logs what the uninterrupted run logs (here the line
+    of step 6 averages steps 4-6, the stop being at step 4)."""
+    from maelm_jax.training import preemption
+
+    _poison_from([1, 2], monkeypatch)
+    c = _config(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3)
     loop.train_and_evaluate(c, str(tmp_path / "whole"))
-    c.train.num_steps = c.train.checkpoint_every = 4
-    loop.train_and_evaluate(c, str(tmp_path / "resumed"))
-    c.train.num_steps = 6
+    real = engine.Loop.stop_requested
+    monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 4)
+    with pytest.raises(preemption.Preempted, match="at step 4"):
+        loop.train_and_evaluate(c, str(tmp_path / "resumed"))
+    monkeypatch.setattr(engine.Loop, "stop_requested", real)
     loop.train_and_evaluate(c, str(tmp_path / "resumed"))
     whole, resumed = train_metrics(tmp_path / "whole"), train_metrics(tmp_path / "resumed")
-    assert [resumed[s]["skipped_updates"] for s in range(1, 7)] == [0, 0, 1, 2, 2, 2]
-    for step in (5, 6):
-        assert resumed[step]["skipped_updates"] == whole[step]["skipped_updates"]
-        assert resumed[step]["loss"] == pytest.approx(whole[step]["loss"], rel=1e-5)
+    assert sorted(whole) == sorted(resumed) == [3, 6]
+    assert [resumed[s]["skipped_updates"] for s in (3, 6)] == [2, 2]
+    for key in ("skipped_updates", "loss", "accuracy", "grad_norm", "learning_rate"):
+        assert resumed[6][key] == pytest.approx(whole[6][key], rel=1e-6), key
 
 
 class _Watched:

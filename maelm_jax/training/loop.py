@@ -141,10 +141,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             "resumed from checkpoint at step %d (data position %d)", step, meta["data_position"]
         )
         start = meta["data_position"]
-        # Counters the logs report go on from the checkpoint (absent in older ones: 0).
+        # What the logs report goes on from the checkpoint: the skipped updates and the
+        # steps since the last log line (absent in older checkpoints: none).
         skipped = int(meta.get("skipped_updates", 0))
+        window = list(meta.get("log_window", []))
     else:
-        state, start, skipped = trainer.init(), 0, 0
+        state, start, skipped, window = trainer.init(), 0, 0, []
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
         workdir_lib.write_config(config, workdir)
@@ -184,8 +186,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     )
 
     try:
-        metrics, _ = _train_loop(config, state, trainer, eval_data, batches,
-                                 ckpt, writer, utilisation, start, unigram_accuracy, skipped)
+        metrics, _ = _train_loop(config, state, trainer, eval_data, batches, ckpt, writer,
+                                 utilisation, start, unigram_accuracy, skipped, window)
         return metrics
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.
@@ -194,11 +196,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, ckpt, writer,
-                utilisation, start, unigram_accuracy: float, skipped: int = 0
-                ) -> tuple[dict[str, float], Any]:
+                utilisation, start, unigram_accuracy: float, skipped: int = 0,
+                window: list[dict] | None = None) -> tuple[dict[str, float], Any]:
     """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
     non-finite and preemption policies. Returns (the last eval's metrics, the state).
-    `skipped`: the non-finite updates dropped before `start` (saved with each checkpoint).
+    `skipped` and `window`: the non-finite updates dropped before `start` and the step
+    metrics since the last log line before it (both saved with each checkpoint).
 
     Between logging, eval and checkpoint steps nothing is read back from the device: the
     host dispatches step after step while the accelerator runs them. Step metrics pile up
@@ -209,7 +212,7 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
     """
     t = config.train
     unchecked: list[tuple[int, dict]] = []  # (step, metrics on device) not yet fetched
-    window: list[dict] = []  # fetched metrics since the last log
+    window = list(window or [])  # fetched metrics since the last log
     eval_metrics: dict[str, float] = {}
     with sharding.activate(trainer.mesh, trainer.rules), engine.Loop(start, ckpt) as loop:
         for step in range(start + 1, t.num_steps + 1):
@@ -226,7 +229,7 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 fetched = jax.device_get([m for _, m in unchecked])
                 skipped += engine.check_finite([s for s, _ in unchecked], fetched,
                                                t.nonfinite, ckpt)
-                window += fetched
+                window += [{k: float(v) for k, v in m.items()} for m in fetched]
                 unchecked = []
             if log:
                 means = engine.window_means(window)
@@ -243,7 +246,8 @@ def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, c
                 writer.write("eval", step, eval_metrics)
             if save:
                 ckpt.save(step, state, {"step": step, "data_position": step,
-                                        "skipped_updates": skipped}, force=True)
+                                        "skipped_updates": skipped, "log_window": window},
+                          force=True)
                 writer.flush()  # a resumed run finds every metrics line up to its checkpoint
             if preempted:
                 ckpt.wait()
