@@ -335,7 +335,7 @@ def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, 
     run = tmp_path / "run"
     cmd = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
            f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
-           "--config.train.num_steps=200", "--config.train.checkpoint_every=1000",
+           "--config.train.num_steps=100", "--config.train.checkpoint_every=1000",
            "--config.train.eval_every=1000", "--config.train.fill_mask_examples=1"]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(1), stderr=subprocess.PIPE,
                             text=True)
@@ -349,7 +349,7 @@ def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, 
     assert "preempted: saved a checkpoint at step" in stderr
     assert "run the same command to continue" in stderr
     saved = checkpoint.Checkpointer(run / "checkpoints", 1000, 3).latest_step()
-    assert 5 <= saved < 200
+    assert 5 <= saved < 100
     assert not (run / "fill_mask.md").exists()  # no post-training work
     resumed = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True,
                              text=True, check=True)
@@ -358,9 +358,9 @@ def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, 
     whole = tmp_path / "whole"
     subprocess.run([*cmd[:3], f"--workdir={whole}", *cmd[4:]], cwd=REPO_ROOT,
                    env=subprocess_env(1), capture_output=True, text=True, check=True)
-    got, want = train_metrics(run, "eval")[200], train_metrics(whole, "eval")[200]
+    got, want = train_metrics(run, "eval")[100], train_metrics(whole, "eval")[100]
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
-    assert train_metrics(run)[200]["loss"] == pytest.approx(train_metrics(whole)[200]["loss"],
+    assert train_metrics(run)[100]["loss"] == pytest.approx(train_metrics(whole)[100]["loss"],
                                                             rel=1e-6)
     assert (run / "fill_mask.md").read_text() == (whole / "fill_mask.md").read_text()
 

@@ -298,15 +298,14 @@ def test_main_exits_75_at_the_time_limit_with_the_report_so_far(tiny_tokenizer, 
     assert result["parts_left"][0] == "pretrain mlm"
 
 
-def test_main_exits_143_when_preempted_and_the_same_command_finishes(tiny_tokenizer,
-                                                                     tmp_path):
+def test_main_exits_143_when_preempted_with_the_report_so_far(tiny_tokenizer, tmp_path):
     """Through main.py: SIGTERM during the first model's pretraining saves its checkpoint
     at the step it was on and stops the study there (exit 143, the report so far, no
-    next model); the same command finishes the study."""
-    import subprocess
+    next model). (That the same command then ends as the uninterrupted study is the
+    sliced study's test above: a stop request raises the same exception.)"""
     import sys
 
-    from conftest import HANG_SECONDS, REPO_ROOT, preempt_main, subprocess_env
+    from conftest import REPO_ROOT, preempt_main
 
     _write_glue(tmp_path / "glue")
     config_file = tmp_path / "study.py"
@@ -324,7 +323,3 @@ def test_main_exits_143_when_preempted_and_the_same_command_finishes(tiny_tokeni
     result = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
     assert result["finished"] is False and result["parts_done"] == []
     assert not (tmp_path / "out" / "pretrain" / MODELS[1]).exists()
-    subprocess.run(cmd, env=subprocess_env(), check=True, capture_output=True,
-                   timeout=HANG_SECONDS)
-    result = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
-    assert result["finished"] and all(result["pretraining"][n]["step"] == 60 for n in MODELS)
