@@ -306,3 +306,26 @@ def test_a_damaged_shard_of_a_large_set_is_named_when_read(prepared, tmp_path, m
     run_config.train.num_steps = 50
     with pytest.raises(errors.UserError, match=rf"shard {re.escape(str(shard))} is damaged"):
         loop.train_and_evaluate(run_config, str(tmp_path / "run"))
+
+
+def test_a_failed_prepare_is_one_line_not_the_workers_tracebacks(prepared, tmp_path):
+    """Through main.py with two Beam worker processes: the damaged file's one line, not
+    the tracebacks each worker prints, and nothing written."""
+    root, _, _, _ = prepared
+    bad = tmp_path / "corpus"
+    bad.mkdir()
+    (bad / "good.txt").write_text((root / "text" / "part-0.txt").read_text())
+    packed = gzip.compress((root / "text" / "part-2.txt").read_bytes())
+    (bad / "cut.txt.gz").write_bytes(packed[:len(packed) // 2])
+    run = subprocess.run(
+        [sys.executable, "main.py", "--config=tests/tiny_config.py", "--config.mode=prepare",
+         f"--workdir={tmp_path / 'out'}", "--config.data.sources.main.kind=text",
+         f"--config.data.sources.main.path={bad}", "--config.prepare.num_workers=2",
+         f"--config.tokenizer.model_path={root / 'shards' / shards.TOKENIZER}"],
+        cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True, text=True,
+        timeout=HANG_SECONDS)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert re.search(r"error: \S+cut.txt.gz: cannot read past line \d+ .*truncated gzip file\?$",
+                     run.stderr.strip().splitlines()[-1])
+    assert not (tmp_path / "out").exists()

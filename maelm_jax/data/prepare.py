@@ -33,10 +33,13 @@ bucket.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging as stdlib_logging
+import os
 import pathlib
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -252,6 +255,33 @@ def _clean(out: paths.Path) -> None:
         shard.unlink()
 
 
+class _Captured:
+    keep = True  # whether the captured output is shown when the block ends
+
+
+@contextlib.contextmanager
+def _workers_output() -> Iterator[_Captured]:
+    """Holds back what the block writes to file descriptor 2, which the DirectRunner's
+    worker processes inherit: each failure's traceback, several times over, would bury
+    the one-line error it becomes. Shown when the block ends unless `keep` is set False
+    (the failure is one line of ours)."""
+    captured = _Captured()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if captured.keep:
+                held.seek(0)
+                sys.stderr.write(held.read().decode("utf-8", "replace"))
+                sys.stderr.flush()
+
+
 def _user_error(error: Exception) -> Exception:
     """A failure in a worker reaches the driver as a runner's exception whose text holds
     the worker's traceback; a one-line error of ours (a damaged corpus file, say) is
@@ -294,14 +324,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     level = beam_logs.level
     beam_logs.setLevel(stdlib_logging.CRITICAL)
     try:
-        with beam.Pipeline(options=pipeline_options(config)) as root:
-            build_pipeline(root, items, paths.Path(tok.model_path).read_bytes(), config,
-                           str(out), str(notes), dtype)
-    except Exception as e:
+        with _workers_output() as workers:
+            try:
+                with beam.Pipeline(options=pipeline_options(config)) as root:
+                    build_pipeline(root, items, paths.Path(tok.model_path).read_bytes(),
+                                   config, str(out), str(notes), dtype)
+            except Exception as e:
+                error = _user_error(e)
+                # One line of ours says it all; anything else keeps the workers' account.
+                workers.keep = not isinstance(error, shards.PreparedDataError)
+                raise error from None
+    except Exception:
         _clean(out)  # no shard of a failed preparation stays
         if fresh:
             paths.remove(out)
-        raise _user_error(e) from None
+        raise
     finally:
         beam_logs.setLevel(level)
     manifest = _manifest(notes, config, fingerprint, dtype, tok)
