@@ -274,8 +274,10 @@ def exports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     out = {}
     for name, arg in (("maelm", ""), ("mlm", ":mlm")):
+        shared = ([f"--config.tokenizer.model_path={tmp / 'maelm' / 'tokenizer.model'}"]
+                  if name == "mlm" else [])  # one tokenizer, trained by the first run
         subprocess.run([sys.executable, "main.py", f"--config=configs/pretrain/quickstart.py{arg}",
-                        f"--workdir={tmp / name}", *QUICK_STEPS], cwd=REPO_ROOT,
+                        f"--workdir={tmp / name}", *QUICK_STEPS, *shared], cwd=REPO_ROOT,
                        env=subprocess_env(1), check=True, capture_output=True, text=True)
         out[name] = (tmp / name, tmp / f"{name}_hf")
     for name in ("3ml_self", "3ml_cross"):

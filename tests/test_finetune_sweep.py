@@ -226,10 +226,11 @@ def test_a_preempted_sweep_exits_143_and_the_same_command_finishes(tmp_path, tin
     subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), check=True, capture_output=True,
                    timeout=HANG_SECONDS)
     resumed = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [row["setting"] for row in resumed["settings"]] == [
+        "lr0.001_bs16_ep20_wu0.1", "lr0.003_bs16_ep20_wu0.1"]
+    # The stopped run against the same run never stopped (the others ran once anyway).
     c = tiny_sweep(tmp_path, tiny_tokenizer.model_path, num_epochs=20)
-    c.train.log_every = 1
+    c.train.log_every, c.grid.learning_rate, c.grid.seeds = 1, (1e-3,), (1,)
     whole = sweep.run_sweep(c, str(tmp_path / "whole"))
-    for got, want in zip(resumed["settings"], whole["settings"], strict=True):
-        assert got["setting"] == want["setting"]
-        for seed in ("1", "2"):
-            assert got["per_seed"][seed] == pytest.approx(want["per_seed"][seed], abs=1e-6)
+    assert resumed["settings"][0]["per_seed"]["1"] == pytest.approx(
+        whole["settings"][0]["per_seed"]["1"], abs=1e-6)
