@@ -406,8 +406,20 @@ def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path):
             masker = fill_mask.FillMasker.from_workdir(str(run_dir))
             for i, text in enumerate(MASKED):
                 ids_, masked = masker.encode_text(text)
-                np.testing.assert_array_equal(hf[f"{name}/fill/{i}"],
-                                              masker.predict(ids_, masked, 5).top_ids)
+                _assert_same_top5(hf[f"{name}/fill/{i}"],
+                                  masker.predict(ids_, masked, masker.tok.vocab_size))
+
+
+def _assert_same_top5(theirs, ours):
+    """transformers' fill-mask top 5 [masks, 5] is ours, rank by rank; two pieces whose
+    probabilities are within float32 round-off of each other (two compiled programs may
+    order them either way) count as the same rank."""
+    for m, row in enumerate(theirs):
+        prob = dict(zip(ours.top_ids[m].tolist(), ours.top_probs[m].tolist(), strict=True))
+        for rank, piece in enumerate(row):
+            assert piece == ours.top_ids[m, rank] or abs(
+                prob[int(piece)] - ours.top_probs[m, rank]) < 1e-6, (m, rank, row,
+                                                                     ours.top_ids[m, :5])
 
 
 def _check_head(name, run_dir, pretrained, tokens, key_mask, hf):

@@ -127,10 +127,6 @@ class FeedForward(nn.Module):
         return self.wo(self.dropout(F.gelu(self.wi(x))))
 
 
-class LayerNorm(nn.LayerNorm):
-    pass
-
-
 class Layer(nn.Module):
     """Self-attention and MLP, post-LN or pre-LN (maelm_jax's TransformerLayer)."""
 
@@ -139,8 +135,8 @@ class Layer(nn.Module):
         self.pre_ln = pre_ln
         self.attention = Attention(d_model, num_heads, config.attention_probs_dropout_prob)
         self.mlp = FeedForward(d_model, d_ff, config.activation_dropout)
-        self.ln_attention = LayerNorm(d_model, eps=config.layer_norm_eps)
-        self.ln_mlp = LayerNorm(d_model, eps=config.layer_norm_eps)
+        self.ln_attention = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
+        self.ln_mlp = nn.LayerNorm(d_model, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x, bias, mask):
@@ -159,7 +155,7 @@ class Stack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(Layer(d_model, num_heads, d_ff, pre_ln, config)
                                     for _ in range(num_layers))
-        self.ln_final = LayerNorm(d_model, eps=config.layer_norm_eps) if pre_ln else None
+        self.ln_final = nn.LayerNorm(d_model, eps=config.layer_norm_eps) if pre_ln else None
 
     def forward(self, x, bias, mask, collect=None):
         """collect: a list that gets each layer's output (pre-LN: the last after ln_final)."""
@@ -202,7 +198,7 @@ class MaelmModel(MaelmPreTrainedModel):
         d = config.hidden_size
         self.word_embeddings = nn.Embedding(config.vocab_size, d)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
-        self.ln_embed = LayerNorm(d, eps=config.layer_norm_eps)
+        self.ln_embed = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.relative_bias = (RelativePositionBias(
             config.rel_pos_buckets, config.rel_pos_max_distance, config.num_attention_heads,
@@ -252,7 +248,7 @@ class LmHead(nn.Module):
     def __init__(self, d_in, config):
         super().__init__()
         self.dense = nn.Linear(d_in, config.hidden_size)
-        self.ln = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ln = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x, word_embeddings):
@@ -278,7 +274,7 @@ class _Decoder(nn.Module):
                            if width != config.hidden_size else None)
         self.position_embeddings = (None if self.share_positions else
                                     nn.Embedding(d["max_position_embeddings"], width))
-        self.ln_embed = LayerNorm(width, eps=config.layer_norm_eps)
+        self.ln_embed = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(d["dropout"])
         self.relative_bias = (RelativePositionBias(
             d["rel_pos_buckets"], d["rel_pos_max_distance"], d["num_attention_heads"],
@@ -326,11 +322,11 @@ class CrossLayer(nn.Module):
         if self_attention != "none":
             self.self_attention = Attention(d_model, num_heads,
                                             config.attention_probs_dropout_prob)
-            self.ln_self_attention = LayerNorm(d_model, eps=eps)
+            self.ln_self_attention = nn.LayerNorm(d_model, eps=eps)
         self.cross_attention = Attention(d_model, num_heads, config.attention_probs_dropout_prob)
-        self.ln_cross_attention = LayerNorm(d_model, eps=eps)
+        self.ln_cross_attention = nn.LayerNorm(d_model, eps=eps)
         self.mlp = FeedForward(d_model, d_ff, config.activation_dropout)
-        self.ln_mlp = LayerNorm(d_model, eps=eps)
+        self.ln_mlp = nn.LayerNorm(d_model, eps=eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, x, context, self_bias, cross_bias, self_mask, cross_mask):
@@ -367,7 +363,7 @@ class CrossDecoder(_Decoder):
         self.layers = nn.ModuleList(
             CrossLayer(width, d["num_attention_heads"], d["intermediate_size"], d["pre_ln"],
                        self.kind, self.layer_config) for _ in range(d["num_layers"]))
-        self.ln_final = LayerNorm(width, eps=config.layer_norm_eps) if d["pre_ln"] else None
+        self.ln_final = nn.LayerNorm(width, eps=config.layer_norm_eps) if d["pre_ln"] else None
 
     def forward(self, hidden, enc_index, enc_valid, dec_index, dec_valid, encoder_positions):
         """hidden [B, n_enc, D] at enc_index; the removed [MASK]s at dec_index [B, n_de]
