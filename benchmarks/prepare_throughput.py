@@ -8,7 +8,7 @@ process so that peak memory is its own: the in-job path (maelm_jax/data/pipeline
 process, what a training job does when the cache is cold) and mode "prepare" with the
 DirectRunner and --workers worker processes. Printed per path: wall seconds, tokens/s in
 total and per core used, and peak resident memory (the process's, and its children's: the
-Beam workers). Both write the same blocks (tests/test_prepare.py); the extrapolation to
+Beam workers). Both write the same blocks (tests/data/test_prepare.py); the extrapolation to
 16 GB and 160 GB of text assumes the measured tokens per byte and linear scaling with
 cores, which the per-file work items allow and the single-process in-job path does not.
 """

@@ -26,6 +26,7 @@ import pytest  # noqa: E402
 from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
 from maelm_jax.data import builtin_corpus  # noqa: E402
 
+import support  # noqa: E402
 from tiny_config import TINY_VOCAB  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -120,3 +121,14 @@ def preempt_main(cmd, metrics_file: pathlib.Path, lines: int = 3, **popen) -> in
                       stderr)
     assert found, stderr[-2000:]
     return int(found.group(1))
+
+
+@pytest.fixture
+def sst2_settings(tmp_path, tiny_tokenizer):
+    """TINY plus the data: 48 train examples = 6 steps of 8 per epoch, 16 dev examples."""
+    data = tmp_path / "glue" / "SST-2"
+    data.mkdir(parents=True)
+    support.write_sst2(data, 48, 0)
+    support.write_sst2(data, 16, 1)
+    return {**support.FINETUNE_TINY, "tokenizer_path": tiny_tokenizer.model_path,
+            "data.data_dir": str(tmp_path / "glue")}

@@ -21,18 +21,10 @@ from maelm_jax.training import loop
 from maelm_jax.training import workdir as workdir_lib
 
 from fake_bucket import fake_gcs
+from support import made_up_documents
 from tiny_config import tiny_config
 
 WORDS = {1: ["good", "great", "fine", "lovely", "fun"], 0: ["bad", "awful", "poor", "dull"]}
-
-
-def _documents(n: int, seed: int = 0) -> list[str]:
-    """Paragraphs of made-up words: enough distinct text for a 512-piece tokenizer."""
-    rng = np.random.default_rng(seed)
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "da", "pe", "qui", "zen"]
-    words = ["".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(400)]
-    return [" ".join(rng.choice(words, size=int(rng.integers(40, 120)))) + "."
-            for _ in range(n)]
 
 
 def _sst2_rows(n: int, seed: int, labelled: bool = True) -> str:
@@ -51,7 +43,7 @@ def bucket(tmp_path_factory):
     root = tmp_path_factory.mktemp("gcs")
     corpus = root / "bucket" / "corpus"
     corpus.mkdir(parents=True)
-    documents = _documents(400)
+    documents = made_up_documents(400)
     for part in range(2):
         (corpus / f"part-{part}.txt").write_text("\n\n".join(documents[part::2]) + "\n")
     sst2 = root / "bucket" / "glue" / "SST-2"

@@ -23,8 +23,14 @@ from maelm_jax.finetune import train as finetune_train
 from maelm_jax.training import checkpoint, loop
 
 from conftest import REPO_ROOT, subprocess_env
-from test_finetune_sweep import _sst2_like
-from test_reliability import _config, _corpus, _expect_user_error, snapshot, train_metrics
+from support import (
+    expect_user_error,
+    plain_corpus,
+    snapshot,
+    sst2_like,
+    tiny_pretraining,
+    train_metrics,
+)
 from tiny_config import tiny_config
 
 
@@ -49,7 +55,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     """The README's fine-tuning command on the README's quickstart: workdir, corpus,
     tokenizer, cache, init_from and data_dir all relative to the current directory."""
     (tmp_path / "text").mkdir()
-    shutil.copy(_corpus(tmp_path), tmp_path / "text" / "corpus.txt")
+    shutil.copy(plain_corpus(tmp_path), tmp_path / "text" / "corpus.txt")
     shutil.copy(tiny_tokenizer.model_path, tmp_path / "tok.model")
     monkeypatch.chdir(tmp_path)
     c = tiny_config("maelm", "tok.model")
@@ -70,8 +76,8 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     assert 3 in train_metrics(tmp_path / "runs" / "pre")
 
     (tmp_path / "glue" / "SST-2").mkdir(parents=True)
-    (tmp_path / "glue" / "SST-2" / "train.tsv").write_text(_sst2_like(None, 32, 0))
-    (tmp_path / "glue" / "SST-2" / "dev.tsv").write_text(_sst2_like(None, 16, 1))
+    (tmp_path / "glue" / "SST-2" / "train.tsv").write_text(sst2_like(None, 32, 0))
+    (tmp_path / "glue" / "SST-2" / "dev.tsv").write_text(sst2_like(None, 16, 1))
     f = glue_config.get_config("sst2")
     f.init_from = "runs/pre"  # the relative path orbax could not read
     f.data.data_dir = "glue"
@@ -89,7 +95,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
 def test_cli_switches_the_corpus_and_lists_a_sources_fields(tmp_path, tiny_tokenizer):
     """`--config.data.sources.main.kind=text --config.data.sources.main.path=...` on the
     default (builtin) source, from another directory with relative paths."""
-    (tmp_path / "corpus.txt").write_text(_corpus(tmp_path).read_text())
+    (tmp_path / "corpus.txt").write_text(plain_corpus(tmp_path).read_text())
     shutil.copy(tiny_tokenizer.model_path, tmp_path / "tok.model")
     base = ["--config=" + str(REPO_ROOT / "tests" / "tiny_config.py"), "--workdir=run",
             "--config.tokenizer.model_path=tok.model", "--config.data.sources.main.kind=text"]
@@ -124,9 +130,9 @@ def test_mistyped_config_file_or_section_is_one_line(tmp_path):
 def test_workdir_that_is_a_file_is_refused(tmp_path, tiny_tokenizer):
     not_a_dir = tmp_path / "notes.txt"
     not_a_dir.write_text("not a directory")
-    c = _config(tmp_path, tiny_tokenizer)
-    _expect_user_error(c, not_a_dir, "notes.txt exists and is not a directory")
-    _expect_user_error(c, not_a_dir / "run", "notes.txt exists and is not a directory")
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
+    expect_user_error(c, not_a_dir, "notes.txt exists and is not a directory")
+    expect_user_error(c, not_a_dir / "run", "notes.txt exists and is not a directory")
     assert not_a_dir.read_text() == "not a directory"
 
 
@@ -134,8 +140,8 @@ def test_workdir_with_unreadable_config_json_is_refused(tmp_path, tiny_tokenizer
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text('{"model": {"d_model": 32,')  # cut short by a full disk
-    c = _config(tmp_path, tiny_tokenizer)
-    _expect_user_error(c, run, r"config.json is not valid JSON \(line 1 column 26: .*\); "
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
+    expect_user_error(c, run, r"config.json is not valid JSON \(line 1 column 26: .*\); "
                                r".*repair it, or use another --workdir")
     f = glue_config.get_config("sst2")
     f.tokenizer_path, f.data.data_dir = tiny_tokenizer.model_path, str(tmp_path)
@@ -164,7 +170,7 @@ def _steps(checkpoints):
 def test_damaged_checkpoint_warns_and_resumes_from_the_previous_step(
         tmp_path, tiny_tokenizer, caplog):
     run = tmp_path / "run"
-    c = _config(tmp_path, tiny_tokenizer, num_steps=4, checkpoint_every=2)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=4, checkpoint_every=2)
     loop.train_and_evaluate(c, str(run))
     newest = _steps(run / "checkpoints")[-1]
     assert newest.name == "4"
@@ -186,12 +192,12 @@ def test_damaged_checkpoint_warns_and_resumes_from_the_previous_step(
 
 def test_no_intact_checkpoint_is_one_line_and_touches_nothing(tmp_path, tiny_tokenizer):
     run = tmp_path / "run"
-    c = _config(tmp_path, tiny_tokenizer, num_steps=2, checkpoint_every=2)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=2, checkpoint_every=2)
     loop.train_and_evaluate(c, str(run))
     for step_dir in _steps(run / "checkpoints"):
         _damage(step_dir)
     c.train.num_steps = 4
-    _expect_user_error(c, run, r"no checkpoint in .*checkpoints can be restored \(steps "
+    expect_user_error(c, run, r"no checkpoint in .*checkpoints can be restored \(steps "
                                r"2, 1; the newest: .*\); if they are damaged, move them out")
     # Fine-tuning from one of them says so too.
     with pytest.raises(errors.UserError, match=r"checkpoints/2 cannot be restored \(.*\); it "
@@ -217,10 +223,10 @@ def test_no_intact_checkpoint_is_one_line_and_touches_nothing(tmp_path, tiny_tok
     ("seed", -3, r"config.seed: expected an int >= 0"),
 ])
 def test_out_of_range_pretraining_fields(tmp_path, tiny_tokenizer, field, value, message):
-    c = _config(tmp_path, tiny_tokenizer)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
     group, _, name = field.rpartition(".")
     (c[group] if group else c)[name] = value
-    _expect_user_error(c, tmp_path / "run", message)
+    expect_user_error(c, tmp_path / "run", message)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -245,9 +251,9 @@ def test_out_of_range_finetuning_fields(tmp_path, tiny_tokenizer, field, value, 
 
 
 def test_mistyped_field_is_named_with_a_suggestion(tmp_path, tiny_tokenizer):
-    c = _config(tmp_path, tiny_tokenizer)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
     c.masking.mask_ration = 0.2
-    _expect_user_error(c, tmp_path / "run", r"config.masking.mask_ration: unknown field; did "
+    expect_user_error(c, tmp_path / "run", r"config.masking.mask_ration: unknown field; did "
                                             r"you mean config.masking.mask_ratio\?")
 
 
@@ -290,7 +296,7 @@ def test_multi_megabyte_single_line_is_split_and_bounded(tmp_path, caplog):
     line = _single_line_file(tmp_path / "minified.txt", 3)
     c = tiny_config()
     c.data.sources.main.kind = "text"
-    c.data.sources.main.path = f"{_corpus(tmp_path)},{line}"  # normal text, then the line
+    c.data.sources.main.path = f"{plain_corpus(tmp_path)},{line}"  # normal text, then the line
     with caplog.at_level(logging.WARNING):
         tok = pipeline.setup_tokenizer(c, tmp_path)
         data = pipeline.prepare_data(c, tmp_path, tok)

@@ -14,7 +14,7 @@ from maelm_jax import variants
 
 from conftest import HANG_SECONDS, subprocess_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs" / "benchmark"
 # The encoder only: MLM and 3ML (whose decoder the benchmark derives) never build the
 # config's 4 x 768 MAE-LM decoder.

@@ -18,14 +18,13 @@ from maelm_jax.training import loop
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from fake_bucket import fake_gcs
-from test_cloud_paths import _documents
-from test_reliability import train_metrics
+from support import made_up_documents, train_metrics
 from tiny_config import tiny_config
 
 
 def _corpus(root):
     """Two sources: three text files (one gzipped) and a JSONL file."""
-    documents = _documents(360, seed=1)
+    documents = made_up_documents(360, seed=1)
     (root / "text").mkdir(parents=True)
     for i in range(3):
         text = "\n\n".join(documents[i * 100:(i + 1) * 100]) + "\n"

@@ -190,9 +190,9 @@ def names_of(value):
 def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
     """gpu.py:tiny: two WikiExtractor corpora, the four models and the control, centred
     ranks, a GLUE task found and one absent."""
-    from configs.study import gpu
-
     from test_cloud_paths import _documents
+
+    from configs.study import gpu
 
     documents = _documents(300)
     _wikiextractor(tmp_path / "large", documents[::2])

@@ -2,7 +2,6 @@
 clear one-line error (with the workdir left untouched) for each kind of bad input."""
 
 import builtins
-import hashlib
 import json
 import signal
 import subprocess
@@ -19,52 +18,15 @@ from maelm_jax import errors
 from maelm_jax.training import checkpoint, engine, loop, steps
 
 from conftest import HANG_SECONDS, REPO_ROOT, poison_steps, subprocess_env
+from support import (
+    expect_user_error,
+    plain_corpus,
+    plain_documents,
+    snapshot,
+    tiny_pretraining,
+    train_metrics,
+)
 from tiny_config import tiny_config
-
-
-def snapshot(path):
-    """Every file under path with its content hash (None if path does not exist)."""
-    if not path.exists():
-        return None
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
-
-
-def train_metrics(workdir, split="train"):
-    lines = (workdir / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r for r in map(json.loads, lines) if r["split"] == split}
-
-
-# ---------------------------------------------------------------- bad input, one line each
-
-def _documents(n=200, word="stones"):
-    return "\n\n".join(f"document {i} is a sentence of plain words about rivers and {word}. "
-                       * 4 for i in range(n))
-
-
-def _corpus(tmp_path):
-    path = tmp_path / "corpus.txt"
-    if not path.exists():  # rewriting would change its fingerprint and re-prepare the data
-        path.write_text(_documents())
-    return path
-
-
-def _config(tmp_path, tok, **train):
-    c = tiny_config("maelm", tok.model_path)
-    c.data.sources.main.kind = "text"
-    c.data.sources.main.path = str(_corpus(tmp_path))
-    c.train.num_steps = 4
-    for key, value in train.items():
-        c.train[key] = value
-    return c
-
-
-def _expect_user_error(config, workdir, match):
-    before = snapshot(workdir)
-    with pytest.raises(errors.UserError, match=match) as info:
-        loop.train_and_evaluate(config, str(workdir))
-    assert "\n" not in str(info.value)
-    assert snapshot(workdir) == before, "the workdir changed"
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -83,16 +45,16 @@ def _expect_user_error(config, workdir, match):
     (lambda c: setattr(c.train, "nonfinite", "ignore"), "config.train.nonfinite"),
 ])
 def test_bad_config_is_named_and_touches_nothing(tmp_path, tiny_tokenizer, edit, match):
-    c = _config(tmp_path, tiny_tokenizer)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
     edit(c)
-    _expect_user_error(c, tmp_path / "run", match)
+    expect_user_error(c, tmp_path / "run", match)
 
 
 def test_empty_and_unreadable_corpus_files(tmp_path, tiny_tokenizer, monkeypatch):
-    c = _config(tmp_path, tiny_tokenizer)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
     (tmp_path / "empty.txt").write_text("")
     c.data.sources.main.path = str(tmp_path / "empty.txt")
-    _expect_user_error(c, tmp_path / "run", "data.sources.main.path: .*empty")
+    expect_user_error(c, tmp_path / "run", "data.sources.main.path: .*empty")
 
     locked = tmp_path / "locked.txt"
     locked.write_text("text")
@@ -105,16 +67,16 @@ def test_empty_and_unreadable_corpus_files(tmp_path, tiny_tokenizer, monkeypatch
 
     monkeypatch.setattr(builtins, "open", deny)
     c.data.sources.main.path = str(locked)
-    _expect_user_error(c, tmp_path / "run", "cannot read .*locked.txt.*Permission denied")
+    expect_user_error(c, tmp_path / "run", "cannot read .*locked.txt.*Permission denied")
 
 
 def test_non_utf8_bytes_fail_or_are_replaced(tmp_path, tiny_tokenizer):
-    c = _config(tmp_path, tiny_tokenizer)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
     bad = tmp_path / "latin1.txt"
-    bad.write_bytes(_documents(word="caf\xe9").encode("latin-1"))
+    bad.write_bytes(plain_documents(word="caf\xe9").encode("latin-1"))
     c.data.sources.main.path = str(bad)
     c.data.encoding_errors = "strict"
-    _expect_user_error(c, tmp_path / "run", "latin1.txt")
+    expect_user_error(c, tmp_path / "run", "latin1.txt")
     c.data.encoding_errors = "replace"
     c.train.num_steps = 1
     loop.train_and_evaluate(c, str(tmp_path / "run"))
@@ -122,23 +84,23 @@ def test_non_utf8_bytes_fail_or_are_replaced(tmp_path, tiny_tokenizer):
 
 
 def test_tokenizer_without_special_tokens_is_refused(tmp_path, tiny_tokenizer):
-    corpus = _corpus(tmp_path)
+    corpus = plain_corpus(tmp_path)
     prefix = tmp_path / "plain"
     spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(prefix), vocab_size=40)
-    c = _config(tmp_path, tiny_tokenizer)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer)
     c.tokenizer.model_path = str(prefix) + ".model"
-    _expect_user_error(c, tmp_path / "run", "plain.model.*special token")
+    expect_user_error(c, tmp_path / "run", "plain.model.*special token")
 
 
 def test_workdir_of_another_run_is_refused_unless_allowed(tmp_path, tiny_tokenizer):
     run = tmp_path / "run"
-    c = _config(tmp_path, tiny_tokenizer, num_steps=2)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=2)
     loop.train_and_evaluate(c, str(run))
-    changed = _config(tmp_path, tiny_tokenizer, num_steps=3)
+    changed = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=3)
     changed.model.d_ff = 128
-    _expect_user_error(changed, run, r"different config.model.d_ff; .*--allow_config_change")
+    expect_user_error(changed, run, r"different config.model.d_ff; .*--allow_config_change")
     # Continuing with more steps is not a different run.
-    loop.train_and_evaluate(_config(tmp_path, tiny_tokenizer, num_steps=3), str(run))
+    loop.train_and_evaluate(tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=3), str(run))
     assert 3 in train_metrics(run)
 
 
@@ -170,7 +132,7 @@ def _poison_from(step_index, monkeypatch):
 def test_nonfinite_stop_names_the_step_and_keeps_the_good_checkpoint(
         tmp_path, tiny_tokenizer, monkeypatch):
     _poison_from([4], monkeypatch)
-    c = _config(tmp_path, tiny_tokenizer, num_steps=8, checkpoint_every=2)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=8, checkpoint_every=2)
     with pytest.raises(engine.NonFiniteError, match="step 5: non-finite .* checkpoint is step 4"):
         loop.train_and_evaluate(c, str(tmp_path / "run"))
     assert checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 2, 3).latest_step() == 4
@@ -178,7 +140,7 @@ def test_nonfinite_stop_names_the_step_and_keeps_the_good_checkpoint(
 
 def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer, monkeypatch):
     _poison_from([2, 3], monkeypatch)
-    c = _config(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip")
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip")
     loop.train_and_evaluate(c, str(tmp_path / "run"))
     m = train_metrics(tmp_path / "run")
     assert m[6]["skipped_updates"] == 2
@@ -193,7 +155,7 @@ def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, m
     from maelm_jax.training import preemption
 
     _poison_from([1, 2], monkeypatch)
-    c = _config(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3)
     loop.train_and_evaluate(c, str(tmp_path / "whole"))
     real = engine.Loop.stop_requested
     monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 4)
@@ -261,7 +223,7 @@ def test_steps_between_logs_never_read_back_from_the_device(
     value = array_impl.ArrayImpl._value
     monkeypatch.setattr(array_impl.ArrayImpl, "_value", property(
         lambda self: (reads.append(len(dispatched)), value.fget(self))[1]))
-    c = _config(tmp_path, tiny_tokenizer, num_steps=8, log_every=4, eval_every=8,
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=8, log_every=4, eval_every=8,
                 checkpoint_every=100, peak_tflops_per_device=0.5)
     loop.train_and_evaluate(c, str(tmp_path / "run"))
     assert len(dispatched) == 8
@@ -294,7 +256,7 @@ def test_step_never_applies_a_nonfinite_update():
 
 def test_half_written_checkpoint_is_never_the_latest(tmp_path, tiny_tokenizer):
     run = tmp_path / "run"
-    c = _config(tmp_path, tiny_tokenizer, num_steps=4, checkpoint_every=2)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=4, checkpoint_every=2)
     loop.train_and_evaluate(c, str(run))
     # What a crash in the middle of saving step 6 leaves behind.
     partial = run / "checkpoints" / "6.orbax-checkpoint-tmp-1234567890"
@@ -317,7 +279,7 @@ def test_failed_save_is_reported_and_the_previous_checkpoint_survives(
 
     monkeypatch.setattr(checkpoint.ocp.CheckpointManager, "save", full_disk)
     run = tmp_path / "run"
-    c = _config(tmp_path, tiny_tokenizer, num_steps=6, checkpoint_every=2)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, checkpoint_every=2)
     with pytest.raises(checkpoint.CheckpointError,
                        match="step 4 .*No space left on device.*checkpoint of step 2 is intact"):
         loop.train_and_evaluate(c, str(run))

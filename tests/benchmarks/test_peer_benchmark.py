@@ -9,7 +9,7 @@ import pytest
 
 from conftest import HANG_SECONDS, subprocess_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # peer.py's option sets the encoder's depth and the decoder's (max(1, 1 // 3) = 1); the
 # overrides shrink both stacks' width.
 TINY = [f"--config={REPO / 'configs' / 'benchmark' / 'peer.py'}:layers=1",

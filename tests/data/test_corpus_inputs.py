@@ -17,7 +17,7 @@ from maelm_jax.data import pipeline, sources
 from maelm_jax.training import loop
 
 from fake_bucket import fake_gcs
-from test_reliability import train_metrics
+from support import train_metrics
 from tiny_config import tiny_config
 
 try:  # the standard library's zstd (Python 3.14), else its backport (requirements.txt)

@@ -26,7 +26,7 @@ from maelm_jax.training import loop
 from conftest import REPO_ROOT
 from tiny_config import TINY_VOCAB, tiny_config
 
-GOLDEN = pathlib.Path(__file__).parent / "golden" / "param_trees.json"
+GOLDEN = pathlib.Path(__file__).parents[1] / "golden" / "param_trees.json"
 
 
 # ------------------------------------------------------------------ a toy objective

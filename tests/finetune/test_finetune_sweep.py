@@ -10,19 +10,7 @@ from configs.finetune import squad as squad_config
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import sweep, train
 
-POSITIVE = ["good", "great", "fine", "lovely", "fun"]
-NEGATIVE = ["bad", "awful", "poor", "dull", "sad"]
-
-
-def _sst2_like(directory, n, seed):
-    """An SST-2-format file whose label is the sentiment word's."""
-    rng = np.random.default_rng(seed)
-    rows = ["sentence\tlabel"]
-    for _ in range(n):
-        label = int(rng.integers(2))
-        word = rng.choice(POSITIVE if label else NEGATIVE)
-        rows.append(f"the film was {word} and long\t{label}")
-    return "\n".join(rows) + "\n"
+from support import sst2_like
 
 
 @pytest.fixture
@@ -34,8 +22,8 @@ def tiny_sweep(tmp_path, tokenizer_path, num_epochs=1):
     """Two learning rates x two seeds of a tiny encoder on SST-2-like files in tmp_path."""
     data = tmp_path / "glue" / "SST-2"
     data.mkdir(parents=True, exist_ok=True)
-    (data / "train.tsv").write_text(_sst2_like(data, 48, 0))
-    (data / "dev.tsv").write_text(_sst2_like(data, 16, 1))
+    (data / "train.tsv").write_text(sst2_like(data, 48, 0))
+    (data / "dev.tsv").write_text(sst2_like(data, 16, 1))
     c = glue_config.get_config("sst2")
     c.tokenizer_path = tokenizer_path  # from scratch: no init_from
     c.model.num_layers, c.model.d_model, c.model.num_heads, c.model.d_ff = 1, 32, 2, 64

@@ -14,7 +14,7 @@ import pytest
 from maelm_jax.finetune import train
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
-from test_finetune_resume import TINY, _assert_close, _config, _flags, _write_sst2
+from support import FINETUNE_TINY, assert_close, finetune_flags, tiny_finetuning, write_sst2
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
 
@@ -28,11 +28,11 @@ RUN = {"train.num_epochs": 2, "train.evals_per_epoch": 2, "train.log_every": 2,
 def settings(tmp_path_factory, tiny_tokenizer):
     glue = tmp_path_factory.mktemp("glue")
     (glue / "SST-2").mkdir()
-    _write_sst2(glue / "SST-2", 48, 0)
-    _write_sst2(glue / "SST-2", 16, 1)
+    write_sst2(glue / "SST-2", 48, 0)
+    write_sst2(glue / "SST-2", 16, 1)
     test_rows = [f"{i}\tthe film was {w} and long" for i, w in enumerate(["good", "dull"] * 5)]
     (glue / "SST-2" / "test.tsv").write_text("\n".join(["index\tsentence", *test_rows]) + "\n")
-    return {**TINY, **RUN, "tokenizer_path": tiny_tokenizer.model_path,
+    return {**FINETUNE_TINY, **RUN, "tokenizer_path": tiny_tokenizer.model_path,
             "data.data_dir": str(glue), "predict_test": True}
 
 
@@ -40,7 +40,7 @@ def settings(tmp_path_factory, tiny_tokenizer):
 def single(settings, tmp_path_factory):
     """The run in this process, on its 8 devices."""
     workdir = tmp_path_factory.mktemp("single")
-    return train.run(_config(settings), str(workdir)), _metrics(workdir)
+    return train.run(tiny_finetuning(settings), str(workdir)), _metrics(workdir)
 
 
 def _metrics(workdir) -> list[dict]:
@@ -56,7 +56,7 @@ def _free_port() -> int:
 def _two_processes(settings, workdir) -> list[str]:
     """main.py as processes 0 and 1 of one job; returns their logs."""
     cmd = [sys.executable, "main.py", "--config=configs/finetune/glue.py:sst2",
-           *_flags(settings), f"--workdir={workdir}",
+           *finetune_flags(settings), f"--workdir={workdir}",
            f"--coordinator_address=127.0.0.1:{_free_port()}", "--num_processes=2"]
     procs = [subprocess.Popen(cmd + [f"--process_id={i}"], cwd=REPO_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -75,11 +75,11 @@ def _assert_same_run(workdir, single):
     expected, expected_metrics = single
     results = json.loads((workdir / "results.json").read_text())
     for key in ("dev", "best", "final", "evals"):
-        _assert_close(results[key], expected[key], key, atol=1e-5)
+        assert_close(results[key], expected[key], key, atol=1e-5)
     metrics = _metrics(workdir)
     for record in metrics + expected_metrics:
         record.pop("examples_per_sec", None)
-    _assert_close(metrics, expected_metrics, "metrics", atol=1e-5)
+    assert_close(metrics, expected_metrics, "metrics", atol=1e-5)
     assert not (workdir / "resume").exists()
     assert (workdir / "checkpoints" / str(results["dev"]["step"]) / "state").is_dir()
     assert (workdir / "encoder.json").is_file() and (workdir / "tokenizer.model").is_file()
@@ -113,7 +113,7 @@ def test_a_run_stopped_in_one_process_is_finished_by_two(settings, single, tmp_p
     monkeypatch.setattr(train, "train_batches", stop_at_step_8)
     workdir = tmp_path / "stopped"
     with pytest.raises(Interrupt):
-        train.run(_config(settings), str(workdir))
+        train.run(tiny_finetuning(settings), str(workdir))
     assert sorted(p.name for p in (workdir / "resume").iterdir()) == ["3", "6"]
     logs = _two_processes(settings, workdir)
     assert f"resuming from {workdir}/resume/6" in logs[0]

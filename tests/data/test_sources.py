@@ -12,7 +12,7 @@ import pytest
 
 from maelm_jax.data import builtin_corpus, digests, sources
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def _docs(source, **kwargs):

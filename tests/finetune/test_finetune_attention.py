@@ -11,7 +11,7 @@ from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import train
 from maelm_jax.models import flash_attention
 
-from test_finetune_resume import _config, settings  # noqa: F401 (a fixture)
+from support import tiny_finetuning
 
 NO_DROPOUT = {"model.dropout": 0.0, "model.attention_dropout": 0.0,
               "model.classifier_dropout": 0.0, "train.num_epochs": 1, "train.log_every": 1}
@@ -22,7 +22,7 @@ def _train_losses(workdir):
     return [r["loss"] for r in rows if r["split"] == "train"]
 
 
-def test_pallas_fine_tunes_as_the_einsum_reference(settings, tmp_path,  # noqa: F811
+def test_pallas_fine_tunes_as_the_einsum_reference(sst2_settings, tmp_path,  # noqa: F811
                                                    monkeypatch):
     traced = []  # the kernel is traced once per compiled program that uses it
     real = flash_attention.attention
@@ -34,7 +34,7 @@ def test_pallas_fine_tunes_as_the_einsum_reference(settings, tmp_path,  # noqa: 
     monkeypatch.setattr(flash_attention, "attention", spy)
     results = {}
     for impl in ("einsum", "pallas"):
-        c = _config(settings, **NO_DROPOUT, **{"model.attention_impl": impl})
+        c = tiny_finetuning(sst2_settings, **NO_DROPOUT, **{"model.attention_impl": impl})
         results[impl] = train.run(c, str(tmp_path / impl))
         assert bool(traced) == (impl == "pallas"), impl
     reference, pallas = (_train_losses(tmp_path / i) for i in ("einsum", "pallas"))
@@ -44,8 +44,8 @@ def test_pallas_fine_tunes_as_the_einsum_reference(settings, tmp_path,  # noqa: 
         results["einsum"]["dev"]["accuracy"], abs=1e-6)
 
 
-def test_heads_the_kernel_cannot_tile_are_named(settings, tmp_path):  # noqa: F811
-    c = _config(settings, **{"model.num_heads": 4, "model.attention_impl": "pallas"})
+def test_heads_the_kernel_cannot_tile_are_named(sst2_settings, tmp_path):  # noqa: F811
+    c = tiny_finetuning(sst2_settings, **{"model.num_heads": 4, "model.attention_impl": "pallas"})
     with pytest.raises(config_lib.FinetuneConfigError,
                        match=r"config\.model\.attention_impl: .* 4 heads of 8") as info:
         train.run(c, str(tmp_path / "run"))

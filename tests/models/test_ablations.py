@@ -18,7 +18,7 @@ from maelm_jax.objectives import maelm
 from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PRETRAIN = REPO / "configs" / "pretrain"
 
 

@@ -11,7 +11,7 @@ from maelm_jax.finetune import train
 from maelm_jax.training import engine
 
 from conftest import poison_steps
-from test_finetune_resume import _config, settings  # noqa: F401 (a fixture)
+from support import tiny_finetuning
 
 RUN = {"train.num_epochs": 1, "train.log_every": 2, "train.checkpoint_every": 2}
 
@@ -20,22 +20,23 @@ def _poison_step(step_index, monkeypatch):
     poison_steps(monkeypatch, train, "make_train_step", [step_index])
 
 
-def test_stop_names_the_step_and_keeps_the_resume_checkpoints(settings, tmp_path,  # noqa: F811
+def test_stop_names_the_step_and_keeps_the_resume_checkpoints(sst2_settings, tmp_path,  # noqa: F811
                                                               monkeypatch):
     _poison_step(2, monkeypatch)
     workdir = tmp_path / "run"
     with pytest.raises(engine.NonFiniteError,
                        match=r"step 3: non-finite .* checkpoint is step 2") as info:
-        train.run(_config(settings, **RUN), str(workdir))
+        train.run(tiny_finetuning(sst2_settings, **RUN), str(workdir))
     assert "\n" not in str(info.value)
     assert (workdir / "resume" / "2").is_dir() and not (workdir / "results.json").exists()
 
 
-def test_skip_counts_the_dropped_update_and_finishes(settings, tmp_path,  # noqa: F811
+def test_skip_counts_the_dropped_update_and_finishes(sst2_settings, tmp_path,  # noqa: F811
                                                      monkeypatch):
     _poison_step(2, monkeypatch)
     workdir = tmp_path / "run"
-    results = train.run(_config(settings, **RUN, **{"train.nonfinite": "skip"}), str(workdir))
+    config = tiny_finetuning(sst2_settings, **RUN, **{"train.nonfinite": "skip"})
+    results = train.run(config, str(workdir))
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
     assert [r["skipped_updates"] for r in train_rows] == [0, 1, 1]

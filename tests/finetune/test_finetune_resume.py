@@ -17,56 +17,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs.finetune import glue as glue_config
 from maelm_jax.finetune import tasks, train
 from maelm_jax.training import preemption
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
-
-WORDS = {1: ["good", "great", "fine", "lovely", "fun"], 0: ["bad", "awful", "poor", "dull"]}
-
-# A tiny encoder on local SST-2-style files; applied in-process or as --config flags.
-TINY = {
-    "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2, "model.d_ff": 64,
-    "model.rel_pos_buckets": 8, "model.rel_pos_max_distance": 16, "model.max_positions": 32,
-    "data.max_seq_len": 32, "data.buckets": (32,), "mesh.shape": (1, 1, 1),
-    "fast_compile": True, "predict_test": False, "train.learning_rate": 1e-3,
-    "train.batch_size": 8, "train.eval_batch_size": 16,
-}
-
-
-def _write_sst2(directory, n, seed):
-    rng = np.random.default_rng(seed)
-    rows = ["sentence\tlabel"]
-    for label in rng.integers(2, size=n):
-        rows.append(f"the film was {rng.choice(WORDS[int(label)])} and long\t{label}")
-    (directory / ("train.tsv" if seed == 0 else "dev.tsv")).write_text("\n".join(rows) + "\n")
-
-
-@pytest.fixture
-def settings(tmp_path, tiny_tokenizer):
-    """TINY plus the data: 48 train examples = 6 steps of 8 per epoch, 16 dev examples."""
-    data = tmp_path / "glue" / "SST-2"
-    data.mkdir(parents=True)
-    _write_sst2(data, 48, 0)
-    _write_sst2(data, 16, 1)
-    return {**TINY, "tokenizer_path": tiny_tokenizer.model_path,
-            "data.data_dir": str(tmp_path / "glue")}
-
-
-def _config(settings, **changes):
-    c = glue_config.get_config("sst2")
-    for name, value in {**settings, **changes}.items():
-        *sections, field = name.split(".")
-        node = c
-        for section in sections:
-            node = node[section]
-        node[field] = value
-    return c
-
-
-def _flags(settings, **changes):
-    return [f"--config.{name}={value}" for name, value in {**settings, **changes}.items()]
+from support import assert_close, finetune_flags, tiny_finetuning, write_sst2
 
 
 def _outcome(workdir):
@@ -142,10 +97,10 @@ SCORES = [80.0, 60.0, 70.0, 65.0]
     ("best", "raise", 9, [3, 6]),  # resumes at 6; the best (step 3) params from the checkpoint
     ("final", "sigterm", 7, [6, 7]),  # SIGTERM during step 7 saves step 7 and stops
 ])
-def test_an_interrupted_run_resumes_exactly(settings, tmp_path, monkeypatch, select, how, at,
+def test_an_interrupted_run_resumes_exactly(sst2_settings, tmp_path, monkeypatch, select, how, at,
                                             saved):
     scores = Scripted(monkeypatch, SCORES)
-    c = _config(settings, **RUN, **{"train.select": select})
+    c = tiny_finetuning(sst2_settings, **RUN, **{"train.select": select})
     train.run(c, str(tmp_path / "whole"))
     whole = _outcome(tmp_path / "whole")
     assert whole[0]["dev"]["step"] == (3 if select == "best" else 12)
@@ -167,15 +122,15 @@ def test_an_interrupted_run_resumes_exactly(settings, tmp_path, monkeypatch, sel
                                                     strict=True))
 
 
-def test_a_finished_run_or_another_configs_unfinished_run_starts_over(settings, tmp_path,
+def test_a_finished_run_or_another_configs_unfinished_run_starts_over(sst2_settings, tmp_path,
                                                                       monkeypatch):
     starts, workdir = [], tmp_path / "run"
     _spy(monkeypatch, starts, 9, "raise")
     with pytest.raises(Interrupt):
-        train.run(_config(settings, **RUN), str(workdir))
+        train.run(tiny_finetuning(sst2_settings, **RUN), str(workdir))
     assert _resume_steps(workdir) == [3, 6]
     # Another learning rate: the unfinished run's checkpoints do not fit it.
-    c = _config(settings, **RUN, **{"train.learning_rate": 3e-3})
+    c = tiny_finetuning(sst2_settings, **RUN, **{"train.learning_rate": 3e-3})
     first = train.run(c, str(workdir))
     assert starts == [0, 0]
     again = train.run(c, str(workdir))  # finished: run again from step 0
@@ -189,17 +144,17 @@ def test_a_finished_run_or_another_configs_unfinished_run_starts_over(settings, 
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
-def test_main_killed_or_preempted_continues_where_it_stopped(settings, tmp_path, how):
+def test_main_killed_or_preempted_continues_where_it_stopped(sst2_settings, tmp_path, how):
     """A real kill (SIGKILL) or preemption notice (SIGTERM): main.py fine-tunes 120 steps
     with resume checkpoints every 20 and gets the signal once the first one is complete;
     the same command finishes the run as if nothing had happened. SIGTERM: a checkpoint at
     the step it was on, exit status 143 and no results."""
     data = tmp_path / "glue" / "SST-2"
-    _write_sst2(data, 480, 0)  # 60 steps per epoch
+    write_sst2(data, 480, 0)  # 60 steps per epoch
     run = {"train.num_epochs": 2, "train.log_every": 10, "train.checkpoint_every": 20,
            "train.select": "final"}
     cmd = [sys.executable, "main.py", "--config=configs/finetune/glue.py:sst2",
-           *_flags(settings, **run)]
+           *finetune_flags(sst2_settings, **run)]
     killed, log = tmp_path / "killed", tmp_path / "killed.log"
     with open(log, "w") as stderr:
         proc = subprocess.Popen(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
@@ -221,27 +176,12 @@ def test_main_killed_or_preempted_continues_where_it_stopped(settings, tmp_path,
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from {killed}/resume/" in resumed.stderr
 
-    train.run(_config(settings, **run), str(tmp_path / "whole"))  # in-process, uninterrupted
+    # In-process, uninterrupted.
+    train.run(tiny_finetuning(sst2_settings, **run), str(tmp_path / "whole"))
     results, metrics, params = _outcome(killed)
     whole = _outcome(tmp_path / "whole")
     assert [e["step"] for e in results["evals"]] == [60, 120]
     # One device in the subprocess, eight in this one: equal to within float rounding.
-    _assert_close(results, whole[0])
-    _assert_close(metrics, whole[1])
-    _assert_close(_leaves(params), _leaves(whole[2]))
-
-
-def _assert_close(got, want, where="", atol=1e-6):
-    """Equal structure and text, numbers within atol."""
-    if isinstance(want, dict):
-        assert sorted(got) == sorted(want), where
-        for key in want:
-            _assert_close(got[key], want[key], f"{where}.{key}", atol)
-    elif isinstance(want, list):
-        assert len(got) == len(want), where
-        for i, (a, b) in enumerate(zip(got, want, strict=False)):
-            _assert_close(a, b, f"{where}[{i}]", atol)
-    elif isinstance(want, (float, np.ndarray)):
-        assert np.allclose(got, want, rtol=0, atol=atol), where
-    else:
-        assert got == want, where
+    assert_close(results, whole[0])
+    assert_close(metrics, whole[1])
+    assert_close(_leaves(params), _leaves(whole[2]))

@@ -12,7 +12,7 @@ from jax import lax
 
 from conftest import HANG_SECONDS, subprocess_env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 try:
     import step_matmuls
