@@ -85,6 +85,16 @@ def make_mesh(shape: Sequence[int], devices: Sequence[Any] | None = None) -> Mes
                 axis_types=(AxisType.Auto,) * len(shape))
 
 
+def fixed_mesh(shape: Sequence[int]) -> Mesh:
+    """A mesh of exactly the sizes given, on the first devices: fine-tuning and the
+    analyses use a few devices of a larger host when asked to. All devices when a size is
+    -1 or the job has several processes (each must hold part of the mesh)."""
+    shape = tuple(int(s) for s in shape)
+    if -1 in shape or jax.process_count() > 1:
+        return make_mesh(shape)
+    return make_mesh(shape, jax.devices()[: max(math.prod(shape), 1)])
+
+
 def data_parallel_size(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH_AXES)
 

@@ -185,7 +185,7 @@ def test_damaged_checkpoint_warns_and_resumes_from_the_previous_step(
     # Kept for inspection, byte for byte; the run went on from step 2 and saved 4 again.
     kept = run / "checkpoints" / "4.damaged" / largest.relative_to(newest)
     assert kept.read_bytes() == damaged_bytes
-    assert checkpoint.Checkpointer(run / "checkpoints", 2, 3).latest_step() == 6
+    assert checkpoint.Checkpointer(run / "checkpoints", 3).latest_step() == 6
     assert (run / "checkpoints" / "4").is_dir()
     assert sorted(train_metrics(run)) == [1, 2, 3, 4, 5, 6]
 

@@ -18,7 +18,6 @@ from absl import logging
 from maelm_jax import distributed, errors, paths, runs, sharding
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.analysis import inputs, rank, report
-from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import workdir as workdir_lib
@@ -154,7 +153,7 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config = config_lib.resolve_paths(config)
     out_dir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(out_dir)
-    mesh = finetune_train.make_mesh(config.mesh.shape)  # fixed sizes: the first devices
+    mesh = sharding.fixed_mesh(config.mesh.shape)  # fixed sizes: the first devices
     rules = sharding.rules_from_config(config.sharding_rules)
     dp = sharding.data_parallel_size(mesh)
     if config.batch_size % dp:

@@ -9,7 +9,6 @@ results.json is written the run is finished and resume/ is deleted.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -22,6 +21,7 @@ from maelm_jax import config as pretrain_config
 from maelm_jax import distributed, paths
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import engine
 from maelm_jax.training import workdir as workdir_lib
 
 RESULTS_FILE = "results.json"
@@ -34,7 +34,7 @@ KEEP = 2
 class ResumeState:
     """The arrays of a resume checkpoint."""
 
-    train: Any  # train.FinetuneState
+    train: Any  # setup.FinetuneState
     # select="best": the best evaluation's parameters so far (before the first evaluation
     # a stand-in, the current ones, which nothing reads); select="final": None.
     best_params: Any
@@ -42,20 +42,6 @@ class ResumeState:
     @property
     def step(self) -> jax.Array:  # the Checkpointer checks it against the step it names
         return self.train.step
-
-
-@dataclasses.dataclass
-class Progress:
-    """What the loop carries besides the arrays; a resume checkpoint's JSON record."""
-
-    # Every evaluation so far: {"step", "epoch", <metric>: score, ...}.
-    evals: list[dict] = dataclasses.field(default_factory=list)
-    best: int | None = None  # the index in evals of the best by the primary metric
-    # Each step's train metrics since the last log line (on the device until fetched;
-    # host floats in a checkpoint), so a resumed run logs the same means.
-    window: list[dict] = dataclasses.field(default_factory=list)
-    seconds: float = 0.0  # wall time of the earlier attempts of this run
-    skipped: int = 0  # updates dropped as non-finite (config.train.nonfinite="skip")
 
 
 def resumable(workdir: paths.Path, config: ml_collections.ConfigDict) -> bool:
@@ -88,40 +74,30 @@ def start_over(workdir: paths.Path) -> None:
     paths.remove(workdir / RESULTS_FILE)
 
 
-def on_host(window: list[dict]) -> list[dict[str, float]]:
-    """Step metrics as Python floats, whether fetched now or restored from JSON, so log
-    means come out the same either way."""
-    return [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
-
-
 def restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup, encoder_params, select: str,
-                    resume: bool) -> tuple[int, Any, Any, Progress]:
+                    resume: bool) -> tuple[int, Any, Any, engine.Progress]:
     """(start step, state, best params on the host or None, progress): the latest resume
-    checkpoint's when `resume`, else a fresh state at step 0. setup: train.state_setup's."""
+    checkpoint's when `resume`, else a fresh state at step 0. setup: finetune.setup's
+    state_setup."""
     if resume:
         target = ResumeState(setup.abstract,
                              setup.abstract.params if select == "best" else None)
         restored = ckpt.restore_latest(target)
         if restored is not None:
             step, saved, meta = restored
-            # A record without a later field (an earlier version's) takes its default.
-            progress = Progress(**{f.name: meta[f.name] for f in dataclasses.fields(Progress)
-                                   if f.name in meta})
+            progress = engine.Progress.from_meta(meta)
             best_params = (distributed.host_copy(saved.best_params)
                            if select == "best" and progress.best is not None else None)
             logging.info("resuming from %s/%d", ckpt.directory, step)
             return step, saved.train, best_params, progress
-    return 0, setup.init(encoder_params), None, Progress()
+    return 0, setup.init(encoder_params), None, engine.Progress()
 
 
 def save(ckpt: checkpoint_lib.Checkpointer, step: int, state, best_params, select: str,
-         progress: Progress, seconds: float) -> None:
-    """Starts writing resume/<step> (asynchronously); state: train.FinetuneState;
+         progress: engine.Progress, seconds: float) -> None:
+    """Starts writing resume/<step> (asynchronously); state: setup.FinetuneState;
     `seconds`: this attempt's so far."""
-    progress.window = on_host(progress.window)
     if select == "best" and best_params is None:
         best_params = state.params  # the stand-in: no evaluation yet
-    meta = {"step": step, **dataclasses.asdict(progress),
-            "seconds": progress.seconds + seconds}
-    ckpt.save(step, ResumeState(state, best_params if select == "best" else None), meta,
-              force=True)
+    ckpt.save(step, ResumeState(state, best_params if select == "best" else None),
+              progress.meta(step, seconds))

@@ -33,19 +33,14 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import flax
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 
 from maelm_jax import config as pretrain_config
@@ -54,20 +49,12 @@ from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.finetune import resume as resume_lib
+from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine, steps
+from maelm_jax.training import engine
 from maelm_jax.training import metrics as metrics_lib
-from maelm_jax.training import optimizer as optimizer_lib
-from maelm_jax.training import state as state_lib
 from maelm_jax.training import workdir as workdir_lib
-
-
-@flax.struct.dataclass
-class FinetuneState:
-    step: jax.Array  # int32 scalar
-    params: Any  # {"encoder": ..., "head": ...}
-    opt_state: Any
 
 
 def _check_workdir(workdir: paths.Path, init_from: str) -> None:
@@ -123,93 +110,6 @@ def max_seq_len(config: ml_collections.ConfigDict, encoder_max_positions: int) -
     return requested
 
 
-def optimizer_config(train: ml_collections.ConfigDict, num_steps: int) -> ml_collections.ConfigDict:
-    """The pretraining optimiser's fields (AdamW, warmup then linear decay, clipping)."""
-    return ml_collections.ConfigDict({
-        "learning_rate": train.learning_rate,
-        "warmup_steps": round(train.warmup_ratio * num_steps),
-        "num_steps": num_steps,
-        "weight_decay": train.weight_decay,
-        "weight_decay_on": train.weight_decay_on,
-        "adam_b1": train.adam_b1,
-        "adam_b2": train.adam_b2,
-        "adam_eps": train.adam_eps,
-        "clip_norm": train.clip_norm,
-    })
-
-
-def make_mesh(shape) -> jax.sharding.Mesh:
-    """All devices when a size is -1 or the job has several processes (each must hold part
-    of the mesh), else the first prod(shape) devices."""
-    shape = tuple(int(s) for s in shape)
-    if -1 in shape or jax.process_count() > 1:
-        return sharding.make_mesh(shape)
-    return sharding.make_mesh(shape, jax.devices()[: max(math.prod(shape), 1)])
-
-
-def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, length: int,
-                mesh, rules, compiler_options: dict | None = None) -> state_lib.StateSetup:
-    """The fine-tuning state laid out on the mesh as pretraining's is (training/state.py):
-    parameters by their logical axes, Adam's moments like their parameters, the step
-    replicated. The steps take and return exactly these shardings, so each compiles once
-    per shape; a resume checkpoint restores straight into them.
-
-    `init(encoder_params)`: fresh parameters from `seed` (the head's; the encoder's too
-    when `encoder_params` is None), the encoder's replaced by `encoder_params` (numpy, as
-    runs.load_pretrained gives them) when given. `length` is any sequence length the
-    model accepts (the parameters do not depend on it).
-    """
-    tokens = jnp.zeros((1, length), jnp.int32)
-    key_mask = jnp.ones((1, length), bool)
-    fresh = state_lib.build(
-        lambda: model.init(jax.random.PRNGKey(seed), tokens, key_mask)["params"], mesh, rules,
-        make_state=lambda params: FinetuneState(jnp.int32(0), params, tx.init(params)), tx=tx,
-        compiler_options=compiler_options)
-
-    def init(encoder_params: Any) -> FinetuneState:
-        state = fresh.init()
-        if encoder_params is None:
-            return state
-        # Adam's moments start at zero whatever the parameters' values, so swapping the
-        # encoder's in after the fresh initialisation is starting from them.
-        encoder = jax.device_put(encoder_params, fresh.shardings.params["encoder"])
-        return state.replace(params={**state.params, "encoder": encoder})
-
-    return fresh._replace(init=init)
-
-
-def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, seed: int) -> Callable:
-    """train_step(state, batch) -> (state, metrics); batch as `data.Batch.arrays()`."""
-
-    def loss_fn(params, batch, dropout_key):
-        outputs = model.apply({"params": params}, batch["tokens"], batch["key_mask"],
-                              deterministic=False, rngs={"dropout": dropout_key})
-        loss_sum, count = task.loss_sums(outputs, batch)
-        return loss_sum / jnp.maximum(count, 1.0)
-
-    def train_step(state: FinetuneState, batch: dict):
-        # Dropout depends on (seed, step) only.
-        dropout_key = jax.random.fold_in(jax.random.PRNGKey(seed), state.step)
-        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, dropout_key)
-        params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
-            tx, grads, state.opt_state, state.params, loss)
-        metrics = {"loss": loss, "grad_norm": grad_norm, "learning_rate": schedule(state.step),
-                   "nonfinite": nonfinite}
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-    return train_step
-
-
-def make_eval_step(model: nn.Module, task) -> Callable:
-    def eval_step(params, batch: dict) -> dict:
-        outputs = model.apply({"params": params}, batch["tokens"], batch["key_mask"],
-                              deterministic=True)
-        return task.eval_outputs(outputs)
-
-    return eval_step
-
-
 def _eval_steps(steps_per_epoch: int, num_epochs: int, evals_per_epoch: int) -> set[int]:
     """Steps after which to evaluate: evals_per_epoch times per epoch, always at the end."""
     k = min(evals_per_epoch, steps_per_epoch)
@@ -230,6 +130,67 @@ def train_batches(train: tasks.Split, batch_size: int, buckets, seed: int, num_e
                                      np.random.default_rng((seed, epoch)))
         for batch in itertools.islice(batches, done if epoch == first else 0, None):
             yield epoch, batch
+
+
+def _evaluator(trainer: setup_lib.Trainer, batch_size: int, buckets: tuple[int, ...]
+               ) -> Callable[[Any], tasks.RunEval]:
+    """run_eval_with(params) -> the task's run_eval: the eval step over static-shape
+    batches of the sequences it is given, outputs on the host."""
+    def run_eval_with(params) -> tasks.RunEval:
+        def run_eval(sequences, targets) -> tasks.BatchOutputs:
+            with sharding.activate(trainer.mesh, trainer.rules):
+                return [(b.rows, jax.device_get(trainer.eval_step(params, trainer.on_mesh(b))))
+                        for b in data.eval_batches(sequences, targets, batch_size, buckets)]
+        return run_eval
+    return run_eval_with
+
+
+class FineTuning:
+    """What fine-tuning supplies to the shared loop (engine.Run): its train step on
+    bucketed batches, evaluations on dev evals_per_epoch times per epoch scored by the
+    task, the best by the task's primary metric, and resume checkpoints that carry the
+    best evaluation's parameters (select="best") and the wall time so far."""
+
+    eval_split = "dev"
+
+    def __init__(self, config: ml_collections.ConfigDict, trainer: setup_lib.Trainer, task,
+                 run_eval_with: Callable[[Any], tasks.RunEval], steps_per_epoch: int,
+                 started: float):
+        self.t, self.trainer, self.task = config.train, trainer, task
+        self.run_eval_with, self.steps_per_epoch = run_eval_with, steps_per_epoch
+        self.num_steps = steps_per_epoch * self.t.num_epochs
+        self.nonfinite, self.keeps_best = self.t.nonfinite, self.t.select == "best"
+        self.eval_at = _eval_steps(steps_per_epoch, self.t.num_epochs, self.t.evals_per_epoch)
+        self.started = started
+
+    def train_step(self, state, batch: data.Batch):
+        return self.trainer.train_step(state, self.trainer.on_mesh(batch))
+
+    def log_due(self, step: int) -> bool:
+        return step % self.t.log_every == 0
+
+    def eval_due(self, step: int) -> bool:
+        return step in self.eval_at
+
+    def checkpoint_due(self, step: int) -> bool:
+        # Not at the last step: the results follow at once, nothing to resume from.
+        return step != self.num_steps and (step in self.eval_at or bool(
+            self.t.checkpoint_every and step % self.t.checkpoint_every == 0))
+
+    def log_line(self, step, means, steps, seconds):
+        return {**means, "examples_per_sec": steps * self.t.batch_size / seconds,
+                "epoch": (step - 1) // self.steps_per_epoch + 1}
+
+    def evaluate(self, state, step: int) -> dict[str, float]:
+        return {**self.task.score(self.run_eval_with(state.params)),
+                "epoch": step / self.steps_per_epoch}
+
+    def better(self, scores, best) -> bool:
+        return scores[self.task.primary_metric] > best[self.task.primary_metric]
+
+    def save(self, ckpt, step, state, progress, best_params) -> None:
+        resume_lib.save(ckpt, step, state, best_params, self.t.select, progress,
+                        time.perf_counter() - self.started)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -269,91 +230,29 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
 
-    mesh = make_mesh(config.mesh.shape)
-    rules = sharding.rules_from_config(config.sharding_rules)
-    sharding.check_batch(mesh, t.batch_size, 1)
-    sharding.check_batch(mesh, t.eval_batch_size, 1)
-    batch_sharding = sharding.batch_sharding(mesh)
-
-    def on_mesh(batch: data.Batch) -> dict:
-        """The global batch: every process holds it whole and gives its devices their rows."""
-        return {k: sharding.global_batch_from_full(v, mesh) for k, v in batch.arrays().items()}
-
-    model = task.model(encoder_cfg)
     steps_per_epoch = data.steps_per_epoch(len(task.train), t.batch_size)
     num_steps = steps_per_epoch * t.num_epochs
-    tx, schedule = optimizer_lib.make_optimizer(optimizer_config(t, num_steps))
-    options = {"xla_backend_optimization_level": 0} if config.fast_compile else None
-    setup = state_setup(model, tx, config.seed, buckets[0], mesh, rules, options)
-    replicated = sharding.replicated(mesh)
-    train_step = steps.jit_train_step(make_train_step(model, task, tx, schedule, config.seed),
-                                      setup, mesh, options)
-    eval_step = jax.jit(make_eval_step(model, task),
-                        in_shardings=(setup.shardings.params, batch_sharding),
-                        out_shardings=replicated, compiler_options=options)
-
-    def run_eval_with(params) -> tasks.RunEval:
-        def run_eval(sequences, targets) -> tasks.BatchOutputs:
-            with sharding.activate(mesh, rules):
-                return [(b.rows, jax.device_get(eval_step(params, on_mesh(b))))
-                        for b in data.eval_batches(sequences, targets, t.eval_batch_size,
-                                                   buckets)]
-        return run_eval
-
-    # Saves are forced: the loop decides when (the interval argument is unused).
-    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / resume_lib.RESUME_DIR, 1,
+    trainer = setup_lib.build(config, encoder_cfg, task, num_steps, buckets[0])
+    sharding.check_batch(trainer.mesh, t.batch_size, 1)
+    sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
+    run_eval_with = _evaluator(trainer, t.eval_batch_size, buckets)
+    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / resume_lib.RESUME_DIR,
                                                         resume_lib.KEEP)) as ckpt:
         start, state, best_params, progress = resume_lib.restore_or_init(
-            ckpt, setup, encoder_params, t.select, resume)
-        eval_at = _eval_steps(steps_per_epoch, t.num_epochs, t.evals_per_epoch)
+            ckpt, trainer.state, encoder_params, t.select, resume)
         writer = metrics_lib.MetricWriter(workdir, resume_step=start,
                                           enabled=distributed.is_leader())
-        with (contextlib.closing(writer),
-              sharding.activate(mesh, rules), engine.Loop(start, ckpt) as loop):
-            for step, (epoch, batch) in enumerate(
-                    train_batches(task.train, t.batch_size, buckets, config.seed,
-                                  t.num_epochs, start), start=start + 1):
-                state, step_metrics = train_step(state, on_mesh(batch))
-                progress.window.append(step_metrics)
-                log = step % t.log_every == 0 or step == num_steps
-                loop.after_step(step, state, closes_window=log)
-                if log:
-                    window = resume_lib.on_host(progress.window)
-                    progress.skipped += engine.check_finite(
-                        list(range(step - len(window) + 1, step + 1)), window, t.nonfinite,
-                        ckpt)
-                    means = engine.window_means(window)
-                    means["skipped_updates"] = progress.skipped
-                    lapped, seconds = loop.lap(step)
-                    means["examples_per_sec"] = lapped * t.batch_size / seconds
-                    writer.write("train", step, {**means, "epoch": epoch + 1})
-                    progress.window = []
-                if step in eval_at:
-                    scores = task.score(run_eval_with(state.params))
-                    writer.write("dev", step, scores)
-                    progress.evals.append({"step": step, "epoch": step / steps_per_epoch,
-                                           **scores})
-                    best = None if progress.best is None else progress.evals[progress.best]
-                    if best is None or scores[task.primary_metric] > best[task.primary_metric]:
-                        progress.best = len(progress.evals) - 1
-                        if t.select == "best":
-                            best_params = distributed.host_copy(state.params)
-                if step == num_steps:
-                    break  # the results follow at once: nothing to resume from
-                stopping = loop.stop_requested(step)
-                if stopping or step in eval_at or (
-                        t.checkpoint_every and step % t.checkpoint_every == 0):
-                    resume_lib.save(ckpt, step, state, best_params, t.select, progress,
-                          time.perf_counter() - started)
-                    writer.flush()  # a resumed run finds every metrics line up to here
-                if stopping:
-                    ckpt.wait()
-                    raise loop.stopped(step, str(ckpt.directory))
+        run = FineTuning(config, trainer, task, run_eval_with, steps_per_epoch, started)
+        batches = (batch for _, batch in train_batches(task.train, t.batch_size, buckets,
+                                                       config.seed, t.num_epochs, start))
+        with contextlib.closing(writer), sharding.activate(trainer.mesh, trainer.rules):
+            state, progress, best_params = engine.train(run, state, start, batches, ckpt,
+                                                        writer, progress, best_params)
 
     best = progress.evals[progress.best]
     selected = best if t.select == "best" else progress.evals[-1]
-    params = (jax.device_put(best_params, setup.shardings.params) if t.select == "best"
-              else state.params)
+    params = (jax.device_put(best_params, trainer.state.shardings.params)
+              if t.select == "best" else state.params)
     with tempfile.TemporaryDirectory() as scratch:
         # Every process runs the evaluations (each is a step on the whole mesh); only
         # process 0's files are kept.

@@ -1,5 +1,6 @@
 """Orbax checkpoints: the train state (model, optimiser, step, RNG) and a JSON record of
-the data position, saved asynchronously every N steps, keeping the last K.
+the loop's progress, saved asynchronously at the steps the training loop chooses, keeping
+the last K.
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
 checkpoint interrupted by a crash is never listed as the latest. A complete checkpoint can
@@ -45,14 +46,15 @@ class CheckpointError(errors.UserError):
 
 
 class Checkpointer:
-    def __init__(self, directory: paths.PathLike, every: int, keep: int,
-                 async_save: bool = True):
+    def __init__(self, directory: paths.PathLike, keep: int, async_save: bool = True):
         # Absolute, and a bucket's URI unchanged (orbax reads nothing from a relative path).
         self.directory = paths.resolve(directory, "checkpoint directory")
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                save_interval_steps=every,
+                # The loop decides when to save (every save is forced); orbax's own
+                # policy would also save at a run's first step.
+                save_interval_steps=None,
                 max_to_keep=keep,
                 create=True,
                 enable_async_checkpointing=async_save,
@@ -64,8 +66,8 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state: Any, meta: dict, force: bool = False) -> bool:
-        """Starts saving `state` at `step` if the interval says so (or `force`).
+    def save(self, step: int, state: Any, meta: dict) -> None:
+        """Starts saving `state` at `step` (asynchronously).
 
         A failed write (also one of the previous asynchronous save, which surfaces here)
         raises CheckpointError; the checkpoints already complete stay untouched.
@@ -76,13 +78,12 @@ class Checkpointer:
                 args=ocp.args.Composite(
                     state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
                 ),
-                force=force,
+                force=True,
             )
-        if started:
+        if started:  # not when `step` is already saved
             # Orbax waited for the earlier saves before starting this one: they are final.
             self._write_digests(exclude=step)
             self._undigested.append(step)
-        return started
 
     def _write_digests(self, exclude: int | None = None) -> None:
         """digests.json for every finished save (process 0; files on a shared disk)."""
@@ -98,10 +99,6 @@ class Checkpointer:
                 continue
             paths.write_atomically(step_dir / DIGEST_FILE,
                                    json.dumps(digests, indent=0, sort_keys=True))
-
-    def due(self, step: int) -> bool:
-        """Whether the save interval asks for a checkpoint at `step`."""
-        return self.manager.should_save(step)
 
     def reached_preemption(self, step: int) -> bool:
         """JAX's preemption sync point (TPU maintenance events): all hosts agree to save."""

@@ -1,5 +1,7 @@
-"""What a training loop does around its steps, the same for pretraining (training/loop.py)
-and fine-tuning (finetune/train.py): `Loop`.
+"""The one step loop of pretraining (training/loop.py) and fine-tuning (finetune/train.py):
+`train(run, ...)`, where `run` (a `Run`) supplies what differs: its step, when to log,
+evaluate and save, its log line, its evaluation, what a "best" evaluation is and what a
+checkpoint holds. Everything else happens here, once, for both:
 
 * The first step compiles the step (or loads it from the persistent compilation cache):
   its time is logged once, and kept out of the first log window's throughput unless that
@@ -14,13 +16,19 @@ and fine-tuning (finetune/train.py): `Loop`.
   time limit (preemption.time_limit; process 0's clock decides for all). The loop then
   saves a checkpoint at the step just finished and raises `stopped`'s exception.
 
-Each loop keeps its own policy: when to log, evaluate and save, and what a stop does.
+* Evaluations: every one is written to the metrics and kept in `Progress.evals`, the best
+  one's index in `Progress.best`, and its parameters on the host when the run keeps them.
+* Checkpoints: at the steps the run asks for and at a stop request, with the `Progress`
+  the loop carries (so a resumed run logs, counts and selects exactly as if it had not
+  stopped); never past a step whose metrics have not been checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -114,3 +122,122 @@ def check_finite(steps: list[int], metrics: list[dict[str, Any]], policy: str,
             logging.warning("step %d: non-finite loss or gradients, update skipped", step)
             dropped += 1
     return dropped
+
+
+@dataclasses.dataclass
+class Progress:
+    """What the loop carries besides the arrays; saved as JSON with every checkpoint."""
+
+    # Every evaluation so far: {"step": step, <score>: value, ...}.
+    evals: list[dict] = dataclasses.field(default_factory=list)
+    best: int | None = None  # the index in evals of the best one (Run.better)
+    # Each step's metrics (host floats) since the last log line, so a resumed run logs the
+    # same means.
+    window: list[dict] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0  # wall time of the run's earlier attempts
+    skipped: int = 0  # updates dropped as non-finite (config.train.nonfinite="skip")
+
+    def meta(self, step: int, seconds: float) -> dict:
+        """The checkpoint's JSON record at `step`; `seconds`: this attempt's so far."""
+        return {"step": step, **dataclasses.asdict(self), "seconds": self.seconds + seconds}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> Progress:
+        """The progress a checkpoint's record describes; a field it lacks (an earlier
+        version's record) takes its default. Pretraining records before the shared loop
+        named two of them differently."""
+        meta = {"skipped": meta.get("skipped_updates", 0),
+                "window": meta.get("log_window", []), **meta}
+        return cls(**{f.name: meta[f.name] for f in dataclasses.fields(cls) if f.name in meta})
+
+
+class Run(Protocol):
+    """What a trainer supplies to `train`: its step and its policies."""
+
+    num_steps: int  # the run ends after this step
+    nonfinite: str  # config.train.nonfinite: "stop" or "skip"
+    eval_split: str  # the metrics' name for its evaluations ("eval", "dev")
+    keeps_best: bool  # keep the best evaluation's parameters (on the host)
+
+    def train_step(self, state: Any, batch: Any) -> tuple[Any, dict]:
+        """One optimiser step (dispatched, not waited for): (state, metrics on device);
+        the metrics include the step's "nonfinite" flag."""
+
+    def log_due(self, step: int) -> bool:
+        """Whether to log after `step` (the last step always logs)."""
+
+    def eval_due(self, step: int) -> bool:
+        """Whether to evaluate after `step` (the last step always evaluates)."""
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether to save after `step` (a stop request always saves)."""
+
+    def log_line(self, step: int, means: dict[str, float], steps: int,
+                 seconds: float) -> dict[str, float]:
+        """The train log line of the window that `step` closes: `steps` steps in `seconds`,
+        `means` their metrics' means."""
+
+    def evaluate(self, state: Any, step: int) -> dict[str, float]:
+        """Scores of the state after `step`, as host floats."""
+
+    def better(self, scores: dict[str, float], best: dict[str, float]) -> bool:
+        """Whether `scores` beat `best` (an earlier evaluation's record)."""
+
+    def save(self, ckpt: checkpoint_lib.Checkpointer, step: int, state: Any,
+             progress: Progress, best_params: Any) -> None:
+        """Starts saving the checkpoint of `step` (forced: the loop decides when)."""
+
+
+def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_lib.Checkpointer,
+          writer: Any, progress: Progress, best_params: Any = None
+          ) -> tuple[Any, Progress, Any]:
+    """Steps `start + 1` to `run.num_steps` with logs, evaluations, checkpoints and the
+    non-finite and stop policies. Returns (state, progress, the best evaluation's
+    parameters on the host, or None unless `run.keeps_best`). `progress` and `best_params`:
+    what the checkpoint at `start` carried (fresh ones at step 0).
+
+    Between logging, evaluation and checkpoint steps nothing is read back from the device:
+    the host dispatches step after step while the accelerator runs them. Step metrics pile
+    up on the device and are fetched together at the next of those steps, which is also
+    when the non-finite flags are checked (the step itself has dropped any non-finite
+    update, so checking late loses nothing, and no checkpoint is saved past an unchecked
+    step). On a stop request the checkpoint of the step just finished is saved and
+    `Loop.stopped`'s exception raised.
+    """
+    unchecked: list[tuple[int, Any]] = []  # (step, metrics on device) not yet fetched
+    with Loop(start, ckpt) as clock:
+        for step in range(start + 1, run.num_steps + 1):
+            state, step_metrics = run.train_step(state, next(batches))
+            unchecked.append((step, step_metrics))
+            last = step == run.num_steps
+            log = last or run.log_due(step)
+            clock.after_step(step, state, closes_window=log)
+            evaluate = last or run.eval_due(step)
+            stop = clock.stop_requested(step)
+            save = stop or run.checkpoint_due(step)
+            if log or evaluate or save:
+                fetched = jax.device_get([m for _, m in unchecked])
+                progress.skipped += check_finite([s for s, _ in unchecked], fetched,
+                                                 run.nonfinite, ckpt)
+                progress.window += [{k: float(v) for k, v in m.items()} for m in fetched]
+                unchecked = []
+            if log:
+                means = {**window_means(progress.window), "skipped_updates": progress.skipped}
+                writer.write("train", step, run.log_line(step, means, *clock.lap(step)))
+                progress.window = []
+            if evaluate:
+                scores = run.evaluate(state, step)
+                writer.write(run.eval_split, step, scores)
+                progress.evals.append({"step": step, **scores})
+                if progress.best is None or run.better(scores, progress.evals[progress.best]):
+                    progress.best = len(progress.evals) - 1
+                    if run.keeps_best:
+                        best_params = distributed.host_copy(state.params)
+            if save:
+                run.save(ckpt, step, state, progress, best_params)
+                writer.flush()  # a resumed run finds every metrics line up to its checkpoint
+            if stop:
+                ckpt.wait()
+                raise clock.stopped(step, str(ckpt.directory))
+    ckpt.wait()
+    return state, progress, best_params

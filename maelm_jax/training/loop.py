@@ -6,8 +6,6 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import ml_collections
 import numpy as np
@@ -129,24 +127,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         counts.seq_len,
     )
 
-    ckpt = checkpoint_lib.Checkpointer(
-        workdir / "checkpoints", t.checkpoint_every, t.keep_checkpoints
-    )
+    ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", t.keep_checkpoints)
     # Restored straight into this run's shardings, whatever mesh saved it; a damaged
     # newest checkpoint gives way to the one before it.
     restored = ckpt.restore_latest(trainer.state.abstract)
     if restored is not None:
-        step, state, meta = restored
-        logging.info(
-            "resumed from checkpoint at step %d (data position %d)", step, meta["data_position"]
-        )
-        start = meta["data_position"]
-        # What the logs report goes on from the checkpoint: the skipped updates and the
-        # steps since the last log line (absent in older checkpoints: none).
-        skipped = int(meta.get("skipped_updates", 0))
-        window = list(meta.get("log_window", []))
+        start, state, meta = restored
+        logging.info("resumed from checkpoint at step %d (data position %d)", start,
+                     meta["data_position"])
+        # The logs go on from the checkpoint: the evaluations, the skipped updates and the
+        # step metrics since the last log line.
+        progress = engine.Progress.from_meta(meta)
     else:
-        state, start, skipped, window = trainer.init(), 0, 0, []
+        state, start, progress = trainer.init(), 0, engine.Progress()
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
         workdir_lib.write_config(config, workdir)
@@ -185,72 +178,64 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         prefetch=config.data.prefetch,
     )
 
+    run = Pretraining(config, trainer, eval_data, utilisation, unigram_accuracy,
+                      resumed=restored is not None)
     try:
-        metrics, _ = _train_loop(config, state, trainer, eval_data, batches, ckpt, writer,
-                                 utilisation, start, unigram_accuracy, skipped, window)
-        return metrics
+        with sharding.activate(trainer.mesh, trainer.rules):
+            _, progress, _ = engine.train(run, state, start, batches, ckpt, writer, progress)
+        last = progress.evals[-1] if progress.evals else {}  # {} when resumed at the end
+        return {k: v for k, v in last.items() if k != "step"}
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.
         ckpt.close()
         writer.close()
 
 
-def _train_loop(config, state, trainer: setup_lib.Trainer, eval_data, batches, ckpt, writer,
-                utilisation, start, unigram_accuracy: float, skipped: int = 0,
-                window: list[dict] | None = None) -> tuple[dict[str, float], Any]:
-    """Steps from `start` to train.num_steps with logs, evals, checkpoints and the
-    non-finite and preemption policies. Returns (the last eval's metrics, the state).
-    `skipped` and `window`: the non-finite updates dropped before `start` and the step
-    metrics since the last log line before it (both saved with each checkpoint).
+class Pretraining:
+    """What pretraining supplies to the shared loop (engine.Run): its train step on token
+    blocks, the cadence of config.train, the masked-LM evaluation, throughput and MFU in
+    the log lines, and checkpoints of the whole train state at the data position."""
 
-    Between logging, eval and checkpoint steps nothing is read back from the device: the
-    host dispatches step after step while the accelerator runs them. Step metrics pile up
-    on the device and are fetched together at the next of those steps, which is also when
-    the non-finite flags are checked (the step itself already dropped any non-finite
-    update, so checking late loses nothing, and a checkpoint is never saved past an
-    unchecked step).
-    """
-    t = config.train
-    unchecked: list[tuple[int, dict]] = []  # (step, metrics on device) not yet fetched
-    window = list(window or [])  # fetched metrics since the last log
-    eval_metrics: dict[str, float] = {}
-    with sharding.activate(trainer.mesh, trainer.rules), engine.Loop(start, ckpt) as loop:
-        for step in range(start + 1, t.num_steps + 1):
-            state, step_metrics = trainer.train_step(
-                state, sharding.global_batch(next(batches), trainer.mesh))
-            unchecked.append((step, step_metrics))
-            last = step == t.num_steps
-            log = step % t.log_every == 0 or last
-            loop.after_step(step, state, closes_window=log)
-            run_eval = step % t.eval_every == 0 or last
-            preempted = loop.stop_requested(step)
-            save = last or preempted or ckpt.due(step)
-            if log or run_eval or save:
-                fetched = jax.device_get([m for _, m in unchecked])
-                skipped += engine.check_finite([s for s, _ in unchecked], fetched,
-                                               t.nonfinite, ckpt)
-                window += [{k: float(v) for k, v in m.items()} for m in fetched]
-                unchecked = []
-            if log:
-                means = engine.window_means(window)
-                means["perplexity"] = metrics_lib.perplexity(means["loss"])
-                means["skipped_updates"] = skipped
-                rates = _throughput(*loop.lap(step), step, t.batch_size * config.data.seq_len,
-                                    t.num_steps)
-                rates.update(utilisation.measure(rates["steps_per_sec"]))
-                writer.write("train", step, {**means, **rates})
-                window = []
-            if run_eval:
-                eval_metrics = evaluate(trainer.eval_step, state.params, eval_data, config.seed)
-                eval_metrics["unigram_accuracy"] = unigram_accuracy
-                writer.write("eval", step, eval_metrics)
-            if save:
-                ckpt.save(step, state, {"step": step, "data_position": step,
-                                        "skipped_updates": skipped, "log_window": window},
-                          force=True)
-                writer.flush()  # a resumed run finds every metrics line up to its checkpoint
-            if preempted:
-                ckpt.wait()
-                raise loop.stopped(step, str(ckpt.directory))
-    ckpt.wait()
-    return eval_metrics, state
+    eval_split = "eval"
+    keeps_best = False  # the checkpoints are what a pretraining run keeps
+
+    def __init__(self, config: ml_collections.ConfigDict, trainer: setup_lib.Trainer,
+                 eval_data: list[jax.Array], utilisation: mfu.Utilisation,
+                 unigram_accuracy: float, resumed: bool):
+        self.saved = resumed  # whether the workdir holds a checkpoint of this run
+        self.t, self.seq_len, self.seed = config.train, config.data.seq_len, config.seed
+        self.num_steps, self.nonfinite = self.t.num_steps, self.t.nonfinite
+        self.trainer, self.eval_data = trainer, eval_data
+        self.utilisation, self.unigram_accuracy = utilisation, unigram_accuracy
+
+    def train_step(self, state, tokens: np.ndarray):
+        return self.trainer.train_step(state, sharding.global_batch(tokens, self.trainer.mesh))
+
+    def log_due(self, step: int) -> bool:
+        return step % self.t.log_every == 0
+
+    def eval_due(self, step: int) -> bool:
+        return step % self.t.eval_every == 0
+
+    def checkpoint_due(self, step: int) -> bool:
+        # Also a fresh run's first step: a workdir where checkpoints cannot be written
+        # shows at once, not checkpoint_every steps into the run.
+        return (not self.saved or step == self.num_steps
+                or step % self.t.checkpoint_every == 0)
+
+    def log_line(self, step, means, steps, seconds):
+        rates = _throughput(steps, seconds, step, self.t.batch_size * self.seq_len,
+                            self.num_steps)
+        rates.update(self.utilisation.measure(rates["steps_per_sec"]))
+        return {**means, "perplexity": metrics_lib.perplexity(means["loss"]), **rates}
+
+    def evaluate(self, state, step: int) -> dict[str, float]:
+        scores = evaluate(self.trainer.eval_step, state.params, self.eval_data, self.seed)
+        return {**scores, "unigram_accuracy": self.unigram_accuracy}
+
+    def better(self, scores, best) -> bool:
+        return scores["loss"] < best["loss"]
+
+    def save(self, ckpt, step, state, progress, best_params) -> None:
+        ckpt.save(step, state, {**progress.meta(step, 0.0), "data_position": step})
+        self.saved = True

@@ -82,11 +82,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
         steps.make_train_step(model, objective, tx, schedule, counts, vocab_size,
                               t.grad_accum_steps, t.prng_impl),
         state, mesh)
-    eval_step = jax.jit(
-        steps.make_eval_step(model, objective, counts, vocab_size),
-        in_shardings=(state.shardings.params, sharding.batch_sharding(mesh),
-                      sharding.replicated(mesh)),
-        out_shardings=sharding.replicated(mesh),
-    )
+    eval_step = steps.jit_eval_step(steps.make_eval_step(model, objective, counts, vocab_size),
+                                    state, mesh, replicated_args=1)
     return Trainer(config, vocab_size, mesh, rules, counts, model, tx, schedule, state,
                    train_step, eval_step)

@@ -152,6 +152,21 @@ def jit_train_step(train_step: Callable, setup: state_lib.StateSetup, mesh: Mesh
     )
 
 
+def jit_eval_step(eval_step: Callable, setup: state_lib.StateSetup, mesh: Mesh,
+                  compiler_options: dict | None = None, replicated_args: int = 0) -> Callable:
+    """An eval step (pretraining's or fine-tuning's: params, batch, *args -> sums or
+    outputs) compiled for the mesh: parameters in the state's shardings, every array of the
+    batch split over data x fsdp, the `replicated_args` further arguments (an eval key) and
+    the outputs replicated, so every process reads whole results."""
+    return jax.jit(
+        eval_step,
+        in_shardings=(setup.shardings.params, sharding.batch_sharding(mesh),
+                      *[sharding.replicated(mesh)] * replicated_args),
+        out_shardings=sharding.replicated(mesh),
+        compiler_options=compiler_options,
+    )
+
+
 def make_eval_step(model: nn.Module, objective: objectives.Objective,
                    counts: masking.MaskCounts, vocab_size: int) -> Callable:
     """Returns eval_step(params, tokens [b, L], key) -> sums of loss/correct/count, overall

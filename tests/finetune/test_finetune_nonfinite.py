@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.finetune import train
 from maelm_jax.training import engine
 
@@ -17,7 +18,7 @@ RUN = {"train.num_epochs": 1, "train.log_every": 2, "train.checkpoint_every": 2}
 
 
 def _poison_step(step_index, monkeypatch):
-    poison_steps(monkeypatch, train, "make_train_step", [step_index])
+    poison_steps(monkeypatch, finetune_setup, "make_train_step", [step_index])
 
 
 def test_stop_names_the_step_and_keeps_the_resume_checkpoints(sst2_settings, tmp_path,  # noqa: F811

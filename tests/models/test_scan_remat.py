@@ -79,8 +79,8 @@ def test_scanned_rematerialised_step_matches_the_plain_one(objective, policy):
 def test_checkpoints_restore_across_layouts_and_fine_tuning_reads_stacked(tmp_path):
     c = tiny_config("maelm")
     state, _, _ = _train_step(c)
-    old = checkpoint.Checkpointer(tmp_path / "per_layer", every=1, keep=1)
-    old.save(1, state, {"step": 1, "data_position": 1}, force=True)
+    old = checkpoint.Checkpointer(tmp_path / "per_layer", keep=1)
+    old.save(1, state, {"step": 1, "data_position": 1})
     old.wait()
     c.model.scan_layers = True
     _, setup, _ = _train_step(c)
@@ -93,8 +93,8 @@ def test_checkpoints_restore_across_layouts_and_fine_tuning_reads_stacked(tmp_pa
     jax.tree.map(np.testing.assert_array_equal,
                  jax.device_get(layer_layout.to_per_layer(restored)), jax.device_get(state))
 
-    new = checkpoint.Checkpointer(tmp_path / "stacked", every=1, keep=1)
-    new.save(1, restored, {"step": 1, "data_position": 1}, force=True)
+    new = checkpoint.Checkpointer(tmp_path / "stacked", keep=1)
+    new.save(1, restored, {"step": 1, "data_position": 1})
     new.wait()
     new.close()
     # Fine-tuning's encoder is per layer: it reads the stacked checkpoint converted.

@@ -120,7 +120,7 @@ def test_a_toy_objective_trains_resumes_and_fills_masks(toy, tmp_path, tiny_toke
     train = [r for r in rows if r["split"] == "train"]
     assert train and all(np.isfinite(r["loss"]) for r in train)
     # Its parameters, checkpointed: the encoder (what fine-tuning keeps) and its own head.
-    ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", 6, 3)
+    ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", 3)
     assert ckpt.latest_step() == 6
     ckpt.close()
     # Two more steps resume from the checkpoint.

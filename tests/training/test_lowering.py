@@ -26,7 +26,7 @@ from configs.benchmark import peer
 from maelm_jax import config as config_lib
 from maelm_jax import sharding
 from maelm_jax.finetune import heads
-from maelm_jax.finetune import train as finetune_train
+from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.objectives import recipes
 from maelm_jax.training import setup as setup_lib
@@ -173,9 +173,9 @@ def test_finetuning_step_lowers(platform, impl):
     tx = optax.adamw(1e-4)
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     rules = sharding.rules_from_config(sharding.DEFAULT_RULES)
-    setup = finetune_train.state_setup(model, tx, 0, 128, mesh, rules)
+    setup = finetune_setup.state_setup(model, tx, 0, 128, mesh, rules)
     step = steps.jit_train_step(
-        finetune_train.make_train_step(model, task, tx, optax.constant_schedule(1e-4), 0),
+        finetune_setup.make_train_step(model, task, tx, optax.constant_schedule(1e-4), 0),
         setup, mesh)
     batch_sharding = sharding.batch_sharding(mesh)
     batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)

@@ -135,7 +135,7 @@ def test_nonfinite_stop_names_the_step_and_keeps_the_good_checkpoint(
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=8, checkpoint_every=2)
     with pytest.raises(engine.NonFiniteError, match="step 5: non-finite .* checkpoint is step 4"):
         loop.train_and_evaluate(c, str(tmp_path / "run"))
-    assert checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 2, 3).latest_step() == 4
+    assert checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 3).latest_step() == 4
 
 
 def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer, monkeypatch):
@@ -262,10 +262,10 @@ def test_half_written_checkpoint_is_never_the_latest(tmp_path, tiny_tokenizer):
     partial = run / "checkpoints" / "6.orbax-checkpoint-tmp-1234567890"
     (partial / "state").mkdir(parents=True)
     (partial / "state" / "garbage").write_bytes(b"\0" * 10)
-    assert checkpoint.Checkpointer(run / "checkpoints", 2, 3).latest_step() == 4
+    assert checkpoint.Checkpointer(run / "checkpoints", 3).latest_step() == 4
     c.train.num_steps = 6
     loop.train_and_evaluate(c, str(run))
-    assert checkpoint.Checkpointer(run / "checkpoints", 2, 3).latest_step() == 6
+    assert checkpoint.Checkpointer(run / "checkpoints", 3).latest_step() == 6
 
 
 def test_failed_save_is_reported_and_the_previous_checkpoint_survives(
@@ -310,7 +310,7 @@ def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, 
     assert proc.returncode == 143, stderr[-2000:]  # preempted: schedulers run it again
     assert "preempted: saved a checkpoint at step" in stderr
     assert "run the same command to continue" in stderr
-    saved = checkpoint.Checkpointer(run / "checkpoints", 1000, 3).latest_step()
+    saved = checkpoint.Checkpointer(run / "checkpoints", 3).latest_step()
     assert 5 <= saved < 100
     assert not (run / "fill_mask.md").exists()  # no post-training work
     resumed = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True,

@@ -94,8 +94,8 @@ def test_cheaper_prng_is_mesh_independent_and_resumes_exactly(impl, tmp_path):
     first, state, setup = run_steps(c, mesh, n=2)
     np.testing.assert_allclose(first, one[:2], rtol=2e-5)
     assert state.rng.shape == (4,)  # rbg key data, saved with the state
-    ckpt = checkpoint.Checkpointer(tmp_path, every=1, keep=1)
-    ckpt.save(2, state, {"step": 2, "data_position": 2}, force=True)
+    ckpt = checkpoint.Checkpointer(tmp_path, keep=1)
+    ckpt.save(2, state, {"step": 2, "data_position": 2})
     ckpt.wait()
     restored, _ = ckpt.restore(2, setup.abstract)
     ckpt.close()
@@ -125,7 +125,7 @@ def test_finetuning_state_shards_like_pretraining():
     """Fine-tuning's optimiser moments take their parameters' shardings through the same
     rule as pretraining's (sharding.optimizer_specs)."""
     from maelm_jax.finetune import heads
-    from maelm_jax.finetune import train as finetune_train
+    from maelm_jax.finetune import setup as finetune_setup
     from maelm_jax.models import encoder as encoder_lib
     from maelm_jax.training import optimizer
 
@@ -136,7 +136,7 @@ def test_finetuning_state_shards_like_pretraining():
     model = heads.SequenceClassifier(encoder_lib.from_architecture(arch), num_outputs=2)
     tx, _ = optimizer.make_optimizer(c.train)
     mesh = sharding.make_mesh((2, 2, 2))
-    setup = finetune_train.state_setup(model, tx, 0, 16, mesh, sharding.DEFAULT_RULES)
+    setup = finetune_setup.state_setup(model, tx, 0, 16, mesh, sharding.DEFAULT_RULES)
     words = ("encoder", "word_embeddings", "embedding")
     param = setup.shardings.params
     for key in words:
@@ -152,8 +152,8 @@ def test_finetuning_state_shards_like_pretraining():
 def test_checkpoint_restores_across_meshes(tmp_path):
     c = shardable_config()
     saved_losses, state, _ = run_steps(c, sharding.make_mesh((8, 1, 1)), n=2)
-    ckpt = checkpoint.Checkpointer(tmp_path, every=1, keep=2)
-    ckpt.save(2, state, {"step": 2, "data_position": 2}, force=True)
+    ckpt = checkpoint.Checkpointer(tmp_path, keep=2)
+    ckpt.save(2, state, {"step": 2, "data_position": 2})
     ckpt.wait()
     expected = jax.device_get(state.params)
     for shape, devices in (((2, 2, 2), None), ((1, 1, 1), jax.devices()[:1])):
