@@ -25,11 +25,10 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import errors, masking, paths, runs, schema
+from maelm_jax import errors, layout, masking, paths, run_configs, runs, schema
 from maelm_jax import tokenizer as tokenizer_lib
 
 MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
-EXAMPLES_FILE = "fill_mask.md"
 # Held-out examples mask this share of a block's word-initial pieces, as pretraining masks
 # 15 % of positions.
 EXAMPLE_MASK_RATIO = 0.15
@@ -92,13 +91,13 @@ class FillMasker:
         """The newest finished checkpoint of a pretraining workdir (read only)."""
         try:
             run_dir, step_dir = runs.resolve_checkpoint(workdir)
-            recorded = runs.read_json(run_dir / runs.CONFIG_FILE)
+            recorded = runs.read_json(run_dir / layout.CONFIG_FILE)
             if recorded.get("mode", "pretrain") != "pretrain":
                 raise FillMaskError(f"--workdir: {run_dir} is a {recorded['mode']} run; "
                                     "fill-mask needs a pretraining workdir (its decoder and "
                                     "LM head)")
             tok = runs.find_tokenizer(run_dir, "")
-            config = runs.run_config(recorded)
+            config = run_configs.run_config(recorded)
             params = runs.restore_params(step_dir, field="--workdir",
                                             stacked=config.model.scan_layers)
         except runs.CheckpointError as e:
@@ -214,7 +213,7 @@ def write_examples(workdir: paths.Path, examples: list[Filled],
     """Writes <workdir>/fill_mask.md and returns its text."""
     text = (f"# Fill-mask on held-out blocks, step {step}\n\n"
             + "\n\n".join(f"```\n{format_filled(f, tok)}\n```" for f in examples) + "\n")
-    paths.write_text(workdir / EXAMPLES_FILE, text)
+    paths.write_text(workdir / layout.FILL_MASK_FILE, text)
     return text
 
 
@@ -232,7 +231,7 @@ def after_pretraining(workdir: str) -> str | None:
     examples = examples_from_blocks(masker, blocks, count, masker.config.seed)
     text = write_examples(run_dir, examples, masker.tok, masker.config.train.num_steps)
     logging.info("what the model predicts on held-out text (also in %s):\n%s",
-                 run_dir / EXAMPLES_FILE, text)
+                 run_dir / layout.FILL_MASK_FILE, text)
     return text
 
 

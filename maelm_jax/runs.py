@@ -31,22 +31,13 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import errors, paths, schema
+from maelm_jax import errors, layout, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, pipeline, shards
-from maelm_jax.finetune import config as finetune_config
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layer_layout
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import state as state_lib
-from maelm_jax.training import workdir as workdir_lib
-
-CONFIG_FILE = "config.json"
-ENCODER_FILE = "encoder.json"  # a fine-tuning workdir's encoder architecture
-TOKENIZER_FILE = "tokenizer.model"
-CHECKPOINTS = "checkpoints"
-STATE_ITEM = "state"
-METRICS_FILE = "metrics.jsonl"
 
 
 class CheckpointError(errors.UserError):
@@ -67,19 +58,19 @@ class Pretrained:
 def resolve_checkpoint(init_from: str) -> tuple[paths.Path, paths.Path]:
     """(workdir, checkpoint step directory) for a workdir or a checkpoints/<step> path."""
     path = paths.resolve(init_from, "config.init_from")
-    if path.name == STATE_ITEM:
+    if path.name == layout.STATE_ITEM:
         path = path.parent
     if not path.exists():
         raise CheckpointError(f"config.init_from: {init_from} does not exist")
-    if path.name.isdigit() and path.parent.name == CHECKPOINTS:
+    if path.name.isdigit() and path.parent.name == layout.CHECKPOINTS:
         return path.parent.parent, path
-    if (path / CONFIG_FILE).is_file() and (path / CHECKPOINTS).is_dir():
-        steps = [step for step in checkpoint_lib.finished_steps(path / CHECKPOINTS)
-                 if (path / CHECKPOINTS / str(step) / STATE_ITEM).is_dir()]
+    if (path / layout.CONFIG_FILE).is_file() and (path / layout.CHECKPOINTS).is_dir():
+        steps = [step for step in checkpoint_lib.finished_steps(path / layout.CHECKPOINTS)
+                 if (path / layout.CHECKPOINTS / str(step) / layout.STATE_ITEM).is_dir()]
         if not steps:
-            raise CheckpointError(f"config.init_from: {path}/{CHECKPOINTS} holds no finished "
-                                  f"checkpoint")
-        return path, path / CHECKPOINTS / str(max(steps))
+            raise CheckpointError(f"config.init_from: {path}/{layout.CHECKPOINTS} holds no "
+                                  f"finished checkpoint")
+        return path, path / layout.CHECKPOINTS / str(max(steps))
     raise CheckpointError(f"config.init_from: {init_from} is neither a workdir (config.json and "
                           f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
 
@@ -93,31 +84,6 @@ def read_json(path: paths.Path) -> dict:
         raise CheckpointError(f"config.init_from: {path} is not valid JSON ({e})") from None
 
 
-def mode(workdir: paths.Path) -> str | None:
-    """The mode recorded in workdir/config.json ("pretrain" when absent), or None; a
-    config.json that is not a JSON object is a one-line error."""
-    recorded = workdir_lib.recorded_config(workdir)
-    return None if recorded is None else recorded.get("mode", "pretrain")
-
-
-def _merged(defaults: ml_collections.ConfigDict, recorded: dict) -> ml_collections.ConfigDict:
-    """A run's recorded config over the defaults of its kind (a field recorded before it
-    existed counts at its default)."""
-    return ml_collections.ConfigDict(schema.over_defaults(defaults.to_dict(), recorded))
-
-
-def run_config(recorded: dict) -> ml_collections.ConfigDict:
-    """The run's config.json with its kind's defaults filled in."""
-    if recorded.get("mode") == "finetune":
-        return _merged(finetune_config.finetune_defaults(), recorded)
-    return _merged(pretrain_config.pretrain_defaults(), recorded)
-
-
-def recorded_config(workdir: paths.Path) -> ml_collections.ConfigDict:
-    """The run's config.json over its kind's defaults ({} when there is none)."""
-    return run_config(workdir_lib.recorded_config(workdir) or {})
-
-
 def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
                     attention_dropout: float, dtype: str, attention_impl: str
                     ) -> tuple[encoder_lib.EncoderConfig, str]:
@@ -126,9 +92,9 @@ def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
     "fine-tuning"."""
     run = {"dropout": dropout, "attention_dropout": attention_dropout, "dtype": dtype,
            "attention_impl": attention_impl}
-    run_config = read_json(workdir / CONFIG_FILE)
+    run_config = read_json(workdir / layout.CONFIG_FILE)
     if run_config.get("mode") == "finetune":
-        path = workdir / ENCODER_FILE
+        path = workdir / layout.ENCODER_FILE
         try:
             cfg = encoder_lib.from_architecture(read_json(path),
                                                 where=f"config.init_from: {path}", **run)
@@ -141,8 +107,8 @@ def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
                                       run_config)
         cfg = pretrain_config.model_config(ml_collections.ConfigDict(merged), vocab_size).encoder
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"config.init_from: {workdir / CONFIG_FILE} is not a pretraining "
-                              f"config ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"config.init_from: {workdir / layout.CONFIG_FILE} is not a "
+                              f"pretraining config ({type(e).__name__}: {e})") from None
     # Through the record: only the architecture is pretraining's, the rest the run's.
     return encoder_lib.from_architecture(encoder_lib.architecture(cfg), **run), "pretraining"
 
@@ -152,13 +118,13 @@ def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokeni
     config's tokenizer.model_path (a run given an existing model does not copy it)."""
     if configured:
         return tokenizer_lib.load_tokenizer(configured)
-    if (workdir / TOKENIZER_FILE).is_file():
-        return tokenizer_lib.load_tokenizer(str(workdir / TOKENIZER_FILE))
-    run_config = read_json(workdir / CONFIG_FILE)
+    if (workdir / layout.TOKENIZER_FILE).is_file():
+        return tokenizer_lib.load_tokenizer(str(workdir / layout.TOKENIZER_FILE))
+    run_config = read_json(workdir / layout.CONFIG_FILE)
     model_path = (run_config.get("tokenizer") or {}).get("model_path") or ""
     if model_path and paths.Path(model_path).is_file():
         return tokenizer_lib.load_tokenizer(model_path)
-    raise CheckpointError(f"config.init_from: {workdir} has no {TOKENIZER_FILE} (and its "
+    raise CheckpointError(f"config.init_from: {workdir} has no {layout.TOKENIZER_FILE} (and its "
                           f"config's tokenizer.model_path {model_path!r} is not a file); set "
                           f"config.tokenizer_path")
 
@@ -190,9 +156,9 @@ def restore_params(step_dir: paths.Path, part: str | None = None,
 
     # Absolute (orbax reads nothing from a relative path), a bucket's URI unchanged.
     step_dir = paths.resolve(step_dir, field)
-    state_dir = step_dir / STATE_ITEM
+    state_dir = step_dir / layout.STATE_ITEM
     if not state_dir.is_dir():
-        raise CheckpointError(f"{field}: {step_dir} has no '{STATE_ITEM}' item; it is "
+        raise CheckpointError(f"{field}: {step_dir} has no '{layout.STATE_ITEM}' item; it is "
                               f"not a maelm_jax checkpoint")
     def damaged(e: Exception) -> CheckpointError:
         return CheckpointError(f"{field}: {step_dir} cannot be restored ("
@@ -329,7 +295,7 @@ def _cache_set(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
                tok: tokenizer_lib.Tokenizer) -> paths.Path:
     """The directory of the data set a pretraining run prepared in its data cache."""
     d = run_cfg.data
-    cache_dir = paths.Path(d.cache_dir or workdir / "data")
+    cache_dir = paths.Path(d.cache_dir or workdir / layout.DATA_DIR)
     prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
                 if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
     try:  # the fingerprint the run prepared its data under (its corpus may have moved)
@@ -352,7 +318,7 @@ def _cache_set(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
 def metrics(workdir: paths.Path, split: str) -> list[dict]:
     """The rows of the run's metrics.jsonl whose split is `split` ("train", "eval", "dev"),
     in order; [] when the run has written none."""
-    path = workdir / METRICS_FILE
+    path = workdir / layout.METRICS_FILE
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
@@ -361,4 +327,4 @@ def metrics(workdir: paths.Path, split: str) -> list[dict]:
 
 def finished_steps(workdir: paths.Path) -> list[int]:
     """The steps of the run's finished checkpoints, ascending."""
-    return checkpoint_lib.finished_steps(workdir / CHECKPOINTS)
+    return checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)

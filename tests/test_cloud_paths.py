@@ -14,11 +14,10 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from maelm_jax import config as config_lib
-from maelm_jax import fill_mask, paths, runs
+from maelm_jax import fill_mask, layout, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import train
 from maelm_jax.training import loop
-from maelm_jax.training import workdir as workdir_lib
 
 from fake_bucket import fake_gcs
 from support import made_up_documents
@@ -155,7 +154,7 @@ def test_paths_in_a_bucket_stay_uris(bucket):
 
 
 def test_a_missing_bucket_is_one_line(bucket):
-    with pytest.raises(workdir_lib.IncompatibleWorkdirError,
+    with pytest.raises(layout.WorkdirError,
                        match=r"^--workdir gs://nobucket/run: the bucket gs://nobucket does not "
                              r"exist or cannot be read; create it"):
         loop.train_and_evaluate(tiny_config(), "gs://nobucket/run")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import fill_mask, masking, tokenizer
+from maelm_jax import fill_mask, layout, masking, tokenizer
 from maelm_jax.training import loop, steps
 
 from conftest import REPO_ROOT, subprocess_env
@@ -31,7 +31,7 @@ def maelm_run(tmp_path_factory, tiny_tokenizer):
 
 
 def test_a_run_ends_with_examples_from_held_out_blocks(maelm_run):
-    text = (maelm_run / fill_mask.EXAMPLES_FILE).read_text()
+    text = (maelm_run / layout.FILL_MASK_FILE).read_text()
     assert text.startswith("# Fill-mask on held-out blocks, step 6")
     assert text.count("input: ") == 2 and "<mask>" in text
     lines = [line for line in text.splitlines() if line.startswith("  <mask> ")]

@@ -1,5 +1,6 @@
-"""No module of maelm_jax imports a module that imports it, directly or through others:
-each mode's entry point is picked by main.py, so no module needs its caller."""
+"""No module of maelm_jax imports a module that imports it, directly or through others,
+and no package (a subpackage taken whole, or a top-level module) imports one that imports
+it: each mode's entry point is picked by main.py, so no module needs its caller."""
 
 import ast
 import pathlib
@@ -84,18 +85,54 @@ def test_the_check_finds_a_lazy_relative_cycle(tmp_path):
     assert graph["pkg.sub.b"] == {"pkg.sub"} and find_cycle(graph) is None
 
 
+def package_graph(graph: dict[str, set[str]], package: str) -> dict[str, set[str]]:
+    """The module graph with each subpackage of `package` taken as one node (its modules'
+    imports together); top-level modules stay nodes of their own."""
+    def node(module: str) -> str:
+        parts = module.split(".")
+        child = ".".join(parts[:2])
+        return child if any(m.startswith(child + ".") for m in graph) else module
+
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        out.setdefault(node(module), set()).update(node(d) for d in deps)
+    return {n: deps - {n} for n, deps in out.items()}
+
+
+def test_no_package_imports_one_that_imports_it():
+    graph = package_graph(import_graph(REPO_ROOT, "maelm_jax"), "maelm_jax")
+    assert "maelm_jax.runs" in graph["maelm_jax.finetune"]  # packages are nodes
+    cycle = find_cycle(graph)
+    assert cycle is None, "package import cycle: " + " -> ".join(cycle)
+
+
+def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from pkg import top\n")
+    (pkg / "sub" / "b.py").write_text("")
+    (pkg / "top.py").write_text("from pkg.sub import b\n")
+    modules = import_graph(tmp_path, "pkg")
+    assert find_cycle(modules) is None  # no module cycle...
+    packages = package_graph(modules, "pkg")
+    assert find_cycle(packages) in (["pkg.sub", "pkg.top", "pkg.sub"],
+                                    ["pkg.top", "pkg.sub", "pkg.top"])  # ...but packages
+
+
 # The layers, lowest first: a module may import its own layer's and lower ones', never a
 # higher one's. The objectives sit on the models and under the config that names them.
 # Applications (fine-tuning, analysis, fill-mask, the study) sit on the
-# training engine; main.py, outside the package, calls them.
+# training engine and on reading runs back (runs.py); main.py, outside the package, calls them.
 LAYERS = (
     ("maelm_jax.models",),
     ("maelm_jax.data",),
     ("maelm_jax.objectives",),
     ("maelm_jax.config", "maelm_jax.mfu"),
-    ("maelm_jax.training",),
+    ("maelm_jax.training", "maelm_jax.runs"),
     ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study",
-     "maelm_jax.runs", "maelm_jax.export"),
+     "maelm_jax.run_configs", "maelm_jax.export"),
 )
 
 

@@ -14,12 +14,7 @@ from __future__ import annotations
 import io
 import json
 
-from maelm_jax import paths
-
-JSON_FILE = "rank.json"
-MARKDOWN_FILE = "rank.md"
-LAYERS_PLOT = "rank_layers.png"
-MASK_PLOT = "rank_mask.png"
+from maelm_jax import layout, paths
 
 
 def write_json(path: paths.Path, report: dict) -> None:
@@ -113,7 +108,8 @@ def plot(report: dict, layers_path: paths.Path, mask_path: paths.Path) -> None:
 def write(workdir: paths.Path, report: dict) -> list[paths.Path]:
     """All outputs into workdir; returns their paths."""
     paths.make_dirs(workdir)
-    written = [workdir / name for name in (JSON_FILE, MARKDOWN_FILE, LAYERS_PLOT, MASK_PLOT)]
+    written = [workdir / name for name in (layout.RANK_JSON_FILE, layout.RANK_MARKDOWN_FILE,
+                                            layout.RANK_LAYERS_PLOT, layout.RANK_MASK_PLOT)]
     write_json(written[0], report)
     paths.write_text(written[1], markdown(report) + "\n")
     plot(report, written[2], written[3])

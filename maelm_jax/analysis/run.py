@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, errors, paths, runs, sharding
+from maelm_jax import distributed, errors, layout, paths, run_configs, runs, sharding
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.analysis import inputs, rank, report
 from maelm_jax.models import encoder as encoder_lib
@@ -39,7 +39,7 @@ def _labels(run_paths: list[str]) -> list[str]:
     """Short names for tables and legends: the workdir's name (with @<step> for a
     checkpoint), made unique by its parent when two runs share it."""
     def name(path: paths.Path, parents: int) -> str:
-        if path.parent.name == runs.CHECKPOINTS:
+        if path.parent.name == layout.CHECKPOINTS:
             return f"{name(path.parent.parent, parents)}@{path.name}"
         return "/".join(path.parts[-1 - parents:])
 
@@ -87,7 +87,7 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
         pretrained = runs.load_pretrained(path, 0.0, 0.0, config.dtype)
     except errors.UserError as e:
         raise _as_runs_error(e) from None
-    run_cfg = runs.recorded_config(run_workdir)
+    run_cfg = run_configs.recorded_config(run_workdir)
     enc = pretrained.encoder_cfg
     d, num_layers = enc.stack.d_model, enc.stack.num_layers
     seq_len = config.seq_len or runs.default_seq_len(run_cfg, enc.max_positions)

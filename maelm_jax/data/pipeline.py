@@ -7,11 +7,9 @@ import itertools
 import ml_collections
 from absl import logging
 
-from maelm_jax import paths
+from maelm_jax import layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, shards, sources
-
-TOKENIZER_FILE = "tokenizer.model"
 
 
 def source_field(name: str) -> str:
@@ -37,7 +35,7 @@ def setup_tokenizer(
     tok_cfg = config.tokenizer
     if tok_cfg.model_path:
         return tokenizer_lib.load_tokenizer(tok_cfg.model_path)
-    path = workdir / TOKENIZER_FILE
+    path = workdir / layout.TOKENIZER_FILE
     if path.exists():
         tok = tokenizer_lib.load_tokenizer(str(path))
         if tok.vocab_size != tok_cfg.vocab_size:
@@ -84,7 +82,7 @@ def prepared_tokenizer(config: ml_collections.ConfigDict,
         raise tokenizer_lib.TokenizerError(
             f"config.tokenizer.model_path: {own} is not the tokenizer {config.data.prepared} "
             "was prepared with; leave it empty to use that one")
-    path = workdir / TOKENIZER_FILE
+    path = workdir / layout.TOKENIZER_FILE
     if not path.exists():
         paths.write_atomically(path, source.read_bytes())
     tok = tokenizer_lib.load_tokenizer(str(path))
@@ -110,7 +108,7 @@ def prepare_data(
     config: ml_collections.ConfigDict, workdir: paths.Path, tok: tokenizer_lib.Tokenizer
 ) -> packing.PreparedData:
     """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
-    cache_dir = paths.Path(config.data.cache_dir or workdir / "data")
+    cache_dir = paths.Path(config.data.cache_dir or workdir / layout.DATA_DIR)
     stats = {name: sources.ReadStats() for name in config.data.sources}
     weights = source_weights(config)
     inputs = {name: (_documents(config, name, stats[name]), weights[name])

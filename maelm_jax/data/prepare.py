@@ -51,7 +51,7 @@ import numpy as np
 from absl import logging
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from maelm_jax import paths
+from maelm_jax import layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, pipeline, shards, sources
 
@@ -222,7 +222,7 @@ def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerpr
         "format": shards.FORMAT, "fingerprint": fingerprint, "dtype": dtype,
         "seq_len": config.data.seq_len,
         "validation_fraction": config.data.validation_fraction,
-        "tokenizer": shards.TOKENIZER, "vocab_size": tok.vocab_size,
+        "tokenizer": layout.TOKENIZER_FILE, "vocab_size": tok.vocab_size,
         "tokenizer_sha256": shards.file_digest(tok.model_path)[1], "sources": {}}
     for name in config.data.sources:
         entry = {split: {"shards": [], "documents": 0, "tokens": 0} for split in shards.SPLITS}
@@ -300,12 +300,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     fresh = not out.exists() or not any(out.iterdir())  # removed whole if this run fails
     paths.make_dirs(out)
     tok = pipeline.setup_tokenizer(config, out)
-    if not (out / shards.TOKENIZER).exists():
-        paths.Path(tok.model_path).copy(out / shards.TOKENIZER)
+    if not (out / layout.TOKENIZER_FILE).exists():
+        paths.Path(tok.model_path).copy(out / layout.TOKENIZER_FILE)
     fingerprint = packing.data_fingerprint(pipeline.source_fingerprints(config),
                                            tok.model_path, config.data.seq_len,
                                            config.data.validation_fraction)
-    if (out / shards.MANIFEST).is_file():
+    if (out / layout.MANIFEST_FILE).is_file():
         manifest = shards.read_manifest(out)
         if manifest["fingerprint"] == fingerprint:
             logging.info("prepare: %s already holds this preparation", out)
@@ -343,7 +343,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         beam_logs.setLevel(level)
     manifest = _manifest(notes, config, fingerprint, dtype, tok)
     manifest["seconds"] = time.monotonic() - start
-    paths.write_text(out / shards.MANIFEST, json.dumps(manifest, indent=2))  # last
+    paths.write_text(out / layout.MANIFEST_FILE, json.dumps(manifest, indent=2))  # last
     paths.remove(notes)
     for name, entry in manifest["sources"].items():
         logging.info("prepared %s: %d + %d documents -> %d train / %d valid blocks", name,

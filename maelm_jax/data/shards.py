@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors, paths, user_cache
+from maelm_jax import errors, layout, paths, user_cache
 from maelm_jax.data import packing
 
 FORMAT = "maelm_jax.blocks/2"
@@ -49,8 +49,6 @@ READABLE = ("maelm_jax.blocks/1", FORMAT)
 # A prepared set of at most this many bytes is hashed whole before training (about a
 # second per GB); a larger one is checked by size up front, its records as they are read.
 DIGEST_UP_FRONT_BYTES = 2**30
-MANIFEST = "manifest.json"
-TOKENIZER = "tokenizer.model"
 SPLITS = ("train", "valid")
 # Records of a shard: 2**16 blocks of 512 int32 tokens is 128 MB.
 BLOCKS_PER_SHARD = 65536
@@ -78,9 +76,9 @@ def write_shard(path: pathlib.Path, blocks: np.ndarray) -> None:
 
 
 def read_manifest(directory: paths.Path) -> dict:
-    path = directory / MANIFEST
+    path = directory / layout.MANIFEST_FILE
     if not path.is_file():
-        raise PreparedDataError(f"config.data.prepared: {directory} has no {MANIFEST}; "
+        raise PreparedDataError(f"config.data.prepared: {directory} has no {layout.MANIFEST_FILE}; "
                                 "write it with --config.mode=prepare (an interrupted "
                                 "preparation leaves none)")
     try:
@@ -138,7 +136,7 @@ def check_run(config) -> dict:
             raise PreparedDataError(
                 f"{field}: {ours}, but config.data.prepared {directory} was prepared with "
                 f"{theirs}; set {theirs}, or prepare again with {ours}")
-    tokenizer = directory / TOKENIZER
+    tokenizer = directory / layout.TOKENIZER_FILE
     if "tokenizer_sha256" in manifest and (
             not tokenizer.is_file() or file_digest(tokenizer)[1] != manifest["tokenizer_sha256"]):
         raise PreparedDataError(f"config.data.prepared: {tokenizer} is missing or not the "

@@ -35,7 +35,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from maelm_jax import paths, runs
+from maelm_jax import layout, paths, run_configs, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.export import card, weights
 from maelm_jax.export import config as export_config
@@ -91,8 +91,8 @@ def _check_output(out: paths.Path) -> None:
 def _read_run(init_from: str) -> dict[str, Any]:
     """What the export is made of: the run's config, parameters, tokenizer and records."""
     run_dir, step_dir = runs.resolve_checkpoint(init_from)
-    recorded = runs.read_json(run_dir / runs.CONFIG_FILE)
-    run_cfg = runs.run_config(recorded)
+    recorded = runs.read_json(run_dir / layout.CONFIG_FILE)
+    run_cfg = run_configs.run_config(recorded)
     tok = runs.find_tokenizer(run_dir, "")
     step = int(step_dir.name)
     params = runs.restore_params(step_dir)
@@ -195,7 +195,7 @@ def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict
 
 def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: Any):
     """config.json, head name and model-card facts of a fine-tuning run."""
-    path = run_dir / runs.ENCODER_FILE
+    path = run_dir / layout.ENCODER_FILE
     try:
         encoder_cfg = encoder_lib.from_architecture(runs.read_json(path),
                                                     where=f"config.init_from: {path}")
@@ -208,7 +208,7 @@ def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: 
         if outputs != len(hf_config["id2label"]):
             raise ExportError(f"config.init_from: {run_dir}'s head has {outputs} outputs; "
                               f"{task} has {len(hf_config['id2label'])}")
-    results_path = run_dir / "results.json"
+    results_path = run_dir / layout.RESULTS_FILE
     results = json.loads(paths.read_text(results_path)) if results_path.is_file() else {}
     facts = {"kind": "fine-tuning", "task": task, "step": None,
              "metrics": results.get("dev", {}), "init_from": results.get("init_from", ""),

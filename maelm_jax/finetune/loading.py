@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from maelm_jax import distributed, paths, runs
+from maelm_jax import distributed, layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
 
@@ -28,23 +28,23 @@ def save_finetuned(workdir: paths.Path, step: int, params: Any,
 
     if distributed.is_leader():
         record = encoder_lib.architecture(encoder_cfg)
-        paths.write_text(workdir / runs.ENCODER_FILE, json.dumps(record, indent=2))
-        if not paths.same(tokenizer.model_path, workdir / runs.TOKENIZER_FILE):
-            paths.Path(tokenizer.model_path).copy(workdir / runs.TOKENIZER_FILE, overwrite=True)
+        paths.write_text(workdir / layout.ENCODER_FILE, json.dumps(record, indent=2))
+        if not paths.same(tokenizer.model_path, workdir / layout.TOKENIZER_FILE):
+            paths.Path(tokenizer.model_path).copy(workdir / layout.TOKENIZER_FILE, overwrite=True)
     manager = ocp.CheckpointManager(
-        workdir / runs.CHECKPOINTS,
+        workdir / layout.CHECKPOINTS,
         options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
                                              enable_async_checkpointing=False),
-        item_names=(runs.STATE_ITEM,),
+        item_names=(layout.STATE_ITEM,),
     )
     manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave({"params": params, "step": np.int32(step)})), force=True)
     manager.wait_until_finished()
     manager.close()
-    return workdir / runs.CHECKPOINTS / str(step)
+    return workdir / layout.CHECKPOINTS / str(step)
 
 
 def clear_finetuned(workdir: paths.Path) -> None:
     """Removes an earlier fine-tuning run's checkpoints from workdir (never a pretraining
     run's: train.py refuses such a workdir first)."""
-    paths.remove(workdir / runs.CHECKPOINTS)
+    paths.remove(workdir / layout.CHECKPOINTS)

@@ -18,14 +18,12 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import distributed, paths
+from maelm_jax import distributed, layout, paths
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine
 from maelm_jax.training import workdir as workdir_lib
 
-RESULTS_FILE = "results.json"
-RESUME_DIR = "resume"  # <workdir>/resume/<step>: the unfinished run's checkpoints
 # The newest resume checkpoint, and the one before it in case the newest is damaged.
 KEEP = 2
 
@@ -50,12 +48,12 @@ def resumable(workdir: paths.Path, config: ml_collections.ConfigDict) -> bool:
     fields that do not change what the run computes (workdir_lib.config_changes: the
     mesh, the logging and checkpoint cadence, ...). An unfinished run of another config
     is not continued; a warning names the fields."""
-    resume = workdir / RESUME_DIR
-    if (workdir / RESULTS_FILE).exists() or not (
+    resume = workdir / layout.RESUME_DIR
+    if (workdir / layout.RESULTS_FILE).exists() or not (
             resume.is_dir() and any(p.name.isdigit() for p in resume.iterdir())):
         return False
     defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
-    changed = workdir_lib.config_changes(workdir_lib.recorded_config(workdir) or {},
+    changed = workdir_lib.config_changes(layout.recorded_config(workdir) or {},
                                          json.loads(pretrain_config.to_json(config)), defaults)
     if changed:
         shown = ", ".join(f"config.{k}" for k in changed[:5])
@@ -70,8 +68,8 @@ def start_over(workdir: paths.Path) -> None:
     """Removes what an earlier run left that this one could take for its own: results.json
     (a finished run) and resume checkpoints. metrics.jsonl is emptied by the writer."""
     paths.make_dirs(workdir)
-    paths.remove(workdir / RESUME_DIR)
-    paths.remove(workdir / RESULTS_FILE)
+    paths.remove(workdir / layout.RESUME_DIR)
+    paths.remove(workdir / layout.RESULTS_FILE)
 
 
 def restore_or_init(ckpt: checkpoint_lib.Checkpointer, setup, encoder_params, select: str,

@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from maelm_jax import paths
 from maelm_jax.finetune import glue
 
-PREDICTIONS_DIR = "predictions"
-
 
 def write_submission(directory: paths.Path, task: glue.Task, split: str,
                      index: Sequence[str], predictions: Sequence) -> paths.Path:

@@ -27,15 +27,12 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import distributed, paths, runs, schema
+from maelm_jax import distributed, layout, paths, schema
 from maelm_jax.finetune import config as config_lib
-from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.finetune import train
 from maelm_jax.training import workdir as workdir_lib
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
-SUMMARY_FILE = "sweep.json"
-TABLE_FILE = "sweep.md"
 _SHORT = {"learning_rate": "lr", "batch_size": "bs", "num_epochs": "ep", "warmup_ratio": "wu"}
 
 
@@ -65,7 +62,7 @@ def run_config(config: ml_collections.ConfigDict, setting: dict,
 def _finished(run_dir: paths.Path, c: ml_collections.ConfigDict) -> dict | None:
     """The earlier results of exactly this run, if any. A run recorded before a config
     field existed counts as run with that field at its default."""
-    results, saved = run_dir / resume_lib.RESULTS_FILE, run_dir / runs.CONFIG_FILE
+    results, saved = run_dir / layout.RESULTS_FILE, run_dir / layout.CONFIG_FILE
     if not (results.is_file() and saved.is_file()):
         return None
     defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
@@ -83,7 +80,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md)."""
     config, workdir = config_lib.prepare(config, workdir)
     workdir_lib.check_directory(workdir)
-    mode = runs.mode(workdir)
+    mode = layout.mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; sweep into another directory")
@@ -91,7 +88,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # alone writes its files, and decides which runs are finished.
     if distributed.is_leader():
         paths.make_dirs(workdir)
-        paths.write_text(workdir / runs.CONFIG_FILE, pretrain_config.to_json(config))
+        layout.write_config(workdir, config)
     distributed.barrier("sweep workdir")
     grid, seeds = settings(config), tuple(config.grid.seeds)
     logging.info("sweep: %d settings x %d seeds = %d runs", len(grid), len(seeds),
@@ -102,11 +99,11 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
         per_seed = []
         for seed in seeds:
             c = run_config(config, setting, seed)
-            run_dir = workdir / "runs" / name / f"seed_{seed}"
+            run_dir = workdir / layout.SWEEP_RUNS_DIR / name / f"seed_{seed}"
             finished = distributed.leader_says_ok(_finished(run_dir, c) is not None)
             if finished:
                 logging.info("sweep: reusing %s", run_dir)
-                results = json.loads(paths.read_text(run_dir / resume_lib.RESULTS_FILE))
+                results = json.loads(paths.read_text(run_dir / layout.RESULTS_FILE))
             else:
                 results = train.run(c, str(run_dir))
             per_seed.append(results)
@@ -130,8 +127,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "settings": rows,
     }
     if distributed.is_leader():
-        paths.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2))
-        paths.write_text(workdir / TABLE_FILE, markdown_table(summary))
+        paths.write_text(workdir / layout.SWEEP_SUMMARY_FILE, json.dumps(summary, indent=2))
+        paths.write_text(workdir / layout.SWEEP_TABLE_FILE, markdown_table(summary))
     logging.info("sweep: %s %s = %.2f (best setting %s)", config.grid.aggregate, primary,
                  summary["score"], summary["best_setting"])
     return summary

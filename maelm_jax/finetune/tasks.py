@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import paths
+from maelm_jax import layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import (
     data,
@@ -127,7 +127,7 @@ class GlueTask:
                 continue
             split = self._encode(glue.read_split(self.task, name, **self._read_args))
             predictions = self._predictions(split, run_eval(split.sequences, split.targets))
-            path = submission.write_submission(workdir / submission.PREDICTIONS_DIR, self.task,
+            path = submission.write_submission(workdir / layout.PREDICTIONS_DIR, self.task,
                                                name, split.index, predictions)
             written.append(str(path))
         return written
@@ -204,7 +204,7 @@ class SquadTask:
         """predictions.json (qid -> text), null_odds.json (the official script's
         --na-prob-file) and nbest_predictions.json for the dev set."""
         predictions = self._predict(run_eval)
-        directory = workdir / submission.PREDICTIONS_DIR
+        directory = workdir / layout.PREDICTIONS_DIR
         paths.make_dirs(directory)
         files = {"predictions.json": predictions.text, "nbest_predictions.json": predictions.nbest}
         if self.version_2:

@@ -43,8 +43,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import config as pretrain_config
-from maelm_jax import distributed, paths, runs, sharding
+from maelm_jax import distributed, layout, paths, runs, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
@@ -60,7 +59,7 @@ from maelm_jax.training import workdir as workdir_lib
 def _check_workdir(workdir: paths.Path, init_from: str) -> None:
     """Refuses a workdir that is not ours to overwrite (before anything is written)."""
     workdir_lib.check_directory(workdir)
-    mode = runs.mode(workdir)
+    mode = layout.mode(workdir)
     if mode not in (None, "finetune"):
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; fine-tune into another directory")
@@ -224,7 +223,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if not resume:
             resume_lib.start_over(workdir)
         loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
-        paths.write_text(workdir / runs.CONFIG_FILE, pretrain_config.to_json(config))
+        layout.write_config(workdir, config)
     distributed.barrier("fine-tuning workdir")
     t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
@@ -236,7 +235,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     sharding.check_batch(trainer.mesh, t.batch_size, 1)
     sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
     run_eval_with = _evaluator(trainer, t.eval_batch_size, buckets)
-    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / resume_lib.RESUME_DIR,
+    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / layout.RESUME_DIR,
                                                         resume_lib.KEEP)) as ckpt:
         start, state, best_params, progress = resume_lib.restore_or_init(
             ckpt, trainer.state, encoder_params, t.select, resume)
@@ -281,8 +280,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "wall_seconds": progress.seconds + time.perf_counter() - started,
     }
     if distributed.is_leader():
-        paths.write_text(workdir / resume_lib.RESULTS_FILE, json.dumps(results, indent=2))
-        paths.remove(workdir / resume_lib.RESUME_DIR)  # finished: nothing to resume
+        paths.write_text(workdir / layout.RESULTS_FILE, json.dumps(results, indent=2))
+        paths.remove(workdir / layout.RESUME_DIR)  # finished: nothing to resume
     logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", task.name, task.primary_metric,
                  selected[task.primary_metric], t.select, selected["step"],
                  results["wall_seconds"])

@@ -19,14 +19,9 @@ import json
 
 import numpy as np
 
-from maelm_jax import paths, runs
+from maelm_jax import layout, paths, runs
 from maelm_jax.objectives import recipes
 
-JSON_FILE = "study.json"
-MARKDOWN_FILE = "study.md"
-LOSS_PLOT = "loss_curves.png"
-RANK_PLOT = "rank_layers.png"
-GLUE_PLOT = "glue_medians.png"
 _CONTROL = "scratch"
 
 
@@ -106,9 +101,9 @@ def markdown(result: dict) -> str:
                     seeds = ", ".join(f"{v:.1f}" for v in entry["per_seed"].values())
                     lines.append(f"- {t} {entry['metric']}, {_name(n)}: {seeds} "
                                  f"(median {entry['median']:.1f}; {entry['seconds'] / 60:.1f} min)")
-    lines += ["", f"![losses]({LOSS_PLOT})", f"![rank]({RANK_PLOT})"]
+    lines += ["", f"![losses]({layout.STUDY_LOSS_PLOT})", f"![rank]({layout.RANK_LAYERS_PLOT})"]
     if tasks:
-        lines.append(f"![glue]({GLUE_PLOT})")
+        lines.append(f"![glue]({layout.STUDY_GLUE_PLOT})")
     return "\n".join(lines) + "\n"
 
 
@@ -130,12 +125,12 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
     ax.set_xlabel("step")
     ax.set_ylabel("masked-token loss (nats)")
     ax.legend(fontsize=8)
-    written.append(_save(plt, fig, root / LOSS_PLOT))
+    written.append(_save(plt, fig, root / layout.STUDY_LOSS_PLOT))
 
-    rank_plot = root / "rank" / RANK_PLOT
+    rank_plot = root / layout.STUDY_RANK_DIR / layout.RANK_LAYERS_PLOT
     if rank_plot.is_file():
-        rank_plot.copy(root / RANK_PLOT, overwrite=True)
-        written.append(root / RANK_PLOT)
+        rank_plot.copy(root / layout.RANK_LAYERS_PLOT, overwrite=True)
+        written.append(root / layout.RANK_LAYERS_PLOT)
 
     glue = result["glue"]
     tasks = sorted({t for per_task in glue.values() for t in per_task})
@@ -151,7 +146,7 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
         ax.set_ylabel("dev median (accuracy, MCC or Spearman, x100)")
         # Below the axes: inside, the legend hides the tallest bars.
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3)
-        written.append(_save(plt, fig, root / GLUE_PLOT))
+        written.append(_save(plt, fig, root / layout.STUDY_GLUE_PLOT))
     return written
 
 
@@ -165,6 +160,6 @@ def _save(plt, fig, path: paths.Path) -> paths.Path:
 
 
 def write(root: paths.Path, result: dict) -> list[paths.Path]:
-    paths.write_text(root / JSON_FILE, json.dumps(result, indent=2) + "\n")
-    paths.write_text(root / MARKDOWN_FILE, markdown(result))
-    return [root / JSON_FILE, root / MARKDOWN_FILE, *plot(result, root)]
+    paths.write_text(root / layout.STUDY_JSON_FILE, json.dumps(result, indent=2) + "\n")
+    paths.write_text(root / layout.STUDY_MARKDOWN_FILE, markdown(result))
+    return [root / layout.STUDY_JSON_FILE, root / layout.STUDY_MARKDOWN_FILE, *plot(result, root)]

@@ -22,9 +22,8 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import config as pretrain_config
-from maelm_jax import paths, runs
+from maelm_jax import layout, paths, runs
 from maelm_jax.analysis import config as rank_config
-from maelm_jax.analysis import report as rank_report
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import pipeline
 from maelm_jax.finetune import config as finetune_config_lib
@@ -34,17 +33,15 @@ from maelm_jax.study import report
 from maelm_jax.training import loop, preemption
 from maelm_jax.training import workdir as workdir_lib
 
-TIMES_FILE = "study_time.json"  # wall seconds spent in a sub-run, summed over resumes
-
 
 def _timed(directory: paths.Path, work) -> float:
-    """Runs work(), adds its wall time to directory/TIMES_FILE (also when it stops at a
+    """Runs work(), adds its wall time to directory/layout.STUDY_TIMES_FILE (also when it stops at a
     time limit or a preemption, so the total spans every call); returns the total."""
     start = time.perf_counter()
     try:
         work()
     finally:
-        path = directory / TIMES_FILE
+        path = directory / layout.STUDY_TIMES_FILE
         total = (json.loads(paths.read_text(path))["seconds"] if path.is_file() else 0.0)
         total += time.perf_counter() - start
         paths.write_text(path, json.dumps({"seconds": total}))
@@ -65,12 +62,12 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> d
 
 
 def _seconds(directory: paths.Path) -> float | None:
-    path = directory / TIMES_FILE
+    path = directory / layout.STUDY_TIMES_FILE
     return json.loads(paths.read_text(path))["seconds"] if path.is_file() else None
 
 
 def _rank(config, names: list[str], pretrained: dict, out: paths.Path) -> dict:
-    done = out / rank_report.JSON_FILE
+    done = out / layout.RANK_JSON_FILE
     workdirs = [pretrained[n]["workdir"] for n in names]
     recorded = json.loads(paths.read_text(done)) if done.is_file() else None
     if (recorded and [r["path"] for r in recorded["runs"]] == workdirs
@@ -148,7 +145,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     root = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(root)
     paths.make_dirs(root)
-    paths.write_text(root / "config.json", pretrain_config.to_json(config))
+    layout.write_config(root, config)
     names = config_lib.names(config.models)
     configs = {n: config_lib.model_config(config, n) for n in names}
     tasks = _glue_tasks(config)
@@ -157,7 +154,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              + [f"fine-tune {n} on {t}" for t in tasks for n in names + controls])
     result = {"models": names, "controls": controls, "finished": False,
               "parts_done": [], "parts_left": list(parts),
-              "pretraining": {n: {"workdir": str(root / "pretrain" / n)} for n in names},
+              "pretraining": {n: {"workdir": str(root / layout.STUDY_PRETRAIN_DIR / n)}
+                              for n in names},
               "rank": {"tau": None, "runs": []}, "glue": {},
               "glue_dir": config.glue_dir, "seeds": list(config.seeds)}
 
@@ -171,15 +169,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         tok = pipeline.setup_tokenizer(shared, root)
         for c in configs.values():
             c.tokenizer.model_path = tok.model_path
-            c.data.cache_dir = str(root / "data")
+            c.data.cache_dir = str(root / layout.DATA_DIR)
         result["pretrain_config"] = {n: json.loads(pretrain_config.to_json(configs[n]))
                                      for n in names}
         for n in names:
             _start(f"pretrain {n}", config.reserve_seconds)
-            result["pretraining"][n] = _pretrain(n, configs[n], root / "pretrain" / n)
+            result["pretraining"][n] = _pretrain(n, configs[n],
+                                                 root / layout.STUDY_PRETRAIN_DIR / n)
             done(f"pretrain {n}")
         _start("the rank analysis", config.reserve_seconds)
-        result["rank"] = _rank(config, names, result["pretraining"], root / "rank")
+        result["rank"] = _rank(config, names, result["pretraining"], root / layout.STUDY_RANK_DIR)
         done("rank analysis")
         for task in tasks:
             sweeps = {n: finetune_config(config, task, result["pretraining"][n]["workdir"])
@@ -189,7 +188,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                                  result["pretraining"][names[0]]["workdir"])
             for n, c in sweeps.items():
                 _start(f"fine-tuning {n} on {task}", config.reserve_seconds)
-                summary = sweep.run_sweep(c, str(root / "finetune" / n / task))
+                summary = sweep.run_sweep(c, str(root / layout.STUDY_FINETUNE_DIR / n / task))
                 result["glue"].setdefault(n, {})[task] = {
                     "metric": summary["primary_metric"],
                     "median": summary["best_median"][summary["primary_metric"]],

@@ -12,7 +12,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, masking, mfu, paths, sharding
+from maelm_jax import distributed, layout, masking, mfu, paths, sharding
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -127,7 +127,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         counts.seq_len,
     )
 
-    ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", t.keep_checkpoints)
+    ckpt = checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS, t.keep_checkpoints)
     # Restored straight into this run's shardings, whatever mesh saved it; a damaged
     # newest checkpoint gives way to the one before it.
     restored = ckpt.restore_latest(trainer.state.abstract)
@@ -142,7 +142,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         state, start, progress = trainer.init(), 0, engine.Progress()
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
-        workdir_lib.write_config(config, workdir)
+        layout.write_config(workdir, config)
     writer = metrics_lib.MetricWriter(workdir, resume_step=start, enabled=distributed.is_leader())
     device_kind = jax.devices()[0].device_kind
     utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size, device_kind)

@@ -15,10 +15,8 @@ import math
 import tensorboardX
 from absl import logging
 
-from maelm_jax import paths
+from maelm_jax import layout, paths
 
-JSONL_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 UPLOAD_SECONDS = 60.0
 
 
@@ -34,12 +32,12 @@ class MetricWriter:
         if not enabled:  # processes other than 0 in a multi-process run
             return
         self._mirror = paths.LocalMirror(workdir, interval=UPLOAD_SECONDS)
-        local_jsonl = self._mirror.local / JSONL_FILE
-        kept = _lines_up_to(workdir / JSONL_FILE, resume_step)
+        local_jsonl = self._mirror.local / layout.METRICS_FILE
+        kept = _lines_up_to(workdir / layout.METRICS_FILE, resume_step)
         if kept is not None:
             local_jsonl.write_text(kept, encoding="utf-8")
         self._jsonl = open(local_jsonl, "a", encoding="utf-8")
-        self._tb = tensorboardX.SummaryWriter(str(self._mirror.local / TENSORBOARD_DIR))
+        self._tb = tensorboardX.SummaryWriter(str(self._mirror.local / layout.TENSORBOARD_DIR))
 
     def write(self, split: str, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:

@@ -14,9 +14,7 @@ import json
 import ml_collections
 
 from maelm_jax import config as config_lib
-from maelm_jax import errors, paths
-
-CONFIG_FILE = "config.json"
+from maelm_jax import layout, paths
 
 # Fields that may differ between a run and its resumption (dotted prefixes).
 _RESUMABLE_CHANGES = (
@@ -39,10 +37,6 @@ _RESUMABLE_CHANGES = (
     "model.remat_policy",
     "train.peak_tflops_per_device",
 )
-
-
-class IncompatibleWorkdirError(errors.UserError):
-    """The workdir holds a run whose config this one cannot continue."""
 
 
 def _flatten(tree, prefix=""):
@@ -81,33 +75,13 @@ def check_directory(workdir: paths.Path) -> None:
     for path in paths.lineage(workdir):
         if path.exists():
             if not path.is_dir():
-                raise IncompatibleWorkdirError(
+                raise layout.WorkdirError(
                     f"--workdir {workdir}: {path} exists and is not a directory; "
                     "give a new or existing directory")
             return
-    raise IncompatibleWorkdirError(
+    raise layout.WorkdirError(
         f"--workdir {workdir}: the bucket {paths.lineage(workdir)[-1]} does not exist or "
         "cannot be read; create it, or check the name and your credentials")
-
-
-def recorded_config(workdir: paths.Path) -> dict | None:
-    """The workdir's config.json as a dict (None if absent); one line if it is unreadable."""
-    path = workdir / CONFIG_FILE
-    if not path.exists():
-        return None
-    try:
-        recorded = json.loads(paths.read_text(path))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        reason = (f"line {e.lineno} column {e.colno}: {e.msg}"
-                  if isinstance(e, json.JSONDecodeError) else str(e))
-        raise IncompatibleWorkdirError(
-            f"{path} is not valid JSON ({reason}); it records the run this workdir holds: "
-            "repair it, or use another --workdir") from None
-    if not isinstance(recorded, dict):
-        raise IncompatibleWorkdirError(
-            f"{path} holds a JSON {type(recorded).__name__}, not a run's config; repair it, "
-            "or use another --workdir")
-    return recorded
 
 
 def _with_absolute_paths(recorded: dict) -> dict:
@@ -124,11 +98,11 @@ def check_compatible(config: ml_collections.ConfigDict, workdir: paths.Path,
     """Refuses a workdir whose recorded run used a config this one cannot continue."""
     if allow_config_change:
         return
-    recorded = recorded_config(workdir)
+    recorded = layout.recorded_config(workdir)
     if recorded is None:
         return
     if recorded.get("mode", "pretrain") != "pretrain":
-        raise IncompatibleWorkdirError(
+        raise layout.WorkdirError(
             f"{workdir} holds a {recorded.get('mode')} run, not a pretraining run; use "
             "another --workdir")
     # A round trip through JSON makes tuples lists on both sides. Relative paths recorded
@@ -140,13 +114,9 @@ def check_compatible(config: ml_collections.ConfigDict, workdir: paths.Path,
     if changed:
         shown = ", ".join(f"config.{k}" for k in changed[:5])
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-        raise IncompatibleWorkdirError(
+        raise layout.WorkdirError(
             f"{workdir} holds a run with a different {shown}{more}; use another --workdir, "
             "or pass --allow_config_change to continue it with the new config anyway")
-
-
-def write_config(config: ml_collections.ConfigDict, workdir: paths.Path) -> None:
-    paths.write_text(workdir / CONFIG_FILE, config_lib.to_json(config))
 
 
 @contextlib.contextmanager

@@ -14,8 +14,8 @@ import pytest
 
 from configs.analysis import rank as rank_config
 from configs.finetune import glue as glue_config
-from maelm_jax import errors, sharding, tokenizer
-from maelm_jax.analysis import inputs, rank, report
+from maelm_jax import errors, layout, sharding, tokenizer
+from maelm_jax.analysis import inputs, rank
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import encoder as encoder_lib
@@ -192,7 +192,7 @@ def test_analysis_of_a_workdir_and_a_checkpoint_writes_its_files(tiny_run, tmp_p
     step_dir = tiny_run / "checkpoints" / "6"
     out = analysis_run.analyse(_config(f"{tiny_run},{step_dir}", num_tokens=1600),
                                str(tmp_path / "rank"))
-    saved = json.loads((tmp_path / "rank" / report.JSON_FILE).read_text())
+    saved = json.loads((tmp_path / "rank" / layout.RANK_JSON_FILE).read_text())
     assert saved == json.loads(json.dumps(out))
     assert [r["label"] for r in saved["runs"]] == ["mlm", "mlm@6"]
     for run in saved["runs"]:
@@ -209,7 +209,7 @@ def test_analysis_of_a_workdir_and_a_checkpoint_writes_its_files(tiny_run, tmp_p
     # The same encoder read the same masked blocks: the same ranks.
     assert {s: saved["runs"][0][s] for s in rank.STATS} == {
         s: saved["runs"][1][s] for s in rank.STATS}
-    table = (tmp_path / "rank" / report.MARKDOWN_FILE).read_text()
+    table = (tmp_path / "rank" / layout.RANK_MARKDOWN_FILE).read_text()
     last = saved["runs"][0]["last_layer"]
     centred = saved["runs"][0]["centred"]["last_layer"]
     assert (f"| mlm | pretraining | 32 | 2 | 1600 | {last['without_mask']} | "
@@ -223,7 +223,7 @@ def test_analysis_of_a_workdir_and_a_checkpoint_writes_its_files(tiny_run, tmp_p
             assert line.count("|") == header, line
     from matplotlib.image import imread
 
-    for name in (report.LAYERS_PLOT, report.MASK_PLOT):
+    for name in (layout.RANK_LAYERS_PLOT, layout.RANK_MASK_PLOT):
         image = imread(tmp_path / "rank" / name)
         assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 300
         assert image[..., :3].std() > 0.05  # something is drawn
@@ -290,7 +290,8 @@ def test_main_runs_the_analysis_and_names_a_run_that_is_not_a_workdir(tiny_run, 
                         cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert {p.name for p in (tmp_path / "rank").iterdir()} == {
-        report.JSON_FILE, report.MARKDOWN_FILE, report.LAYERS_PLOT, report.MASK_PLOT}
+        layout.RANK_JSON_FILE, layout.RANK_MARKDOWN_FILE, layout.RANK_LAYERS_PLOT,
+        layout.RANK_MASK_PLOT}
     for runs in (str(tmp_path), f"{tiny_run},{tmp_path / 'missing'}"):
         bad = subprocess.run(base + [f"--config.runs={runs}"], cwd=REPO_ROOT,
                              env=subprocess_env(), capture_output=True, text=True)

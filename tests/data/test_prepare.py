@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import paths
+from maelm_jax import layout, paths
 from maelm_jax.data import loader, pipeline, prepare, shards
 from maelm_jax.training import loop
 
@@ -75,9 +75,10 @@ def test_beam_writes_exactly_the_blocks_of_in_job_preparation(prepared):
     assert len(books["shards"]) > 1  # several shards, read as one sequence
     assert all(s["blocks"] == 128 for s in books["shards"][:-1])
     assert books["documents"] > 0 and books["tokens"] > books["blocks"] * (c.data.seq_len - 1)
-    assert (root / "shards" / shards.TOKENIZER).read_bytes() == paths.Path(
+    assert (root / "shards" / layout.TOKENIZER_FILE).read_bytes() == paths.Path(
         c.tokenizer.model_path).read_bytes()
     assert not (root / "shards" / prepare.NOTES).exists()
+    assert layout.unexpected_entries(root / "shards", "prepare") == []
 
 
 def test_a_second_prepare_keeps_what_is_there_and_another_corpus_is_refused(prepared):
@@ -144,7 +145,7 @@ def test_training_resumes_exactly_from_shards(prepared, tmp_path, tiny_tokenizer
     for step in range(1, 7):  # the same program on the same machine: the same numbers
         assert resumed[step]["loss"] == straight[step]["loss"], step
     assert (tmp_path / "straight" / "tokenizer.model").read_bytes() == (
-        root / "shards" / shards.TOKENIZER).read_bytes()
+        root / "shards" / layout.TOKENIZER_FILE).read_bytes()
     assert not (tmp_path / "straight" / "data").exists()  # nothing prepared in the job
 
 
@@ -195,7 +196,7 @@ def test_shards_in_a_bucket(prepared, tmp_path, tiny_tokenizer):
         prepare.run(c, "gs://bucket/prepared")
         data = shards.load("gs://bucket/prepared")
         np.testing.assert_array_equal(data.train["books"][:], np.asarray(in_job.train["books"]))
-    assert (tmp_path / "gcs" / "bucket" / "prepared" / shards.MANIFEST).is_file()
+    assert (tmp_path / "gcs" / "bucket" / "prepared" / layout.MANIFEST_FILE).is_file()
 
 
 def test_the_throughput_benchmark_runs(prepared):
@@ -320,7 +321,7 @@ def test_a_failed_prepare_is_one_line_not_the_workers_tracebacks(prepared, tmp_p
         [sys.executable, "main.py", "--config=tests/tiny_config.py", "--config.mode=prepare",
          f"--workdir={tmp_path / 'out'}", "--config.data.sources.main.kind=text",
          f"--config.data.sources.main.path={bad}", "--config.prepare.num_workers=2",
-         f"--config.tokenizer.model_path={root / 'shards' / shards.TOKENIZER}"],
+         f"--config.tokenizer.model_path={root / 'shards' / layout.TOKENIZER_FILE}"],
         cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True, text=True,
         timeout=HANG_SECONDS)
     assert run.returncode == 1, run.stderr[-3000:]

@@ -20,7 +20,7 @@ from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
 from configs.pretrain import quickstart as quickstart_config
 from maelm_jax import config as config_lib
-from maelm_jax import fill_mask, masking, runs
+from maelm_jax import fill_mask, masking, run_configs, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.export import config as export_config
 from maelm_jax.export import run as export_run
@@ -424,7 +424,7 @@ def _assert_same_top5(theirs, ours):
 
 def _check_head(name, run_dir, pretrained, tokens, key_mask, hf):
     params = runs.restore_params(run_dir / "checkpoints" / str(runs.finished_steps(run_dir)[-1]))
-    run_cfg = runs.recorded_config(run_dir)
+    run_cfg = run_configs.recorded_config(run_dir)
     if name == "squad":
         model = heads.SpanExtractor(pretrained.encoder_cfg)
         start, end = model.apply({"params": params}, tokens, key_mask)
@@ -535,7 +535,7 @@ def test_a_checkpoint_from_before_the_export_existed_exports(tmp_path):
     c.init_from = str(GOLDEN_RUN)
     export_run.run(c, str(tmp_path / "hf"))
     model = modeling_maelm.MaelmForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()
-    run_cfg = runs.recorded_config(GOLDEN_RUN)
+    run_cfg = run_configs.recorded_config(GOLDEN_RUN)
     params = runs.restore_params(GOLDEN_RUN / "checkpoints" / "2")
     ids, mask = _padded(IDS)
     with torch.no_grad():

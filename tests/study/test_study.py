@@ -6,10 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from maelm_jax import errors
+from maelm_jax import errors, layout
 from maelm_jax.objectives import recipes
 from maelm_jax.study import config as config_lib
-from maelm_jax.study import report
 from maelm_jax.study import run as study_run
 
 from tiny_config import tiny_config
@@ -85,6 +84,27 @@ def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
         assert configs[name]["train"] == configs["mlm"]["train"]
 
 
+def test_every_part_holds_only_what_its_kind_writes(study):
+    """layout.KINDS is the one list of what each kind of run writes: the study's workdir
+    and every part of it (pretraining runs, the rank analysis, sweeps and their fine-tuning
+    runs) hold nothing else."""
+    out, _, _ = study
+    parts = [(out, "study"), (out / "rank", "rank")]
+    parts += [(d, "pretrain") for d in (out / "pretrain").iterdir()]
+    for sweep in (out / "finetune").glob("*/*"):
+        parts.append((sweep, "sweep"))
+        parts += [(run, "finetune") for run in sweep.glob("runs/*/seed_*")]
+    assert len(parts) > 2 + len(MODELS) + 2
+    for directory, kind in parts:
+        assert layout.unexpected_entries(directory, kind) == [], (directory, kind)
+        if kind != "study":
+            assert layout.mode(directory) in (kind, "finetune"), directory  # sweeps: finetune
+    # The check is real: an entry a kind does not write is named.
+    (out / "rank" / "stray.txt").write_text("")
+    assert layout.unexpected_entries(out / "rank", "rank") == ["stray.txt"]
+    (out / "rank" / "stray.txt").unlink()
+
+
 def test_models_differ_only_in_what_defines_them(tiny_tokenizer):
     c = _config(tiny_tokenizer.model_path)
     configs = {n: config_lib.model_config(c, n).to_dict() for n in recipes.MODELS}
@@ -105,10 +125,10 @@ def test_models_differ_only_in_what_defines_them(tiny_tokenizer):
 
 def test_the_report_and_plots_are_written(study):
     out, _, result = study
-    for name in (report.JSON_FILE, report.MARKDOWN_FILE, report.LOSS_PLOT, report.RANK_PLOT,
-                 report.GLUE_PLOT):
+    for name in (layout.STUDY_JSON_FILE, layout.STUDY_MARKDOWN_FILE, layout.STUDY_LOSS_PLOT,
+                 layout.RANK_LAYERS_PLOT, layout.STUDY_GLUE_PLOT):
         assert (out / name).is_file(), name
-    table = (out / report.MARKDOWN_FILE).read_text()
+    table = (out / layout.STUDY_MARKDOWN_FILE).read_text()
     rows = [line for line in table.splitlines() if re.match(r"\| (MLM|MAE-LM|3ML_\w+) \|", line)]
     assert [r.split(" | ")[0] for r in rows] == ["| MLM", "| 3ML_cross"]
     assert "GLUE: dev medians over seeds [1] from " in table
@@ -117,7 +137,7 @@ def test_the_report_and_plots_are_written(study):
     assert all(len(r.split(" | ")) == len(header.split(" | ")) for r in rows)
     assert any(line.startswith("| from scratch (control) |") for line in table.splitlines())
     assert "| RTE |" in table and "MRPC" not in table.split("\n\n")[2]
-    assert json.loads((out / report.JSON_FILE).read_text())["glue"] == result["glue"]
+    assert json.loads((out / layout.STUDY_JSON_FILE).read_text())["glue"] == result["glue"]
 
 
 def test_a_second_run_reuses_everything(study, caplog):
@@ -137,8 +157,8 @@ def test_without_glue_dir_it_pretrains_and_analyses_only(study, tmp_path):
     c.glue_dir = ""
     c.models = ("mlm",)
     result = study_run.run(c, str(tmp_path))
-    assert result["glue"] == {} and not (tmp_path / report.GLUE_PLOT).exists()
-    assert "no glue_dir given" in (tmp_path / report.MARKDOWN_FILE).read_text()
+    assert result["glue"] == {} and not (tmp_path / layout.STUDY_GLUE_PLOT).exists()
+    assert "no glue_dir given" in (tmp_path / layout.STUDY_MARKDOWN_FILE).read_text()
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -247,9 +267,9 @@ def test_a_study_in_slices_resumes_and_reuses_every_finished_part(study, tmp_pat
             try:
                 result = study_run.run(c, str(out))
             except preemption.TimeLimit:
-                result = json.loads((out / report.JSON_FILE).read_text())
+                result = json.loads((out / layout.STUDY_JSON_FILE).read_text())
                 assert not result["finished"] and result["parts_left"]
-                assert "**Not finished**" in (out / report.MARKDOWN_FILE).read_text()
+                assert "**Not finished**" in (out / layout.STUDY_MARKDOWN_FILE).read_text()
         # Parts done before stay done, and their runs are not redone.
         assert result["parts_done"][:len(done)] == done
         for path, stamp in stamps.items():
@@ -293,7 +313,7 @@ def test_main_exits_75_at_the_time_limit_with_the_report_so_far(tiny_tokenizer, 
         check=False)
     assert run.returncode == 75, run.stderr[-2000:]
     assert "time limit:" in run.stderr and "run the same command to continue" in run.stderr
-    result = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
+    result = json.loads((tmp_path / "out" / layout.STUDY_JSON_FILE).read_text())
     assert result["finished"] is False and result["parts_done"] == []
     assert result["parts_left"][0] == "pretrain mlm"
 
@@ -320,6 +340,6 @@ def test_main_exits_143_when_preempted_with_the_report_so_far(tiny_tokenizer, tm
     first = tmp_path / "out" / "pretrain" / MODELS[0]
     step = preempt_main(cmd, first / "metrics.jsonl")
     assert (first / "checkpoints" / str(step)).is_dir() and step < 60
-    result = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
+    result = json.loads((tmp_path / "out" / layout.STUDY_JSON_FILE).read_text())
     assert result["finished"] is False and result["parts_done"] == []
     assert not (tmp_path / "out" / "pretrain" / MODELS[1]).exists()

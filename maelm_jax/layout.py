@@ -1,0 +1,133 @@
+"""A workdir, by kind of run: the one definition of its file names, of what each kind
+(config.mode) writes there, and of its config record. Every writer and reader names a
+file through this module.
+
+Pretraining, fine-tuning, sweeps and the study record their config in ``config.json``
+(``mode`` says the kind; absent means pretraining), written once the run can go on.
+`KINDS` lists the top-level entries each kind may leave (directories with a trailing
+"/"; a sweep is mode "finetune" with sweep=True); the study's test checks its workdir and
+every part of it against them, the prepare test the shards' directory. An export's
+directory is a Hugging Face model: export/run.py names its files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import ml_collections
+
+from maelm_jax import errors, paths
+
+# Shared by several kinds.
+CONFIG_FILE = "config.json"  # the run's config (export: the Hugging Face config)
+TOKENIZER_FILE = "tokenizer.model"  # a trained or copied sentencepiece model
+METRICS_FILE = "metrics.jsonl"  # a JSON line per log, eval or dev evaluation
+TENSORBOARD_DIR = "tensorboard"  # the same metrics as TensorBoard event files
+CHECKPOINTS = "checkpoints"  # <step>/: orbax checkpoints (pretraining; fine-tuning's final)
+STATE_ITEM = "state"  # checkpoints/<step>/state: the arrays (meta: the JSON record)
+# Pretraining.
+DATA_DIR = "data"  # <fingerprint>/: blocks prepared in the job (unless data.cache_dir)
+FILL_MASK_FILE = "fill_mask.md"  # fill-mask examples after the run (train.fill_mask_examples)
+# Fine-tuning.
+RESUME_DIR = "resume"  # <step>/: the unfinished run's checkpoints, deleted once finished
+RESULTS_FILE = "results.json"  # the finished run's scores
+PREDICTIONS_DIR = "predictions"  # GLUE test-set TSVs; SQuAD predictions.json and friends
+ENCODER_FILE = "encoder.json"  # the encoder's architecture, beside checkpoints/
+# A sweep: sweep.json and sweep.md over runs/<setting>/seed_<n>/, each a fine-tuning run.
+SWEEP_SUMMARY_FILE = "sweep.json"
+SWEEP_TABLE_FILE = "sweep.md"
+SWEEP_RUNS_DIR = "runs"
+# The rank analysis.
+RANK_JSON_FILE = "rank.json"
+RANK_MARKDOWN_FILE = "rank.md"
+RANK_LAYERS_PLOT = "rank_layers.png"
+RANK_MASK_PLOT = "rank_mask.png"
+# The study: each part an ordinary workdir of its kind.
+STUDY_JSON_FILE = "study.json"
+STUDY_MARKDOWN_FILE = "study.md"
+STUDY_LOSS_PLOT = "loss_curves.png"
+STUDY_GLUE_PLOT = "glue_medians.png"
+STUDY_TIMES_FILE = "study_time.json"  # in each part: its wall seconds, over resumes
+STUDY_PRETRAIN_DIR = "pretrain"  # <model>/: a pretraining run
+STUDY_RANK_DIR = "rank"  # the rank analysis of every model
+STUDY_FINETUNE_DIR = "finetune"  # <model>/<task>/: a sweep
+# Mode "prepare": the shards' manifest (written last) and tokenizer, beside the shards.
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A kind of run: its config.mode and the top-level entries its workdir may hold."""
+
+    mode: str
+    writes: tuple[str, ...]  # names; a trailing "/" marks a directory
+    patterns: tuple[str, ...] = ()  # glob patterns for entries named by the data
+
+
+KINDS: dict[str, Kind] = {k.mode: k for k in (
+    Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TENSORBOARD_DIR + "/",
+                      CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE)),
+    Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
+    Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESUME_DIR + "/",
+                      RESULTS_FILE, PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
+                      TOKENIZER_FILE)),
+    Kind("sweep", (CONFIG_FILE, SWEEP_SUMMARY_FILE, SWEEP_TABLE_FILE, SWEEP_RUNS_DIR + "/")),
+    Kind("rank", (RANK_JSON_FILE, RANK_MARKDOWN_FILE, RANK_LAYERS_PLOT, RANK_MASK_PLOT)),
+    # Reads the pretraining run in --workdir and prints; writes nothing there.
+    Kind("fill_mask", ()),
+    Kind("study", (CONFIG_FILE, TOKENIZER_FILE, DATA_DIR + "/", STUDY_JSON_FILE,
+                   STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT, STUDY_GLUE_PLOT, RANK_LAYERS_PLOT,
+                   STUDY_PRETRAIN_DIR + "/", STUDY_RANK_DIR + "/", STUDY_FINETUNE_DIR + "/")),
+)}
+
+
+class WorkdirError(errors.UserError):
+    """A workdir whose record cannot be read, or that holds a run this one cannot use."""
+
+
+def unexpected_entries(workdir: paths.Path, kind: str) -> list[str]:
+    """The top-level entries of `workdir` that a run of `kind` does not write."""
+    k = KINDS[kind]
+    out = []
+    for entry in sorted(workdir.iterdir(), key=lambda p: p.name):
+        name = entry.name + ("/" if entry.is_dir() else "")
+        if name not in k.writes and not any(entry.match(p) for p in k.patterns):
+            out.append(name)
+    return out
+
+
+def config_json(config: ml_collections.ConfigDict) -> str:
+    """The config as config.json records it (sorted keys, tuples as lists)."""
+    return json.dumps(config.to_dict(), indent=2, sort_keys=True)
+
+
+def write_config(workdir: paths.Path, config: ml_collections.ConfigDict) -> None:
+    paths.write_text(workdir / CONFIG_FILE, config_json(config))
+
+
+def recorded_config(workdir: paths.Path) -> dict | None:
+    """The workdir's config.json as a dict (None if absent); one line if it is unreadable."""
+    path = workdir / CONFIG_FILE
+    if not path.exists():
+        return None
+    try:
+        recorded = json.loads(paths.read_text(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        reason = (f"line {e.lineno} column {e.colno}: {e.msg}"
+                  if isinstance(e, json.JSONDecodeError) else str(e))
+        raise WorkdirError(
+            f"{path} is not valid JSON ({reason}); it records the run this workdir holds: "
+            "repair it, or use another --workdir") from None
+    if not isinstance(recorded, dict):
+        raise WorkdirError(
+            f"{path} holds a JSON {type(recorded).__name__}, not a run's config; repair it, "
+            "or use another --workdir")
+    return recorded
+
+
+def mode(workdir: paths.Path) -> str | None:
+    """The kind of run recorded in workdir/config.json ("pretrain" when the record has no
+    mode), or None when there is no record."""
+    recorded = recorded_config(workdir)
+    return None if recorded is None else recorded.get("mode", "pretrain")
