@@ -18,8 +18,8 @@ from maelm_jax import masking, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.data import packing, sources
-from maelm_jax.finetune import data as finetune_data
-from maelm_jax.finetune import glue, squad
+from maelm_jax.finetune import glue, squad, tasks
+from maelm_jax.finetune.tasks import glue as glue_kind
 
 PAD, MASK = tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID
 _ENCODE_CHUNK = 256  # documents per tokenizer call
@@ -57,9 +57,7 @@ def glue_dev(task_name: str, split: str, tok: tokenizer_lib.Tokenizer, seq_len: 
         raise config_lib.RankConfigError(
             f"config.source.task: expected a GLUE task ({', '.join(glue.TASK_NAMES)}), got "
             f"{task_name!r}") from None
-    split = split or task.eval_splits[0]
-    examples = glue.read_split(task, split, **read_args)
-    return finetune_data.encode_texts(tok, examples.texts, seq_len)
+    return glue_kind.split_sequences(task, split, tok, seq_len, **read_args)
 
 
 def squad_dev(examples: Sequence[squad.SquadExample], tok: tokenizer_lib.Tokenizer,
@@ -76,18 +74,8 @@ def squad_dev(examples: Sequence[squad.SquadExample], tok: tokenizer_lib.Tokeniz
 
 def finetune_dev(run_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
                  seq_len: int) -> list[np.ndarray]:
-    """A fine-tuning run's own dev set, read as its config says."""
-    d = run_cfg.data
-    if run_cfg.task == "squad":
-        s = run_cfg.squad
-        if d.source == "tfds":
-            examples = squad.read_squad_tfds(squad.tfds_name(s.version, d.tfds_name),
-                                             "validation", d.tfds_data_dir)
-        else:
-            examples = squad.read_squad_json(s.dev_file)
-        return squad_dev(examples, tok, seq_len, s.doc_stride, s.max_query_len)
-    return glue_dev(run_cfg.task, "", tok, seq_len, source=d.source, data_dir=d.data_dir,
-                    tfds_dataset=d.tfds_name, tfds_data_dir=d.tfds_data_dir)
+    """A fine-tuning run's own dev set, read as its config says (by its task's kind)."""
+    return tasks.kind_for(run_cfg.task).dev_sequences(run_cfg, tok, seq_len)
 
 
 def sequences(config: ml_collections.ConfigDict, workdir: paths.Path,

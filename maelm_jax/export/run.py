@@ -174,23 +174,22 @@ def _pretrained(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
 def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict
                       ) -> tuple[dict, str, str]:
     """(config.json, the head's PyTorch name, the task's name) of a fine-tuning run whose
-    encoder has the architecture record `arch`."""
-    from maelm_jax.finetune import glue
+    encoder has the architecture record `arch`; the task's kind (finetune/tasks) says which
+    PyTorch model it is."""
+    from maelm_jax.finetune import tasks
 
+    try:
+        kind = tasks.kind_for(run_cfg.task)
+    except tasks.FinetuneConfigError as e:
+        raise ExportError(f"config.init_from: the run's {e}") from None
+    exported = kind.export_head(run_cfg)
+    if exported is None:
+        raise ExportError(f"config.init_from: a fine-tuned {kind.kind} task "
+                          f"({run_cfg.task}) has no Hugging Face head to export")
     fields = {**_encoder_fields(arch, run_cfg.model), "objective": "mlm",
               "classifier_dropout": float(run_cfg.model.classifier_dropout),
-              "pooling": run_cfg.model.pooling}
-    if str(run_cfg.task).lower() == "squad":
-        fields["qa_context_only"] = bool(run_cfg.squad.exclude_question)
-        return (_base_config(["MaelmForQuestionAnswering"], fields), "qa_outputs",
-                "SQuAD " + run_cfg.squad.version)
-    task = glue.get_task(run_cfg.task)
-    labels = list(task.label_names) or ["score"]
-    fields.update(id2label=dict(enumerate(labels)),
-                  label2id={name: i for i, name in enumerate(labels)},
-                  problem_type="regression" if task.is_regression
-                  else "single_label_classification")
-    return _base_config(["MaelmForSequenceClassification"], fields), "classifier", task.name
+              "pooling": run_cfg.model.pooling, **exported.fields}
+    return (_base_config([exported.architecture], fields), exported.head, exported.task)
 
 
 def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: Any):

@@ -1,7 +1,8 @@
 """Fine-tuning a pretrained encoder on GLUE and SQuAD: `train.run` (one run) and
 `sweep.run_sweep` (a grid of settings x seeds).
 
-Modules: config (defaults, validation), glue / squad (reading the benchmarks), data
+Modules: config (defaults, validation), tasks (the task protocol, tasks/base.py, and its
+kinds by name: tasks/glue.py, tasks/squad.py), glue / squad (reading the benchmarks), data
 (RoBERTa-style encoding, static-shape batches), heads (the task models), loading (the
 checkpoint a run leaves; the encoder it starts from is read by maelm_jax/runs.py),
 metrics / squad_metrics (the benchmarks' definitions), squad_postprocess (spans to answer

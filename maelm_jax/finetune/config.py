@@ -1,9 +1,11 @@
-"""The fine-tuning config: defaults, the MAE-LM paper's search spaces, and validation.
+"""The fine-tuning config: defaults, the papers' search spaces, and validation.
 
-`configs/finetune/glue.py` and `squad.py` start from `finetune_defaults()`. The search
-spaces are Tables 5 (GLUE) and 6 (SQuAD 2.0) of the MAE-LM paper, Appendix D, and Table 5
-of the 3ML paper, Appendix B; a single run uses one point of its grid, a sweep
-(`config.sweep = True`) runs all of it and aggregates the seeds by its paper's rule.
+`configs/finetune/glue.py` and `squad.py` start from `finetune_defaults()`: the fields
+every task has, plus each registered task kind's own (finetune/tasks: SQuAD's
+config.squad.*). The search spaces (`paper_grid`) are the kinds': Tables 5 (GLUE) and 6
+(SQuAD 2.0) of the MAE-LM paper, Appendix D, and Table 5 of the 3ML paper, Appendix B; a
+single run uses one point of its grid, a sweep (`config.sweep = True`) runs all of it and
+aggregates the seeds by its paper's rule.
 """
 
 from __future__ import annotations
@@ -11,54 +13,17 @@ from __future__ import annotations
 import jax
 import ml_collections
 
-from maelm_jax import errors, paths, schema, sharding
-from maelm_jax.finetune import glue, heads
+from maelm_jax import paths, schema, sharding
+from maelm_jax.finetune import heads, tasks
+from maelm_jax.finetune.tasks.base import FinetuneConfigError, require
 from maelm_jax.models import flash_attention, layers
 
-SQUAD_TASKS = ("squad",)
-SQUAD_VERSIONS = ("2.0", "1.1")
 DATA_SOURCES = ("files", "tfds")
 SELECT = ("best", "final")
 # Encoder widths the paper's learning-rate sets are given for (Table 5 / Table 6).
 MODEL_SIZES = ("base", "large")
 
-# Table 5, GLUE. "base" covers base and base++; "large" is large++.
-GLUE_SMALL_GRID = {
-    "num_epochs": (2, 3, 5, 10),
-    "learning_rate": {"base": (2e-5, 3e-5, 4e-5, 5e-5), "large": (7e-6, 1e-5, 2e-5, 3e-5)},
-    "batch_size": (16, 32),
-    "warmup_ratio": (0.06, 0.10),
-}
-GLUE_LARGE_GRID = {
-    "num_epochs": (2, 3, 5),
-    "learning_rate": {"base": (1e-5, 2e-5, 3e-5, 4e-5), "large": (5e-6, 7e-6, 1e-5, 2e-5)},
-    "batch_size": (32,),
-    "warmup_ratio": (0.06,),
-}
-# Table 6, SQuAD 2.0.
-SQUAD_GRID = {
-    "num_epochs": (2, 3),
-    "learning_rate": {"base": (2e-5, 3e-5, 4e-5, 5e-5), "large": (7e-6, 1e-5, 2e-5, 3e-5)},
-    "batch_size": (16, 32),
-    "warmup_ratio": (0.06, 0.10),
-}
-# 3ML Table 5 (borrowed from 24hBERT), with weight decay 0.1 and 6 % warmup.
-THREEML_SMALL_GRID = {
-    "num_epochs": (3, 5, 10),
-    "learning_rate": (1e-5, 3e-5, 5e-5, 8e-5),
-    "batch_size": (16, 32),
-    "warmup_ratio": (0.06,),
-}
-THREEML_LARGE_GRID = {
-    "num_epochs": (3, 5),
-    "learning_rate": (5e-5, 8e-5),
-    "batch_size": (32,),
-    "warmup_ratio": (0.06,),
-}
-# 3ML Table 5's left column; every other GLUE task (CoLA, SST-2, MRPC, STS-B, RTE, and
-# WNLI, which 3ML does not fine-tune) takes the right one. Not MAE-LM's split, which puts
-# SST-2 with the large tasks.
-THREEML_LARGE_TASKS = ("qqp", "mnli", "qnli")
+# 3ML's fine-tuning weight decay (its Table 5's grids are the GLUE kind's).
 THREEML_WEIGHT_DECAY = 0.1
 # Whose fine-tuning recipe (grid and aggregation) a config follows.
 PAPERS = ("maelm", "3ml")
@@ -76,17 +41,15 @@ PAPER_AGGREGATE = {"maelm": "median_then_best", "3ml": "best_then_median"}
 PAPER_SEEDS = (1, 2, 3, 4, 5)
 
 
-class FinetuneConfigError(errors.UserError):
-    """A fine-tuning config mistake; the message names the field and what is expected."""
-
-
 INIT_WEIGHTS = ("pretrained", "random")
 
 
 def finetune_defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "finetune"  # main.py dispatches on it
-    c.task = "sst2"  # a GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli) or squad
+    # A GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli), squad, or a task of
+    # another registered kind (finetune/tasks): the kind serving it reads, trains and scores.
+    c.task = "sst2"
     c.seed = 1  # head initialisation, data order and dropout derive from it
     # Whose reported metric a run's best evaluation and a sweep's best setting are chosen
     # by (PAPERS): "maelm" (accuracy for MRPC/QQP, Spearman for STS-B, MNLI matched) or
@@ -186,18 +149,9 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.save_checkpoint = True  # the fine-tuned encoder + head (the selected evaluation's)
     c.predict_test = True  # GLUE submission files when the test split is available
 
-    c.squad = ml_collections.ConfigDict()
-    c.squad.version = "2.0"  # "2.0" (with unanswerable questions) or "1.1"
-    c.squad.train_file = ""  # the official JSON files (train-v2.0.json, dev-v2.0.json)
-    c.squad.dev_file = ""
-    c.squad.doc_stride = 128  # tokens between the starts of consecutive context windows
-    c.squad.max_query_len = 64  # question tokens kept
-    c.squad.max_answer_len = 30  # tokens, for the predicted span
-    c.squad.n_best = 20  # start / end candidates per window, and answers kept per question
-    c.squad.null_score_diff_threshold = 0.0  # answer "" when null - best span > this
-    # The start/end softmax runs over the context and <s> (no answer) only, in training and
-    # inference, as the official SQuAD head does; False: over every real token.
-    c.squad.exclude_question = True
+    # Each task kind's own fields (SQuAD's config.squad.*).
+    for kind in tasks.kinds():
+        kind.add_defaults(c)
 
     # Sweep: grid x seeds, each run in <workdir>/runs/<setting>/seed_<s>; medians per
     # setting in <workdir>/sweep.json and sweep.md.
@@ -213,23 +167,14 @@ def finetune_defaults() -> ml_collections.ConfigDict:
 
 
 def paper_grid(task: str, size: str = "base", paper: str = "maelm") -> dict:
-    """A paper's search space for a task: {"num_epochs": ..., "learning_rate": ..., ...}.
+    """A paper's search space for a task: {"num_epochs": ..., "learning_rate": ..., ...},
+    from the task's kind (finetune/tasks).
 
     MAE-LM's depends on the model size; 3ML gives one grid for GLUE (none for SQuAD).
     """
     if size not in MODEL_SIZES:
         raise FinetuneConfigError(f"model size: expected one of {MODEL_SIZES}, got {size!r}")
-    if paper == "3ml":
-        if task in SQUAD_TASKS:
-            raise FinetuneConfigError("the 3ML paper fine-tunes on GLUE only; use the MAE-LM "
-                                      "grid for SQuAD")
-        large = glue.get_task(task).tfds_config in THREEML_LARGE_TASKS
-        return dict(THREEML_LARGE_GRID if large else THREEML_SMALL_GRID)
-    if task in SQUAD_TASKS:
-        table = SQUAD_GRID
-    else:
-        table = GLUE_SMALL_GRID if glue.get_task(task).small else GLUE_LARGE_GRID
-    return {k: tuple(v[size] if isinstance(v, dict) else v) for k, v in table.items()}
+    return tasks.kind_for(task).paper_grid(task, size, paper)
 
 
 def set_grid(c: ml_collections.ConfigDict, grid: dict) -> None:
@@ -239,9 +184,10 @@ def set_grid(c: ml_collections.ConfigDict, grid: dict) -> None:
 
 # Every field's type and allowed values, declared once (maelm_jax/schema.py; the encoder
 # and optimiser fields are shared with pretraining); validate() adds cross-field rules.
-FIELDS: dict[str, schema.Field] = {
+# The task kinds declare their own fields (fields() adds them).
+COMMON_FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice("finetune"),
-    "task": schema.text("a GLUE task name or 'squad'"),
+    "task": schema.text("a task name (a GLUE task, squad, or a registered kind's)"),
     "seed": schema.integer(0),
     "metric": schema.choice(*PAPERS),
     "init_from": schema.path("a pretraining or fine-tuning workdir, one of its "
@@ -277,15 +223,6 @@ FIELDS: dict[str, schema.Field] = {
     "fast_compile": schema.boolean(),
     "save_checkpoint": schema.boolean(),
     "predict_test": schema.boolean(),
-    "squad.version": schema.choice(*SQUAD_VERSIONS),
-    "squad.train_file": schema.path("the SQuAD train JSON"),
-    "squad.dev_file": schema.path("the SQuAD dev JSON"),
-    "squad.doc_stride": schema.integer(1),
-    "squad.max_query_len": schema.integer(1),
-    "squad.max_answer_len": schema.integer(1),
-    "squad.n_best": schema.integer(1),
-    "squad.null_score_diff_threshold": schema.number(),
-    "squad.exclude_question": schema.boolean(),
     "sweep": schema.boolean(),
     "grid.num_epochs": schema.sequence_of(schema.integer(1), min_len=1),
     "grid.learning_rate": schema.sequence_of(schema.number(0.0, low_open=True), min_len=1,
@@ -298,10 +235,23 @@ FIELDS: dict[str, schema.Field] = {
 }
 
 
+def fields() -> dict[str, schema.Field]:
+    """COMMON_FIELDS plus every registered task kind's own fields."""
+    table = dict(COMMON_FIELDS)
+    for kind in tasks.kinds():
+        table.update(kind.fields())
+    return table
+
+
+# The table with the built-in kinds' fields (validation uses fields(), which also has the
+# fields of kinds registered later).
+FIELDS = fields()
+
+
 def resolve_paths(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A copy whose paths (init_from, tokenizer, data, SQuAD files) are absolute against
-    the current directory."""
-    return schema.resolve_paths(c, FIELDS)
+    """A copy whose paths (init_from, tokenizer, data, the kinds' files such as SQuAD's)
+    are absolute against the current directory."""
+    return schema.resolve_paths(c, fields())
 
 
 def prepare(c: ml_collections.ConfigDict,
@@ -314,46 +264,26 @@ def prepare(c: ml_collections.ConfigDict,
     return resolve_paths(c), paths.resolve(workdir, "--workdir")
 
 
-def _require(cond: bool, field: str, expected: str, got) -> None:
-    if not cond:
-        shown = "nothing" if got in ("", (), None) else repr(got)
-        raise FinetuneConfigError(f"config.{field}: expected {expected}, got {shown}")
-
-
 def validate(c: ml_collections.ConfigDict) -> None:
     """Raises FinetuneConfigError for the first problem found."""
-    schema.check(c, FIELDS, finetune_defaults(), FinetuneConfigError)
-    if c.task not in SQUAD_TASKS:
-        try:
-            glue.get_task(c.task)
-        except glue.GlueDataError:
-            raise FinetuneConfigError(
-                f"config.task: expected a GLUE task ({', '.join(glue.TASK_NAMES)}) or "
-                f"squad, got {c.task!r}"
-            ) from None
+    schema.check(c, fields(), finetune_defaults(), FinetuneConfigError)
+    kind = tasks.kind_for(c.task)
     kernel_options(c)
-    _require(
+    require(
         bool(c.init_from) or bool(c.tokenizer_path),
         "tokenizer_path",
         "a sentencepiece model when config.init_from is empty (training from scratch)",
         c.tokenizer_path,
     )
-    _require(
+    require(
         bool(c.init_from) or c.init_weights == "pretrained",
         "init_from",
         "a workdir to take the architecture and tokenizer from (init_weights='random')",
         c.init_from,
     )
-    _require(c.task not in SQUAD_TASKS or c.metric == "maelm", "metric",
-             "'maelm' for SQuAD (3ML reports no SQuAD metric; runs compare by F1)", c.metric)
-    if c.data.source == "files" and c.task not in SQUAD_TASKS:
-        _require(bool(c.data.data_dir), "data.data_dir",
-                 "the GLUE data directory (<data_dir>/SST-2/train.tsv, ...)", "")
-    if c.data.source == "files" and c.task in SQUAD_TASKS:
-        _require(bool(c.squad.train_file), "squad.train_file", "the SQuAD train JSON", "")
-        _require(bool(c.squad.dev_file), "squad.dev_file", "the SQuAD dev JSON", "")
+    kind.validate(c)
     buckets = tuple(c.data.buckets)
-    _require(
+    require(
         list(buckets) == sorted(buckets),
         "data.buckets",
         "increasing lengths >= 8",
@@ -361,7 +291,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     )
     if c.sweep:
         seeds = tuple(c.grid.seeds)
-        _require(len(set(seeds)) == len(seeds), "grid.seeds", "distinct seeds", seeds)
+        require(len(set(seeds)) == len(seeds), "grid.seeds", "distinct seeds", seeds)
 
 
 def kernel_options(config: ml_collections.ConfigDict) -> flash_attention.KernelOptions:

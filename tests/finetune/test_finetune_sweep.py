@@ -198,8 +198,9 @@ def test_a_preempted_sweep_exits_143_and_the_same_command_finishes(tmp_path, tin
     from conftest import HANG_SECONDS, REPO_ROOT, preempt_main, subprocess_env
 
     config_file = tmp_path / "sweep_config.py"
+    tests = [str(REPO_ROOT / "tests"), str(REPO_ROOT / "tests" / "finetune")]  # support, this
     config_file.write_text(  # this file's tiny sweep, as a config file for main.py
-        f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+        f"import sys\nsys.path[:0] = {tests!r}\n"
         "import pathlib\nfrom test_finetune_sweep import tiny_sweep\n\n\n"
         "def get_config():\n"
         f"    return tiny_sweep(pathlib.Path({str(tmp_path)!r}), "
