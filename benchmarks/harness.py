@@ -103,7 +103,7 @@ class Bench(Timed):
         super().__init__()
         vocab_size = config.tokenizer.vocab_size
         self.counts = config_lib.mask_counts(config)
-        self.flops = config_lib.step_flops(config, vocab_size)
+        self.flops = setup_lib.step_flops(config, vocab_size)
         trainer = setup_lib.build(config, vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
         self.num_params = trainer.num_params

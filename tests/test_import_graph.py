@@ -85,15 +85,17 @@ def test_the_check_finds_a_lazy_relative_cycle(tmp_path):
 
 
 # The layers, lowest first: a module may import its own layer's and lower ones', never a
-# higher one's. The objectives sit on the models and under the config that names them.
-# Applications (fine-tuning, analysis, fill-mask, the study) sit on the
-# training engine; main.py, outside the package, calls them.
+# higher one's. The objectives sit on the models and under the config that names them
+# (and merges their fields). MFU sits with the training engine, whose setup counts a
+# config's FLOPs (the config itself is plain data). Applications (fine-tuning, analysis,
+# fill-mask, the study) sit on the training engine; main.py, outside the package, calls
+# them.
 LAYERS = (
     ("maelm_jax.models",),
     ("maelm_jax.data",),
     ("maelm_jax.objectives",),
-    ("maelm_jax.config", "maelm_jax.mfu"),
-    ("maelm_jax.training",),
+    ("maelm_jax.config",),
+    ("maelm_jax.training", "maelm_jax.mfu"),
     ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study",
      "maelm_jax.runs", "maelm_jax.export"),
 )

@@ -22,6 +22,7 @@ from maelm_jax.objectives import base, recipes
 from maelm_jax.study import config as study_config
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import loop
+from maelm_jax.training import setup as setup_lib
 
 from conftest import REPO_ROOT
 from tiny_config import TINY_VOCAB, tiny_config
@@ -91,7 +92,7 @@ def test_a_registered_objective_is_validated_by_its_own_rules(toy, tiny_tokenize
     c = tiny_config("toy", tiny_tokenizer.model_path)
     config_lib.validate(c)
     assert config_lib.mask_counts(c).n_enc == c.data.seq_len  # its encoder keeps [MASK]s
-    assert config_lib.step_flops(c, TINY_VOCAB) == Toy().step_flops(
+    assert setup_lib.step_flops(c, TINY_VOCAB) == Toy().step_flops(
         c, config_lib.mask_counts(c), TINY_VOCAB)
     c.masking.mask_frac = 0.8
     with pytest.raises(config_lib.ConfigError, match=r"config\.masking\.mask_frac: expected "
@@ -105,7 +106,7 @@ def test_an_unknown_objective_names_the_registered_ones(toy):
     with pytest.raises(config_lib.ConfigError, match="config.objective"):
         config_lib.validate(c)
     with pytest.raises(config_lib.ConfigError, match="expected one of maelm, mlm, toy"):
-        config_lib.step_flops(c, TINY_VOCAB)
+        setup_lib.step_flops(c, TINY_VOCAB)
 
 
 def test_a_toy_objective_trains_resumes_and_fills_masks(toy, tmp_path, tiny_tokenizer):
@@ -230,7 +231,7 @@ def test_parameter_trees_are_those_checkpoints_were_written_with():
         batch = masking.MaskedBatch(i32(1, counts.seq_len), i32(1, counts.n_enc),
                                     i32(1, counts.k), i32(1, counts.k),
                                     jax.ShapeDtypeStruct((1, counts.k), jnp.float32))
-        shapes = jax.eval_shape(config_lib.model(c, TINY_VOCAB).init, jax.random.PRNGKey(0),
+        shapes = jax.eval_shape(setup_lib.model(c, TINY_VOCAB).init, jax.random.PRNGKey(0),
                                 batch)["params"]
         tree = {jax.tree_util.keystr(path): list(getattr(leaf, "value", leaf).shape)
                 for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
