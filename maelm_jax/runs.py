@@ -140,7 +140,7 @@ def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
         # Defaults first: a run recorded before a field existed still describes its model.
         merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
                                       run_config)
-        cfg = setup_lib.model_config(ml_collections.ConfigDict(merged), vocab_size).encoder
+        cfg = setup_lib.encoder_config(ml_collections.ConfigDict(merged), vocab_size)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.init_from: {workdir / CONFIG_FILE} is not a pretraining "
                               f"config ({type(e).__name__}: {e})") from None

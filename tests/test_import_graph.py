@@ -1,10 +1,13 @@
 """No module of maelm_jax imports a module that imports it, directly or through others:
-each mode's entry point is picked by main.py, so no module needs its caller."""
+each mode's entry point is picked by main.py, so no module needs its caller. Each layer
+imports only the layers below it, and config files import no model code."""
 
 import ast
 import pathlib
+import subprocess
+import sys
 
-from conftest import REPO_ROOT
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 
 def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
@@ -123,3 +126,31 @@ def test_no_module_imports_from_a_higher_layer():
     assert any(_level(d) == 4 for d in graph["maelm_jax.finetune.train"])
     assert any(_level(d) == 2 for d in graph["maelm_jax.training.steps"])
     assert any(_level(d) == 0 for d in graph["maelm_jax.objectives.maelm"])
+
+
+# What a config file may not import: model code, Flax, the Pallas kernel. Config files are
+# plain data (maelm_jax/config.py), read before anything is built and by tools that never
+# build a model.
+HEAVY = ("flax", "maelm_jax.models.", "maelm_jax.training", "jax.experimental.pallas")
+LIGHT_MODULES = {"maelm_jax.models.options"}  # the models' named choices, plain data
+
+
+def test_config_files_import_no_model_code():
+    files = sorted(str(p.relative_to(REPO_ROOT)) for folder in ("pretrain", "benchmark", "study")
+                   for p in (REPO_ROOT / "configs" / folder).glob("*.py"))
+    assert "configs/pretrain/base.py" in files and "configs/study/mini.py" in files
+    script = "\n".join([
+        "import importlib.util, sys",
+        "import maelm_jax.config, maelm_jax.objectives, maelm_jax.objectives.recipes",
+        *(f"spec = importlib.util.spec_from_file_location('c{i}', {f!r})\n"
+          "spec.loader.exec_module(importlib.util.module_from_spec(spec))"
+          for i, f in enumerate(files)),
+        f"heavy = sorted(m for m in sys.modules if m.startswith({HEAVY!r}) "
+        f"and m not in {LIGHT_MODULES!r})",
+        "print(heavy)",
+    ])
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT,
+                            env=subprocess_env(), capture_output=True, text=True, check=False,
+                            timeout=HANG_SECONDS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout

@@ -71,9 +71,10 @@ class Trainer:
             return self.train_step.lower(self.state.abstract, self.batch_spec()).compile()
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
-    """The frozen model description the objective's Flax module takes: the shared encoder's
-    (dtype and attention kernel resolved for this backend), then the objective's parts."""
+def encoder_config(config: ml_collections.ConfigDict,
+                   vocab_size: int) -> encoder_lib.EncoderConfig:
+    """The shared encoder's frozen description (dtype and attention kernel resolved for this
+    backend), whatever the objective: what fine-tuning and the analyses rebuild."""
     m = config.model
     dtype = layers.resolve_dtype(m.dtype)
     attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
@@ -82,7 +83,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
             "config.model.attention_impl: expected 'einsum' (or 'auto') on this backend: "
             f"'pallas' is a GPU (Triton) kernel, and this is a {jax.default_backend()}, got "
             f"{m.attention_impl!r}")
-    encoder = encoder_lib.from_architecture(
+    return encoder_lib.from_architecture(
         encoder_lib.model_architecture(m, vocab_size=vocab_size,
                                        max_positions=config.data.seq_len),
         where="config.model",
@@ -96,7 +97,13 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
     )
-    return config_lib.objective(config).model_config(config, encoder)
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
+    """The frozen model description the objective's Flax module takes: the objective's
+    parts around the shared encoder's (`encoder_config`)."""
+    return config_lib.objective(config).model_config(config,
+                                                     encoder_config(config, vocab_size))
 
 
 def model(config: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
