@@ -19,6 +19,7 @@ import pathlib
 
 from maelm_jax import config as config_lib
 from maelm_jax import variants
+from maelm_jax.training import setup as setup_lib
 
 # Found from this file, so the script runs from any directory.
 PRESETS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "3ml.py"
@@ -36,7 +37,7 @@ TABLE3 = (
 def update_flops(variant: str) -> tuple[int, int]:
     """(training FLOPs of one update, encoder length n_enc) of a 3ml.py variant."""
     config = variants.load(f"{PRESETS}:{variant}")
-    return config_lib.step_flops(config, VOCAB), config_lib.mask_counts(config).n_enc
+    return setup_lib.step_flops(config, VOCAB), config_lib.mask_counts(config).n_enc
 
 
 def rows() -> list[tuple[str, float, float, int, int]]:

@@ -2,7 +2,13 @@
 
 Config files under ``configs/`` start from `pretrain_defaults()` and change what their
 experiment needs; `validate` turns every user mistake it can see into a `ConfigError`
-naming the field, before any data is prepared or anything compiled.
+naming the field, before any data is prepared or anything compiled. The fields that only
+one objective reads are that objective's (its `defaults` and `fields`,
+maelm_jax/objectives), merged in here.
+
+Plain data: this module (and so every config file) imports no model code, no Flax and no
+Pallas kernel. What a config implies to build, its model and its FLOPs, is
+maelm_jax/training/setup.py's.
 """
 
 from __future__ import annotations
@@ -10,17 +16,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import flax.linen as nn
-import jax
 import ml_collections
 from absl import logging
 
 from maelm_jax import errors, masking, objectives, schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.models import decoder as decoder_lib
-from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import flash_attention, layers, relative_position
-from maelm_jax.models import stack as stack_lib
+from maelm_jax.models import options
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
 # bits on every backend and sharding, and the most work per random bit (it is computed
@@ -43,7 +44,8 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # with Apache Beam (maelm_jax/data/prepare.py), for data.prepared of later runs.
     c.mode = "pretrain"
     # A registered objective (maelm_jax/objectives): "maelm" (MAE-LM, 3ML_self, 3ML_cross
-    # by model.decoder.kind) or "mlm" (the RoBERTa baseline).
+    # by model.decoder.kind) or "mlm" (the RoBERTa baseline). Each objective's own fields
+    # (the MAE-LM decoder's model.decoder.*, ...) are added below, from the registry.
     c.objective = "maelm"
     c.seed = 0  # parameters, data order, masks and dropout all derive from it
 
@@ -99,52 +101,26 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # laptop runs leave the unigram plateau early (relative_position.local_bias_init)
     c.model.rel_pos_init = "normal"
     # Bucketing of relative distances, for the encoder and the decoder: "t5" (Raffel et al.,
-    # as both papers cite) or "maelm", the official MAE-LM code's (relative_position.BUCKET_FNS).
+    # as both papers cite) or "maelm", the official MAE-LM code's (options.BUCKET_FNS).
     c.model.rel_pos_bucket_fn = "t5"
-    # Compute dtype (layers.DTYPES): "auto" is bfloat16 on GPUs and TPUs, float32 on CPUs.
+    # Compute dtype (options.DTYPES): "auto" is bfloat16 on GPUs and TPUs, float32 on CPUs.
     # Parameters, optimiser state, softmax, LayerNorm statistics and the loss stay float32.
     c.model.dtype = "auto"
-    # Attention kernel of the encoder and decoder (layers.ATTENTION_IMPLS): "auto" takes
+    # Attention kernel of the encoder and decoder (options.ATTENTION_IMPLS): "auto" takes
     # cuDNN's fused attention on GPUs at half precision and our einsums elsewhere.
     c.model.attention_impl = "auto"
     # The Pallas kernel's tiles ("block_qxblock_k:warps:stages" for the forward, dK/dV and
     # dQ kernels), how a bias shared by the batch gets its gradient ("batch": summed inside
     # the kernel by bias_grad_groups groups of rows; "rows": per row, summed by XLA) and
     # the dropout elements per 32-bit hash (1, 2 or 4); see models/flash_attention.py.
-    c.model.pallas = ml_collections.ConfigDict(flash_attention.KernelOptions().fields())
+    c.model.pallas = ml_collections.ConfigDict(options.KernelOptions().fields())
     # nn.scan over the layers of the encoder and of a self decoder: compile time and program
     # size no longer grow with depth; parameters gain a leading "layers" axis (checkpoints
     # of either layout restore into both).
     c.model.scan_layers = False
     # What each layer (encoder and decoder) keeps for the backward pass, the rest being
-    # recomputed (stack_lib.REMAT_POLICIES): "none", "full", "dots", "dots_no_batch".
+    # recomputed (options.REMAT_POLICIES): "none", "full", "dots", "dots_no_batch".
     c.model.remat_policy = "none"
-    # MAE-LM Table 2 "misaligned position encoding": the encoder reads its kept tokens at
-    # positions 0..n_enc-1 instead of their original ones (objective maelm only).
-    c.model.misaligned_positions = False
-    c.model.decoder = ml_collections.ConfigDict()
-    c.model.decoder.num_layers = 4
-    c.model.decoder.d_model = 768  # a projection bridges a different encoder width
-    c.model.decoder.num_heads = 12
-    c.model.decoder.d_ff = 3072
-    c.model.decoder.pre_ln = False
-    # "self": MAE-LM / 3ML_self (full length, self-attention); "cross": 3ML_cross (only the
-    # removed [MASK]s, self-attention among them and cross-attention to the encoder);
-    # "causal_cross" / "cross_only": the same with causal / no self-attention among the
-    # [MASK]s (MAE-LM Table 2's BART-like and cross-attention-only decoders).
-    c.model.decoder.kind = "self"
-    # MAE-LM Table 2 "enc. w. [MASK], dec. resets [MASK]": with masking.delta > 0, the self
-    # decoder reads the [MASK] embedding (not the encoder's output) at the encoder's [MASK]s.
-    c.model.decoder.reset_masks = False
-    c.model.decoder.dropout = 0.0  # MAE-LM's decoder has none; 3ML uses 0.1 on the whole model
-    c.model.decoder.attention_dropout = 0.0
-    # Options of the official code, off in the paper: a T5 relative position bias of the
-    # decoder's own (0 = off), and the encoder's position table shared with the decoder
-    # (equal widths only). See docs/plateau.md.
-    c.model.decoder.rel_pos_buckets = 0
-    c.model.decoder.rel_pos_max_distance = 128
-    c.model.decoder.rel_pos_init = "normal"
-    c.model.decoder.share_positions = False
 
     c.mesh = ml_collections.ConfigDict()
     # Sizes of the ('data', 'fsdp', 'tensor') mesh axes; -1 takes the devices left over.
@@ -182,11 +158,29 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # After the last step, fill-mask on this many held-out blocks, logged and written to
     # <workdir>/fill_mask.md (0: none).
     c.train.fill_mask_examples = 0
+    _add_fields(c, objectives.defaults())
     return c
 
 
-# Every field's type and allowed values, declared once (maelm_jax/schema.py); validate()
-# adds the rules that relate several fields.
+def _add_fields(config: ml_collections.ConfigDict, own: dict[str, Any],
+                prefix: str = "") -> None:
+    """The objectives' `own` fields (nested dicts) added to `config`; a field the shared
+    defaults already have is refused (each field has one owner)."""
+    for key, value in own.items():
+        if isinstance(value, dict) and key in config:
+            if not isinstance(config[key], ml_collections.ConfigDict):
+                raise ValueError(f"config.{prefix}{key}: an objective's field clashes with a "
+                                 "shared one")
+            _add_fields(config[key], value, f"{prefix}{key}.")
+        elif key in config:
+            raise ValueError(f"config.{prefix}{key}: an objective's field clashes with a "
+                             "shared one")
+        else:
+            config[key] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value
+
+
+# Every shared field's type and allowed values, declared once (maelm_jax/schema.py);
+# `fields()` adds the objectives' own, validate() the rules that relate several fields.
 FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice(*MODES),
     # Looked up when checked, so an objective registered later is accepted.
@@ -217,22 +211,11 @@ FIELDS: dict[str, schema.Field] = {
     "masking.delta": schema.number(0.0, 1.0),
     **schema.encoder_fields("model"),
     "model.activation_dropout": schema.rate(),
-    "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
+    "model.attention_impl": schema.choice(*options.ATTENTION_IMPLS),
     **schema.pallas_fields("model.pallas"),
     "model.scan_layers": schema.boolean(),
-    "model.remat_policy": schema.choice(*stack_lib.REMAT_POLICIES),
-    **schema.stack_fields("model.decoder"),
-    "model.decoder.pre_ln": schema.boolean(),
-    "model.decoder.rel_pos_buckets": schema.integer(0),
-    "model.decoder.rel_pos_max_distance": schema.integer(1),
-    "model.decoder.rel_pos_init": schema.choice(*relative_position.REL_POS_INITS),
-    "model.rel_pos_init": schema.choice(*relative_position.REL_POS_INITS),
-    "model.decoder.share_positions": schema.boolean(),
-    "model.decoder.kind": schema.choice(*decoder_lib.KINDS),
-    "model.decoder.reset_masks": schema.boolean(),
-    "model.misaligned_positions": schema.boolean(),
-    "model.decoder.dropout": schema.rate(),
-    "model.decoder.attention_dropout": schema.rate(),
+    "model.remat_policy": schema.choice(*options.REMAT_POLICIES),
+    "model.rel_pos_init": schema.choice(*options.REL_POS_INITS),
     **schema.mesh_fields(),
     "train.batch_size": schema.integer(1),
     "train.grad_accum_steps": schema.integer(1),
@@ -249,6 +232,14 @@ FIELDS: dict[str, schema.Field] = {
     "train.keep_checkpoints": schema.integer(1),
     "train.fill_mask_examples": schema.integer(0),
 }
+
+
+def fields() -> dict[str, schema.Field]:
+    """The whole table: the shared FIELDS and every registered objective's own (looked up
+    when called, so an objective registered later is checked too)."""
+    return {**FIELDS, **objectives.fields()}
+
+
 # Path fields of a corpus source (data.sources.<name>.<field>).
 _SOURCE_PATH_FIELDS = ("path", "data_dir")
 
@@ -257,7 +248,7 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     """A copy whose paths (tokenizer, cache, every source's files) are absolute against the
     current directory: a run started from another directory, or resumed, reads the same
     files, and libraries that need absolute paths (orbax) get them."""
-    resolved = schema.resolve_paths(config, FIELDS)
+    resolved = schema.resolve_paths(config, fields())
     for name, source in resolved.data.sources.items():
         for field in _SOURCE_PATH_FIELDS:
             if isinstance(source, (dict, ml_collections.ConfigDict)) and source.get(field):
@@ -289,39 +280,10 @@ def mask_counts(config: ml_collections.ConfigDict) -> masking.MaskCounts:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raises ConfigError for the first problem found; warns about settings that run but
     are probably not what was meant."""
-    schema.check(config, FIELDS, pretrain_defaults(), ConfigError)
+    schema.check(config, fields(), pretrain_defaults(), ConfigError)
     _require(len(config.data.sources) > 0, "data.sources", "at least one source", {})
     mask_counts(config)
-    m = config.model
-    for prefix, stack in (("model", m), ("model.decoder", m.decoder)):
-        _require(
-            stack.d_model % stack.num_heads == 0,
-            f"{prefix}.d_model",
-            f"a multiple of {prefix}.num_heads={stack.num_heads}",
-            stack.d_model,
-        )
-        head_dim = stack.d_model // stack.num_heads
-        _require(
-            m.attention_impl != "pallas" or (head_dim >= 16 and head_dim & (head_dim - 1) == 0),
-            f"{prefix}.num_heads",
-            f"heads of a power-of-two size >= 16 with model.attention_impl='pallas' (the "
-            f"kernel's tiles; {prefix}.d_model={stack.d_model})",
-            stack.num_heads,
-        )
-    for prefix, stack in (("model", m), ("model.decoder", m.decoder)):
-        _require(
-            stack.rel_pos_buckets == 0
-            or (stack.rel_pos_buckets >= 4 and stack.rel_pos_buckets % 2 == 0),
-            f"{prefix}.rel_pos_buckets",
-            "0 (off) or an even int >= 4",
-            stack.rel_pos_buckets,
-        )
-        _require(
-            stack.rel_pos_max_distance > stack.rel_pos_buckets // 4,
-            f"{prefix}.rel_pos_max_distance",
-            f"an int > rel_pos_buckets / 4 = {stack.rel_pos_buckets // 4}",
-            stack.rel_pos_max_distance,
-        )
+    schema.stack_rules(config.model, "model", config.model.attention_impl, _require)
     kernel_options(config)
     objective(config).validate(config, _require)
     t = config.train
@@ -347,50 +309,13 @@ def objective(config: ml_collections.ConfigDict) -> objectives.Objective:
         raise ConfigError(f"config.objective: {e.args[0]}") from None
 
 
-def kernel_options(config: ml_collections.ConfigDict) -> flash_attention.KernelOptions:
+def kernel_options(config: ml_collections.ConfigDict) -> options.KernelOptions:
     """config.model.pallas as the kernel's options (ConfigError naming a bad field)."""
     try:
-        return flash_attention.KernelOptions.from_fields(config.model.pallas.to_dict(),
-                                                         "config.model.pallas")
-    except flash_attention.OptionsError as e:
+        return options.KernelOptions.from_fields(config.model.pallas.to_dict(),
+                                                 "config.model.pallas")
+    except options.OptionsError as e:
         raise ConfigError(str(e)) from None
-
-
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
-    """The frozen model description the objective's Flax module takes."""
-    m = config.model
-    dtype = layers.resolve_dtype(m.dtype)
-    attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
-    _require(attention_impl != "pallas" or jax.default_backend() in ("gpu", "cpu"),
-             "model.attention_impl", "'einsum' (or 'auto') on this backend: 'pallas' is a GPU "
-             f"(Triton) kernel, and this is a {jax.default_backend()}", m.attention_impl)
-    encoder = encoder_lib.from_architecture(
-        encoder_lib.model_architecture(m, vocab_size=vocab_size,
-                                       max_positions=config.data.seq_len),
-        where="config.model",
-        dtype=dtype,
-        rel_pos_init=m.rel_pos_init,
-        dropout=m.dropout,
-        attention_dropout=m.attention_dropout,
-        activation_dropout=m.activation_dropout,
-        attention_impl=attention_impl,
-        pallas=kernel_options(config),
-        scan_layers=m.scan_layers,
-        remat_policy=m.remat_policy,
-    )
-    return objective(config).model_config(config, encoder)
-
-
-def model(config: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
-    """The pretraining model (encoder, and the objective's decoder and head) of `config`."""
-    return objective(config).model(model_config(config, vocab_size))
-
-
-def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Training FLOPs of one optimiser step (3ML Appendix D's count, maelm_jax/flops.py):
-    the objective's formula at the exact mask counts the train step uses and the global
-    batch train.batch_size (gradient accumulation splits the same batch)."""
-    return objective(config).step_flops(config, mask_counts(config), vocab_size)
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

@@ -27,6 +27,7 @@ from absl import logging
 from maelm_jax import config as pretrain_config
 from maelm_jax import errors, layout, masking, paths, run_configs, runs, schema
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.training import setup as setup_lib
 
 MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
 # Held-out examples mask this share of a block's word-initial pieces, as pretraining masks
@@ -110,7 +111,7 @@ class FillMasker:
         if n not in self._applies:
             objective = pretrain_config.objective(self.config)
             cfg, params = objective.for_length(
-                pretrain_config.model_config(self.config, self.tok.vocab_size), self.params, n)
+                setup_lib.model_config(self.config, self.tok.vocab_size), self.params, n)
             self._applies[n] = (jax.jit(objective.model(cfg).apply), params)
         return self._applies[n]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import config as config_lib
 from maelm_jax.models import layers
+from maelm_jax.training import setup as setup_lib
 
 # Substring of jax.Device.device_kind -> (bfloat16, float32) dense peak TFLOP/s per device.
 # Checked in order: more specific names first. TPU v2 and v3 expose each core as a device.
@@ -60,9 +60,10 @@ def model_flops(paper_flops: int) -> int:
 
 
 def model_flops_per_step(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Model FLOPs of one optimiser step: config.step_flops (forward + backward = 2 x
-    forward) rescaled to forward + backward = 3 x forward."""
-    return model_flops(config_lib.step_flops(config, vocab_size))
+    """Model FLOPs of one optimiser step: the objective's count (training/setup.py
+    step_flops: forward + backward = 2 x forward) rescaled to forward + backward = 3 x
+    forward."""
+    return model_flops(setup_lib.step_flops(config, vocab_size))
 
 
 class Utilisation:

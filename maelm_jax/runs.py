@@ -37,6 +37,7 @@ from maelm_jax.data import packing, pipeline, shards
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layer_layout
 from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import state as state_lib
 
 
@@ -105,7 +106,7 @@ def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
         # Defaults first: a run recorded before a field existed still describes its model.
         merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
                                       run_config)
-        cfg = pretrain_config.model_config(ml_collections.ConfigDict(merged), vocab_size).encoder
+        cfg = setup_lib.encoder_config(ml_collections.ConfigDict(merged), vocab_size)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.init_from: {workdir / layout.CONFIG_FILE} is not a "
                               f"pretraining config ({type(e).__name__}: {e})") from None

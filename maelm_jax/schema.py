@@ -12,7 +12,8 @@ Fields shared by several config kinds (the encoder, the optimiser, the mesh) are
 here once; each kind adds its own (``FIELDS`` in maelm_jax/config.py and
 maelm_jax/finetune/config.py; a later kind, e.g. an analysis config, builds its table from
 the same helpers and calls `check` with its own defaults and error class). Cross-field
-rules (``d_model`` a multiple of ``num_heads``) stay in the kind's ``validate``.
+rules stay in the kind's ``validate``, bar a transformer stack's (``d_model`` a multiple
+of ``num_heads``, ...), which the encoder and the MAE-LM decoder share: `stack_rules`.
 """
 
 from __future__ import annotations
@@ -123,6 +124,26 @@ def stack_fields(prefix: str) -> dict[str, Field]:
     """A transformer stack's sizes (the encoder's, the decoder's)."""
     return {f"{prefix}.{name}": integer(1) for name in ("num_layers", "d_model", "num_heads",
                                                         "d_ff")}
+
+
+def stack_rules(stack: Any, prefix: str, attention_impl: str,
+                require: Callable[[bool, str, str, Any], None]) -> None:
+    """The rules between a stack's fields (`stack_fields` and the relative bias's) under
+    `prefix`; `require(cond, field, expected, got)` raises the kind's one-line error."""
+    require(stack.d_model % stack.num_heads == 0, f"{prefix}.d_model",
+            f"a multiple of {prefix}.num_heads={stack.num_heads}", stack.d_model)
+    head_dim = stack.d_model // stack.num_heads
+    require(attention_impl != "pallas" or (head_dim >= 16 and head_dim & (head_dim - 1) == 0),
+            f"{prefix}.num_heads",
+            f"heads of a power-of-two size >= 16 with model.attention_impl='pallas' (the "
+            f"kernel's tiles; {prefix}.d_model={stack.d_model})", stack.num_heads)
+    require(stack.rel_pos_buckets == 0
+            or (stack.rel_pos_buckets >= 4 and stack.rel_pos_buckets % 2 == 0),
+            f"{prefix}.rel_pos_buckets", "0 (off) or an even int >= 4", stack.rel_pos_buckets)
+    require(stack.rel_pos_max_distance > stack.rel_pos_buckets // 4,
+            f"{prefix}.rel_pos_max_distance",
+            f"an int > rel_pos_buckets / 4 = {stack.rel_pos_buckets // 4}",
+            stack.rel_pos_max_distance)
 
 
 def encoder_fields(prefix: str = "model") -> dict[str, Field]:

@@ -18,7 +18,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
 import numpy as np
 import optax
@@ -169,5 +168,8 @@ def optimizer_specs(tx: optax.GradientTransformation, opt_state: Any, param_spec
 @contextlib.contextmanager
 def activate(mesh: Mesh, rules: tuple):
     """Mesh and rules in context while tracing, so the models' logical constraints apply."""
+    # Flax only here: config files read DEFAULT_RULES and must not import Flax.
+    import flax.linen as nn
+
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         yield

@@ -11,6 +11,7 @@ import pytest
 from maelm_jax import config as config_lib
 from maelm_jax import fill_mask, layout, masking, tokenizer
 from maelm_jax.training import loop, steps
+from maelm_jax.training import setup as setup_lib
 
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import tiny_config
@@ -59,7 +60,7 @@ def test_the_command_prints_the_top_predictions_of_each_mask(maelm_run, capsys):
 @pytest.mark.parametrize("objective", ["maelm", "mlm"])
 def test_maelm_never_reads_the_masked_inputs_and_mlm_does(objective, tiny_tokenizer):
     c = tiny_config(objective, tiny_tokenizer.model_path)
-    model = config_lib.model(c, tiny_tokenizer.vocab_size)
+    model = setup_lib.model(c, tiny_tokenizer.vocab_size)
     batch = steps._dummy_batch(config_lib.mask_counts(c))
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch))["params"]
     masker = fill_mask.FillMasker(c, tiny_tokenizer, jax.device_get(params))
@@ -81,7 +82,7 @@ def test_full_length_predictions_match_the_pretraining_model(maelm_run):
     masked = np.array([3, 7, L - 1])
     ids[masked] = tokenizer.MASK_ID
     filled = masker.predict(ids, masked, top_k=3)
-    model = config_lib.model(masker.config, masker.tok.vocab_size)
+    model = setup_lib.model(masker.config, masker.tok.vocab_size)
     kept = np.setdiff1d(np.arange(L), masked)
     batch = masking.MaskedBatch(ids[None], kept[None].astype(np.int32),
                                 masked[None].astype(np.int32), np.zeros((1, 3), np.int32),

@@ -1,11 +1,14 @@
 """No module of maelm_jax imports a module that imports it, directly or through others,
 and no package (a subpackage taken whole, or a top-level module) imports one that imports
-it: each mode's entry point is picked by main.py, so no module needs its caller."""
+it: each mode's entry point is picked by main.py, so no module needs its caller. Each layer
+imports only the layers below it, and config files import no model code."""
 
 import ast
 import pathlib
+import subprocess
+import sys
 
-from conftest import REPO_ROOT
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 
 def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
@@ -122,15 +125,17 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 
 
 # The layers, lowest first: a module may import its own layer's and lower ones', never a
-# higher one's. The objectives sit on the models and under the config that names them.
-# Applications (fine-tuning, analysis, fill-mask, the study) sit on the
-# training engine and on reading runs back (runs.py); main.py, outside the package, calls them.
+# higher one's. The objectives sit on the models and under the config that names them
+# (and merges their fields). MFU sits with the training engine, whose setup counts a
+# config's FLOPs (the config itself is plain data). Applications (fine-tuning, analysis,
+# fill-mask, the study) sit on the training engine and on reading runs back (runs.py);
+# main.py, outside the package, calls them.
 LAYERS = (
     ("maelm_jax.models",),
     ("maelm_jax.data",),
     ("maelm_jax.objectives",),
-    ("maelm_jax.config", "maelm_jax.mfu"),
-    ("maelm_jax.training", "maelm_jax.runs"),
+    ("maelm_jax.config",),
+    ("maelm_jax.training", "maelm_jax.mfu", "maelm_jax.runs"),
     ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study",
      "maelm_jax.run_configs", "maelm_jax.export"),
 )
@@ -158,3 +163,31 @@ def test_no_module_imports_from_a_higher_layer():
     assert any(_level(d) == 4 for d in graph["maelm_jax.finetune.train"])
     assert any(_level(d) == 2 for d in graph["maelm_jax.training.steps"])
     assert any(_level(d) == 0 for d in graph["maelm_jax.objectives.maelm"])
+
+
+# What a config file may not import: model code, Flax, the Pallas kernel. Config files are
+# plain data (maelm_jax/config.py), read before anything is built and by tools that never
+# build a model.
+HEAVY = ("flax", "maelm_jax.models.", "maelm_jax.training", "jax.experimental.pallas")
+LIGHT_MODULES = {"maelm_jax.models.options"}  # the models' named choices, plain data
+
+
+def test_config_files_import_no_model_code():
+    files = sorted(str(p.relative_to(REPO_ROOT)) for folder in ("pretrain", "benchmark", "study")
+                   for p in (REPO_ROOT / "configs" / folder).glob("*.py"))
+    assert "configs/pretrain/base.py" in files and "configs/study/mini.py" in files
+    script = "\n".join([
+        "import importlib.util, sys",
+        "import maelm_jax.config, maelm_jax.objectives, maelm_jax.objectives.recipes",
+        *(f"spec = importlib.util.spec_from_file_location('c{i}', {f!r})\n"
+          "spec.loader.exec_module(importlib.util.module_from_spec(spec))"
+          for i, f in enumerate(files)),
+        f"heavy = sorted(m for m in sys.modules if m.startswith({HEAVY!r}) "
+        f"and m not in {LIGHT_MODULES!r})",
+        "print(heavy)",
+    ])
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT,
+                            env=subprocess_env(), capture_output=True, text=True, check=False,
+                            timeout=HANG_SECONDS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout

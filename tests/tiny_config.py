@@ -51,9 +51,10 @@ def tiny_model(c, batch_size: int = 2, seed: int = 0):
 
     from maelm_jax import config as config_lib
     from maelm_jax import masking, tokenizer
+    from maelm_jax.training import setup as setup_lib
 
     counts = config_lib.mask_counts(c)
-    model = config_lib.model(c, TINY_VOCAB)
+    model = setup_lib.model(c, TINY_VOCAB)
     tokens = jnp.asarray(np.random.default_rng(seed).integers(
         tokenizer.NUM_SPECIAL, TINY_VOCAB, (batch_size, c.data.seq_len)), jnp.int32)
     batch = masking.apply_mask(jax.random.PRNGKey(seed), tokens, counts, TINY_VOCAB)

@@ -9,7 +9,7 @@ The paper trains on Wikipedia + BookCorpus (16 GB); point data.sources at your c
 """
 
 from maelm_jax import config as config_lib
-from maelm_jax import variants
+from maelm_jax import objectives, variants
 from maelm_jax.objectives import recipes
 
 # MAE-LM Table 2, one variant per row (maelm_jax/objectives/recipes.py).
@@ -17,8 +17,9 @@ TABLE2 = recipes.TABLE2
 
 
 def objective_from_arg(arg: str | None) -> str:
-    """The objective of a `maelm` / `mlm` variant string (the small configs offer only these)."""
-    return variants.parse(arg, ("maelm", "mlm"), "maelm")[0]
+    """The objective a variant string names (the small configs offer the registered
+    objectives: `maelm`, `mlm`, ...)."""
+    return variants.parse(arg, objectives.names(), "maelm")[0]
 
 
 def get_config(arg: str | None = None):

@@ -37,11 +37,11 @@ import jax
 import jax.numpy as jnp
 
 from maelm_jax import masking
-from maelm_jax.models import layers, relative_position
+from maelm_jax.models import layers, options, relative_position
 from maelm_jax.models import stack as stack_lib
 from maelm_jax.models.dropout import Dropout
 
-KINDS = ("self", "cross", "causal_cross", "cross_only")
+KINDS = options.DECODER_KINDS
 # The decoder's self-attention among the [MASK] queries, per cross kind.
 CROSS_SELF_ATTENTION = {"cross": "bidirectional", "causal_cross": "causal", "cross_only": "none"}
 

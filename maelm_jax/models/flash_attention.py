@@ -49,11 +49,7 @@ the Triton kernels.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
-import re
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -62,128 +58,29 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+# The kernel's options are plain data (models/options.py), so configs check them without
+# importing this kernel; re-exported for the kernel's callers.
+from maelm_jax.models.options import (  # noqa: F401 (re-exported)
+    BIAS_GRADS,
+    HASH_ELEMENTS,
+    KernelOptions,
+    OptionsError,
+    Tile,
+)
+
 # The score of a masked key: large and finite, so a fully masked row has no NaN.
 MASKED = -1e30
 # lowbias32 (C. Wellons): a 32-bit integer hash with full avalanche.
 _MIX1, _MIX2, _GOLDEN = np.uint32(0x7FEB352D), np.uint32(0x846CA68B), np.uint32(0x9E3779B9)
-# How a bias shared by the batch gets its gradient (see the module docstring).
-BIAS_GRADS = ("batch", "rows")
-# Elements that share one 32-bit hash of the dropout bits.
-HASH_ELEMENTS = (1, 2, 4)
-_TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")
 
 
-class OptionsError(ValueError):
-    """Kernel options that cannot work; the message names the option."""
+_DEFAULT_OPTIONS = KernelOptions()
 
 
-def _power_of_two(x: int) -> bool:
-    return x >= 1 and x & (x - 1) == 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Tile:
-    """One kernel's launch: its tile (queries x keys) and Triton's warps and pipeline stages.
-
-    Written "block_qxblock_k:num_warps:num_stages", e.g. "128x64:4:3".
-    """
-
-    block_q: int = 64
-    block_k: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def __post_init__(self):
-        for name in ("block_q", "block_k"):
-            size = getattr(self, name)
-            if not (_power_of_two(size) and size >= 16):
-                raise OptionsError(f"{name} must be a power of two >= 16 (Triton's dot), "
-                                   f"got {size}")
-        if not (_power_of_two(self.num_warps) and self.num_warps <= 16):
-            raise OptionsError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
-        if not 1 <= self.num_stages <= 8:
-            raise OptionsError(f"num_stages must be in [1, 8], got {self.num_stages}")
-
-    @classmethod
-    def parse(cls, text: str) -> Tile:
-        match = _TILE.match(text) if isinstance(text, str) else None
-        if not match:
-            raise OptionsError(f"expected 'block_qxblock_k:warps:stages' such as '64x64:4:2', "
-                               f"got {text!r}")
-        return cls(*map(int, match.groups()))
-
-    def __str__(self) -> str:
-        return f"{self.block_q}x{self.block_k}:{self.num_warps}:{self.num_stages}"
-
-    def compiler_params(self) -> plgpu.CompilerParams:
-        return plgpu.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelOptions:
-    """How the three kernels run: each one's Tile, the bias-gradient scheme and the dropout
-    bits per hash. Every choice computes the same function (up to float rounding, and the
-    dropout bits' pattern for hash_elements); they differ in speed only, so the defaults are
-    for the GPU measurement to choose (benchmarks/gpu_suite.py sweeps them)."""
-
-    forward: Tile = Tile()
-    dkv: Tile = Tile()  # block_k: the program's key block; block_q: the queries it streams
-    dq: Tile = Tile()  # block_q: the program's query block; block_k: the keys it streams
-    bias_grad: str = "batch"  # one of BIAS_GRADS
-    bias_grad_groups: int = 4  # "batch": programs per (key block, head) over the batch
-    hash_elements: int = 1  # one of HASH_ELEMENTS
-
-    def __post_init__(self):
-        if self.bias_grad not in BIAS_GRADS:
-            raise OptionsError(f"bias_grad must be one of {', '.join(BIAS_GRADS)}, got "
-                               f"{self.bias_grad!r}")
-        if not (isinstance(self.bias_grad_groups, int) and self.bias_grad_groups >= 1):
-            raise OptionsError(f"bias_grad_groups must be an int >= 1, got "
-                               f"{self.bias_grad_groups!r}")
-        if self.hash_elements not in HASH_ELEMENTS:
-            raise OptionsError(f"hash_elements must be one of "
-                               f"{', '.join(map(str, HASH_ELEMENTS))}, got {self.hash_elements!r}")
-
-    @property
-    def query_multiple(self) -> int:
-        """What the number of queries must be a multiple of."""
-        return math.lcm(self.forward.block_q, self.dkv.block_q, self.dq.block_q)
-
-    @property
-    def key_multiple(self) -> int:
-        """What the number of keys must be a multiple of."""
-        return math.lcm(self.forward.block_k, self.dkv.block_k, self.dq.block_k)
-
-    @property
-    def length_multiple(self) -> int:
-        """What a self-attention length must be a multiple of."""
-        return math.lcm(self.query_multiple, self.key_multiple)
-
-    def fields(self) -> dict[str, Any]:
-        """The options as config fields (model.pallas.*): tiles as strings."""
-        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Tile) else v)
-                for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[str, Any], where: str = "options") -> KernelOptions:
-        """The options of config fields as `fields` writes them; an OptionsError names the
-        field (`where`.<name>) and what is expected."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise OptionsError(f"{where}.{unknown[0]}: unknown option; expected "
-                               f"{', '.join(sorted(known))}")
-        values = {}
-        for name, value in fields.items():
-            try:
-                values[name] = Tile.parse(value) if name in ("forward", "dkv", "dq") else value
-            except OptionsError as e:
-                raise OptionsError(f"{where}.{name}: {e}") from None
-        try:
-            return cls(**values)
-        except OptionsError as e:
-            name = str(e).split(" ", 1)[0]
-            raise OptionsError(f"{where}.{name}: {str(e).split(' ', 1)[1]}") from None
+def _compiler_params(tile: Tile) -> plgpu.CompilerParams:
+    """Triton's launch parameters for `tile` (they also pin the Triton backend: without
+    them jax 0.10 lowers a pallas_call for Mosaic GPU)."""
+    return plgpu.CompilerParams(num_warps=tile.num_warps, num_stages=tile.num_stages)
 
 
 # ----------------------------------------------------------------------------------------
@@ -448,7 +345,7 @@ def _call(kernel, tile: Tile, grid, in_specs, out_specs, out_shape, name: str,
         return pl.pallas_call(functools.partial(kernel, **now), grid=grid, in_specs=in_specs,
                               out_specs=out_specs, out_shape=out_shape,
                               interpret=interpret_now, name=name,
-                              compiler_params=tile.compiler_params())
+                              compiler_params=_compiler_params(tile))
 
     def run(*args):
         if interpret is not None:
@@ -614,7 +511,7 @@ def _pad_to(x: jax.Array | None, axis: int, size: int, value=0) -> jax.Array | N
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
               key_valid: jax.Array | None, seed: jax.Array, *, scale: float,
-              dropout_rate: float = 0.0, options: KernelOptions = KernelOptions(),
+              dropout_rate: float = 0.0, options: KernelOptions = _DEFAULT_OPTIONS,
               interpret: bool | None = None, row_offset: tuple[Any, Any] = (0, 0),
               num_heads: int | None = None) -> jax.Array:
     """softmax(scale q.k + bias, keys where key_valid), dropped out at dropout_rate, times v.

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.models import flash_attention
+from maelm_jax.models import flash_attention, options
 from maelm_jax.models.dropout import Dropout
 
 Dtype = Any
@@ -141,10 +141,7 @@ def layer_norm(name: str, dtype: Dtype) -> nn.LayerNorm:
     )
 
 
-# Compute dtypes (parameters, optimiser state, softmax, LayerNorm statistics and the loss
-# stay float32). "auto": bfloat16 on GPUs and TPUs, whose matrix units run it several
-# times faster than float32, and float32 on CPUs, where bfloat16 is emulated and slower.
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = options.DTYPES  # the compute dtypes, declared in models/options.py
 
 
 def resolve_dtype(name: Any, backend: str | None = None) -> jnp.dtype:
@@ -156,16 +153,7 @@ def resolve_dtype(name: Any, backend: str | None = None) -> jnp.dtype:
     return jnp.dtype(name)
 
 
-# How attention is computed. "einsum": our own two einsums and a float32 softmax, the
-# reference. "xla" / "cudnn": jax.nn.dot_product_attention with that implementation (cuDNN's
-# fused kernel needs a GPU and bfloat16 or float16); with attention dropout in training
-# they fall back to the einsum path, which materialises the probabilities. "pallas": our
-# flash-attention kernel (models/flash_attention.py) with the bias, the key mask and
-# dropout inside, bits drawn from the layer's "dropout" stream as every other dropout (a
-# GPU kernel; Pallas' interpreter on a CPU, for tests). "auto": "cudnn" on GPUs at half
-# precision, "einsum" elsewhere (on CPU and TPU XLA compiles both alike). The attention
-# diagnostics, which read the probabilities, always take the einsum path.
-ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
+ATTENTION_IMPLS = options.ATTENTION_IMPLS  # what each means: models/options.py
 
 
 def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None) -> str:

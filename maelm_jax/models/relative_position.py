@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from maelm_jax.models import options
 from maelm_jax.models.layers import normal_init
 
 
@@ -58,11 +59,10 @@ def maelm_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: i
 # Relative-position bucketing by name: T5's (the papers cite Raffel et al.) or the official
 # MAE-LM code's.
 BUCKET_FNS = {"t5": t5_relative_bucket, "maelm": maelm_relative_bucket}
+assert tuple(BUCKET_FNS) == options.BUCKET_FNS
 
 
-# How a relative position bias table starts: "normal" is N(0, 0.02) like every other
-# weight (both papers); "local" is a locality prior (see local_bias_init).
-REL_POS_INITS = ("normal", "local")
+REL_POS_INITS = options.REL_POS_INITS  # "normal" or "local" (see local_bias_init)
 # The "local" prior's steepest slope is 2^-(LOCAL_SLOPE_EXPONENT / heads) per position and
 # its shallowest 2^-LOCAL_SLOPE_EXPONENT: at least one head is nearly uniform.
 LOCAL_SLOPE_EXPONENT = 4.0

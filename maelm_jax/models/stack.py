@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from maelm_jax.models import options
 from maelm_jax.models.dropout import Dropout
 from maelm_jax.models.layers import (
     HIDDEN_STATES,
@@ -109,18 +110,15 @@ class CrossTransformerLayer(nn.Module):
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
 
-# What a layer keeps for the backward pass (jax.checkpoint policies); the rest is
-# recomputed. "none": no rematerialisation, everything is kept. "full": only the layer's
-# input, the whole layer is recomputed (least memory, about one more forward). "dots":
-# the matmul outputs (recomputes the cheap element-wise work: LayerNorm, GELU, softmax,
-# dropout). "dots_no_batch": only the matmuls against weights (recomputes attention's
-# score and weighted-sum matmuls too), MaxText's usual choice for large models.
+# Each of options.REMAT_POLICIES (what each keeps: models/options.py) as its jax.checkpoint
+# policy.
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_saveable,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+assert tuple(REMAT_POLICIES) == options.REMAT_POLICIES
 
 
 def remat_layer(layer_cls: type, policy: str, scanned: bool, deterministic_argnum: int = 4

@@ -1,40 +1,50 @@
 """What a pretraining objective is: the one interface every objective implements.
 
-An objective decides five things, and nothing else in the trainer depends on which one
-runs (the train step, the loop, the checkpoints, the benchmarks and the study see only
-this interface):
+An objective owns everything that is specific to it, and nothing else in the trainer
+depends on which one runs (the config, the train and eval steps, the loop, checkpoints,
+fill-mask, the benchmarks and the study see only this interface):
 
+* its config fields: their defaults (`defaults`, merged into config.pretrain_defaults())
+  and their types and ranges (`fields`, merged into the table config.validate checks),
+  and the rules that relate them (`validate`);
 * what the encoder sees (`removes_masks`: whether removed [MASK]s leave the encoder's
   input, which fixes the masked batch's static sizes through masking.MaskCounts);
+* its corruption of a batch of token blocks (`corrupt`: by default the shared masking);
 * the model: a frozen model config built from the pretraining config and the shared
   encoder's config (`model_config`), and the Flax module it describes (`model`), whose
   parameters hold the encoder under "encoder" (what fine-tuning keeps) and which maps a
   masking.MaskedBatch to logits [B, k, vocab] at batch.pred_index;
-* the loss and per-category metrics (`loss_sums`: by default the masked-LM sums below);
+* its loss as sums over predicted tokens (`loss_sums`: by default the masked-LM sums
+  below); the train step accumulates whatever sums it returns and reports each one per
+  predicted token (`per_token`), so an extra term needs no change outside the objective;
 * the training FLOPs of one step (`step_flops`, counted as 3ML Appendix D does, with the
-  formulas of maelm_jax/flops.py);
-* its validation rules: the fields that relate to each other only under this objective
-  (`validate`).
+  formulas of maelm_jax/flops.py).
 
 Fill-mask also asks an objective to fit a trained model to a text shorter than the
 pretraining length (`for_length`). Objectives are registered by name in
 maelm_jax/objectives/__init__.py; a new one is a module and a registry line.
+
+Importing an objective imports no Flax: config files and their validation read the
+objectives' fields, so the model code (maelm_jax/models) is imported where a model is
+built (`model_config`, `model`) or a loss computed.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import masking
-from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers
+from maelm_jax import masking, schema
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+
+    from maelm_jax.models import encoder as encoder_lib
 
 # require(cond, field, expected, got): raises the config's one-line error naming
 # config.<field> when cond is false (config.py passes its own).
@@ -46,6 +56,29 @@ class Objective(abc.ABC):
 
     name: str  # the value of config.objective
     removes_masks: bool  # removed [MASK]s are left out of the encoder's input
+
+    def defaults(self) -> ml_collections.ConfigDict:
+        """The config fields only this objective reads, with their defaults, nested as in
+        the pretraining config (e.g. {"model": {"decoder": {...}}}). Every registered
+        objective's are in config.pretrain_defaults(), whichever config.objective names,
+        so a config (and a recorded run's config.json) switches objective by one field."""
+        return ml_collections.ConfigDict()
+
+    def fields(self) -> dict[str, schema.Field]:
+        """Each field of `defaults` by dotted name: its type and range (maelm_jax/schema.py)."""
+        return {}
+
+    def validate(  # noqa: B027 (optional: an objective may have no rules of its own)
+            self, config: ml_collections.ConfigDict, require: Require) -> None:
+        """Rules between fields that only this objective has (the fields' own types and
+        ranges are `fields`'); warnings for settings that run but do nothing."""
+
+    def corrupt(self, key: jax.Array, tokens: jax.Array, counts: masking.MaskCounts,
+                vocab_size: int) -> masking.MaskedBatch:
+        """The corrupted batch of `tokens` [B, L] int32, with exactly the static sizes of
+        `counts` (n_enc encoder positions, k predicted), drawn from `key`; runs inside the
+        jitted train and eval steps."""
+        return masking.apply_mask(key, tokens, counts, vocab_size)
 
     @abc.abstractmethod
     def model_config(self, config: ml_collections.ConfigDict,
@@ -63,15 +96,13 @@ class Objective(abc.ABC):
                    vocab_size: int) -> int:
         """Training FLOPs of one optimiser step (3ML Appendix D's count; see flops.py)."""
 
-    def validate(  # noqa: B027 (optional: an objective may have no rules of its own)
-            self, config: ml_collections.ConfigDict, require: Require) -> None:
-        """Rules between fields that only this objective has (the fields' own types and
-        ranges are config.FIELDS'); warnings for settings that run but do nothing."""
-
     def loss_sums(self, logits: jax.Array, batch: masking.MaskedBatch,
                   per_category: bool = False) -> dict[str, jax.Array]:
-        """Sums over the predicted tokens (see masked_lm_sums); the train step minimises
-        "loss_sum" / "count" over the global batch."""
+        """Float32 scalar sums over the predicted tokens of `batch` (logits [B, k, V]):
+        "loss_sum", which the train step minimises divided by "count" over the global
+        batch, "count", and any other "<x>_sum", reported as <x> per count (`per_token`).
+        With `per_category` (evaluation), also "category_<x>_sum" and "category_count" as
+        [3] arrays indexed by masking.MASKED / RANDOM / UNCHANGED."""
         return masked_lm_sums(logits, batch.targets, batch.weights,
                               batch.category if per_category else None)
 
@@ -95,6 +126,8 @@ def masked_lm_sums(
     masking.MASKED / RANDOM / UNCHANGED: "category_loss_sum", "category_correct_sum",
     "category_count".
     """
+    from maelm_jax.models import layers  # the model code, once a loss is computed
+
     nll = layers.cross_entropy(logits, targets)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     sums = {
@@ -108,3 +141,27 @@ def masked_lm_sums(
         sums["category_correct_sum"] = jnp.einsum("bk,bkc->c", correct, one_hot)
         sums["category_count"] = jnp.sum(one_hot, axis=(0, 1))
     return sums
+
+
+# Metric names of sums whose name is not "<metric>_sum" (kept from before sums were
+# reported generically: logs and study reports read "accuracy").
+_METRIC_NAMES = {"correct_sum": "accuracy"}
+CATEGORY_PREFIX = "category_"
+
+
+def per_token(sums: Mapping[str, Any]) -> dict[str, Any]:
+    """Each "<x>_sum" of `sums` divided by its "count" (at least 1), named <x> ("correct_sum"
+    as "accuracy"): the train step's metrics (jax scalars) and an evaluation's scores
+    (numpy totals) alike. The per-category sums are `category`'s."""
+    count = sums["count"]
+    count = jnp.maximum(count, 1.0) if isinstance(count, jax.Array) else max(float(count), 1.0)
+    return {_METRIC_NAMES.get(name, name.removesuffix("_sum")): value / count
+            for name, value in sums.items()
+            if name.endswith("_sum") and not name.startswith(CATEGORY_PREFIX)}
+
+
+def category(sums: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The sums of one corruption category (masking.MASKED, RANDOM or UNCHANGED) out of
+    the "category_*" [3] arrays, under the overall sums' names (for `per_token`)."""
+    return {name.removeprefix(CATEGORY_PREFIX): value[index] for name, value in sums.items()
+            if name.startswith(CATEGORY_PREFIX)}

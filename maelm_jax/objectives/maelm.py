@@ -1,141 +1,93 @@
 """MAE-LM (and 3ML_self, 3ML_cross): [MASK]s never enter the encoder; a shallow decoder,
-dropped after pretraining, predicts them.
+dropped after pretraining, predicts them (the model: maelm_jax/models/maelm.py).
 
-The encoder reads only the tokens that are not removed [MASK]s, at their original
-positions. config.model.decoder.kind picks the decoder (models/decoder.py):
-
-* ``self`` (MAE-LM, 3ML_self): fills the full length with the [MASK] embedding and the
-    encoder's outputs, and predicts every corrupted token from there;
-* ``cross`` (3ML_cross) and MAE-LM Table 2's ``causal_cross`` / ``cross_only``: reads only
-    the removed [MASK]s and attends to the encoder; the other predicted tokens (random,
-    unchanged, [MASK]s kept in the encoder) are predicted from the encoder's outputs, all
-    with the same prediction layer.
-
-`misaligned_positions` is MAE-LM Table 2's "misaligned position encoding": the encoder
-reads its tokens at consecutive positions 0..n_enc-1 (absolute and relative alike)
-instead of their original ones; the decoder keeps the original positions. The LM head
-runs only at the k predicted positions.
+Its config fields are the decoder's (``model.decoder.*``: its size, kind, dropout and the
+official code's options) and MAE-LM Table 2's ``model.misaligned_positions``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from maelm_jax import flops, masking, tokenizer
-from maelm_jax.models import decoder as decoder_lib
-from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import heads, layers
+from maelm_jax import flops, masking, schema
+from maelm_jax.models import options
 from maelm_jax.objectives import base
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MaeLmConfig:
-    encoder: encoder_lib.EncoderConfig
-    decoder: decoder_lib.DecoderConfig
-    misaligned_positions: bool = False  # encoder positions 0..n_enc-1
-
-
-class MaeLmModel(nn.Module):
-    cfg: MaeLmConfig
-
-    def setup(self):
-        cfg = self.cfg
-        self.encoder = encoder_lib.Encoder(cfg.encoder)
-        self.decoder_to_encoder = None
-        if cfg.decoder.kind == "self":
-            self.decoder = decoder_lib.Decoder(cfg.decoder)
-        else:
-            self.decoder = decoder_lib.CrossDecoder(cfg.decoder)
-            if cfg.decoder.stack.d_model != cfg.encoder.stack.d_model:
-                # The shared prediction layer reads the encoder's width (3ML App. D, the
-                # d_de x d_en term of eq. 4's decoder prediction).
-                self.decoder_to_encoder = nn.Dense(
-                    cfg.encoder.stack.d_model,
-                    dtype=cfg.encoder.stack.dtype,
-                    kernel_init=layers.normal_init(("dec_embed", "embed")),
-                    bias_init=layers.zeros_init(("embed",)),
-                )
-        self.lm_head = heads.LmHead(
-            cfg.encoder.stack.d_model, cfg.encoder.vocab_size, cfg.encoder.stack.dtype
-        )
-
-    def __call__(self, batch: masking.MaskedBatch, deterministic: bool = True) -> jax.Array:
-        """Returns logits [B, k, vocab] (float32) at batch.pred_index."""
-        enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)  # [B, n_enc]
-        enc_positions = batch.enc_index
-        if self.cfg.misaligned_positions:
-            # One row for the whole batch: the relative bias is then computed once.
-            enc_positions = jnp.arange(enc_tokens.shape[1], dtype=jnp.int32)[None]
-        hidden = self.encoder(enc_tokens, enc_positions, deterministic=deterministic)
-        shared_positions = (
-            self.encoder.position_table() if self.cfg.decoder.share_positions else None
-        )
-        if self.cfg.decoder.kind != "self":
-            return self._cross_logits(batch, hidden, shared_positions, deterministic)
-        mask_embedding = self.encoder.embed(jnp.int32(tokenizer.MASK_ID))
-        reset = batch.inputs == tokenizer.MASK_ID if self.cfg.decoder.reset_masks else None
-        hidden = self.decoder(
-            hidden, batch.enc_index, mask_embedding, shared_positions, deterministic, reset
-        )  # [B, L, D_dec]
-        predicted = masking.gather_tokens(hidden, batch.pred_index)  # [B, k, D]
-        return self.lm_head(predicted, self.encoder.attend)
-
-    def _cross_logits(self, batch, hidden, shared_positions, deterministic) -> jax.Array:
-        """The cross kinds: removed [MASK]s predicted from the decoder, the other predicted
-        tokens from the encoder's outputs. Logits [B, k, vocab] in batch.pred_index order."""
-        split = split_predictions(batch)
-        parts = []
-        if split.dec_index.shape[1]:
-            dec = self.decoder(hidden, batch.enc_index, split.dec_index, shared_positions,
-                               deterministic)  # [B, n_de, D_dec]
-            parts.append(self.decoder_to_encoder(dec) if self.decoder_to_encoder else dec)
-        parts.append(masking.gather_tokens(hidden, split.enc_slot))  # [B, k - n_de, D_enc]
-        predicted = masking.gather_tokens(jnp.concatenate(parts, axis=1), split.inverse)
-        return self.lm_head(predicted, self.encoder.attend)
-
-
-class PredictionSplit(NamedTuple):
-    """Where a cross decoder's model predicts each of the k tokens (all static shapes).
-
-    dec_index: [B, n_de] original positions of the removed [MASK]s, ascending
-    enc_slot:  [B, k - n_de] index into the encoder's sequence of the other predicted tokens
-    inverse:   [B, k] permutation from [decoder part; encoder part] back to pred_index order
-    """
-
-    dec_index: jax.Array
-    enc_slot: jax.Array
-    inverse: jax.Array
-
-
-def split_predictions(batch: masking.MaskedBatch) -> PredictionSplit:
-    B, L = batch.inputs.shape
-    n_de = L - batch.enc_index.shape[1]  # removed [MASK]s: a Python int
-    rows = jnp.arange(B)[:, None]
-    n_enc = batch.enc_index.shape[1]
-    slot = jnp.full((B, L), -1, jnp.int32).at[rows, batch.enc_index].set(
-        jnp.broadcast_to(jnp.arange(n_enc, dtype=jnp.int32), (B, n_enc))
-    )
-    pred_slot = masking.gather_tokens(slot, batch.pred_index)  # [B, k], -1 = removed
-    # Removed first, each group in ascending position order (a stable sort of sorted input).
-    order = jnp.argsort((pred_slot >= 0).astype(jnp.int32), axis=1, stable=True)
-    dec_index = masking.gather_tokens(batch.pred_index, order[:, :n_de])
-    enc_slot = masking.gather_tokens(pred_slot, order[:, n_de:])
-    return PredictionSplit(dec_index, enc_slot, jnp.argsort(order, axis=1).astype(jnp.int32))
 
 
 class MaeLm(base.Objective):
     name = "maelm"
     removes_masks = True
 
-    def model_config(self, config: ml_collections.ConfigDict,
-                     encoder: encoder_lib.EncoderConfig) -> MaeLmConfig:
+    def defaults(self) -> ml_collections.ConfigDict:
+        c = ml_collections.ConfigDict()
+        c.model = ml_collections.ConfigDict()
+        # MAE-LM Table 2 "misaligned position encoding": the encoder reads its kept tokens
+        # at positions 0..n_enc-1 instead of their original ones.
+        c.model.misaligned_positions = False
+        d = c.model.decoder = ml_collections.ConfigDict()
+        d.num_layers = 4
+        d.d_model = 768  # a projection bridges a different encoder width
+        d.num_heads = 12
+        d.d_ff = 3072
+        d.pre_ln = False
+        # "self": MAE-LM / 3ML_self (full length, self-attention); "cross": 3ML_cross (only
+        # the removed [MASK]s, self-attention among them and cross-attention to the
+        # encoder); "causal_cross" / "cross_only": the same with causal / no self-attention
+        # among the [MASK]s (MAE-LM Table 2's BART-like and cross-attention-only decoders).
+        d.kind = "self"
+        # MAE-LM Table 2 "enc. w. [MASK], dec. resets [MASK]": with masking.delta > 0, the
+        # self decoder reads the [MASK] embedding (not the encoder's output) at the
+        # encoder's [MASK]s.
+        d.reset_masks = False
+        d.dropout = 0.0  # MAE-LM's decoder has none; 3ML uses 0.1 on the whole model
+        d.attention_dropout = 0.0
+        # Options of the official code, off in the paper: a T5 relative position bias of the
+        # decoder's own (0 = off), and the encoder's position table shared with the decoder
+        # (equal widths only). See docs/plateau.md.
+        d.rel_pos_buckets = 0
+        d.rel_pos_max_distance = 128
+        d.rel_pos_init = "normal"
+        d.share_positions = False
+        return c
+
+    def fields(self) -> dict[str, schema.Field]:
+        return {
+            **schema.stack_fields("model.decoder"),
+            "model.decoder.pre_ln": schema.boolean(),
+            "model.decoder.rel_pos_buckets": schema.integer(0),
+            "model.decoder.rel_pos_max_distance": schema.integer(1),
+            "model.decoder.rel_pos_init": schema.choice(*options.REL_POS_INITS),
+            "model.decoder.share_positions": schema.boolean(),
+            "model.decoder.kind": schema.choice(*options.DECODER_KINDS),
+            "model.decoder.reset_masks": schema.boolean(),
+            "model.misaligned_positions": schema.boolean(),
+            "model.decoder.dropout": schema.rate(),
+            "model.decoder.attention_dropout": schema.rate(),
+        }
+
+    def validate(self, config: ml_collections.ConfigDict, require: base.Require) -> None:
+        m, d = config.model, config.model.decoder
+        schema.stack_rules(d, "model.decoder", m.attention_impl, require)
+        require(not d.share_positions or d.d_model == m.d_model,
+                "model.decoder.share_positions",
+                f"False when model.decoder.d_model ({d.d_model}) differs from model.d_model",
+                d.share_positions)
+        require(not d.reset_masks or d.kind == "self", "model.decoder.reset_masks",
+                f"False with model.decoder.kind={d.kind!r} (only the self decoder reads the "
+                "encoder's [MASK] positions)", d.reset_masks)
+        if d.reset_masks and config.masking.delta == 0:
+            logging.warning(
+                "config.model.decoder.reset_masks has no effect with config.masking.delta=0: "
+                "no [MASK] stays in the encoder; set masking.delta > 0 (Table 2 uses 1.0)")
+
+    def model_config(self, config, encoder):
+        from maelm_jax.models import decoder as decoder_lib
+        from maelm_jax.models import layers
+        from maelm_jax.models import maelm as model_lib
+
         m, d = config.model, config.model.decoder
         stack = encoder.stack
         dec_stack = layers.StackConfig(
@@ -163,11 +115,13 @@ class MaeLm(base.Objective):
             share_positions=d.share_positions,
             reset_masks=d.reset_masks,
         )
-        return MaeLmConfig(encoder=encoder, decoder=decoder,
-                           misaligned_positions=m.misaligned_positions)
+        return model_lib.MaeLmConfig(encoder=encoder, decoder=decoder,
+                                     misaligned_positions=m.misaligned_positions)
 
-    def model(self, model_cfg: MaeLmConfig) -> nn.Module:
-        return MaeLmModel(model_cfg)
+    def model(self, model_cfg):
+        from maelm_jax.models import maelm as model_lib
+
+        return model_lib.MaeLmModel(model_cfg)
 
     def step_flops(self, config: ml_collections.ConfigDict, counts: masking.MaskCounts,
                    vocab_size: int) -> int:
@@ -182,21 +136,7 @@ class MaeLm(base.Objective):
                                       m.d_ff, dec.d_model, dec.d_ff, counts.k, vocab_size,
                                       self_attention=dec.kind != "cross_only")
 
-    def validate(self, config: ml_collections.ConfigDict, require: base.Require) -> None:
-        m, d = config.model, config.model.decoder
-        require(not d.share_positions or d.d_model == m.d_model,
-                "model.decoder.share_positions",
-                f"False when model.decoder.d_model ({d.d_model}) differs from model.d_model",
-                d.share_positions)
-        require(not d.reset_masks or d.kind == "self", "model.decoder.reset_masks",
-                f"False with model.decoder.kind={d.kind!r} (only the self decoder reads the "
-                "encoder's [MASK] positions)", d.reset_masks)
-        if d.reset_masks and config.masking.delta == 0:
-            logging.warning(
-                "config.model.decoder.reset_masks has no effect with config.masking.delta=0: "
-                "no [MASK] stays in the encoder; set masking.delta > 0 (Table 2 uses 1.0)")
-
-    def for_length(self, model_cfg: MaeLmConfig, params, length: int):
+    def for_length(self, model_cfg, params, length: int):
         """The decoder is built for `length` and reads the first `length` rows of its own
         position table: the self decoder spans the whole sequence (pretraining always
         fills all L positions; a shorter text must not add phantom [MASK] positions)."""

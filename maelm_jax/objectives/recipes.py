@@ -2,7 +2,9 @@
 
 `MODELS` holds the four models the papers compare (MLM, MAE-LM, 3ML_self, 3ML_cross); the
 study trains them side by side, the benchmarks time them, configs/pretrain/3ml.py sizes
-them to 3ML Table 4. `TABLE2` holds MAE-LM Table 2's ablation rows, each a change to
+them to 3ML Table 4. Every other registered objective is a model too, named after itself
+with its own defaults (`names`, `get`), so a new objective joins the study and the
+benchmarks by its registry line. `TABLE2` holds MAE-LM Table 2's ablation rows, each a change to
 MAE-LM base (configs/pretrain/base.py offers them as variants). A recipe changes only
 what defines its model, so models built from one config share its corpus, tokenizer,
 encoder, budget, optimiser and seed.
@@ -16,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import variants
+from maelm_jax import objectives, variants
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +101,21 @@ TABLE2: dict[str, Recipe] = {r.name: r for r in (
     _row("dec_4x1024", "decoder 4 x 1024", model__decoder__d_model=1024,
          model__decoder__num_heads=16, model__decoder__d_ff=4096),
 )}
+
+
+def names() -> tuple[str, ...]:
+    """The models by name: the papers' (`MODELS`), then every registered objective that no
+    recipe is named after."""
+    return (*MODELS, *(name for name in objectives.names() if name not in MODELS))
+
+
+def get(name: str) -> Recipe:
+    """The model called `name` (one of `names()`); KeyError listing them for any other."""
+    if name in MODELS:
+        return MODELS[name]
+    if name in objectives.names():
+        return Recipe(name, name, {"objective": name})
+    raise KeyError(f"unknown model {name!r}; expected one of {', '.join(names())}")
 
 
 def display_name(name: str) -> str:

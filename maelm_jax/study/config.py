@@ -64,9 +64,15 @@ def _names_of(*allowed: str) -> schema.Field:
                         lambda v: bool(names(v)) and set(names(v)) <= set(allowed))
 
 
+# Looked up when checked, so an objective registered later can be studied too.
+_MODELS = schema.Field((str, list, tuple), "names among the papers' models "
+                       f"({', '.join(recipes.MODELS)}) and the registered objectives",
+                       lambda v: bool(names(v)) and set(names(v)) <= set(recipes.names()))
+
+
 FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice("study"),
-    "models": _names_of(*recipes.MODELS),
+    "models": _MODELS,
     "pretrain": schema.free_form("a pretraining config (maelm_jax/config.py)"),
     "glue_dir": schema.path("the GLUE directory, or empty to skip fine-tuning"),
     "tasks": _names_of(*GLUE_TASKS),
@@ -95,6 +101,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 def model_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
     """The pretraining config of one model of the study."""
-    c = recipes.MODELS[name].apply(config.pretrain)
+    c = recipes.get(name).apply(config.pretrain)
     c.train.fill_mask_examples = 0
     return c

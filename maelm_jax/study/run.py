@@ -31,6 +31,7 @@ from maelm_jax.finetune import glue, sweep
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report
 from maelm_jax.training import loop, preemption
+from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib
 
 
@@ -57,7 +58,7 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> d
         _timed(workdir, lambda: loop.train_and_evaluate(c, str(workdir)))
     vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
-            "train_flops": pretrain_config.step_flops(c, vocab) * c.train.num_steps,
+            "train_flops": setup_lib.step_flops(c, vocab) * c.train.num_steps,
             **report.pretraining_metrics(workdir)}
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, layout, masking, mfu, paths, sharding
+from maelm_jax import distributed, layout, masking, mfu, objectives, paths, sharding
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -23,10 +23,11 @@ from maelm_jax.training import workdir as workdir_lib
 
 
 def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str, float]:
-    """Masked-token loss, accuracy and perplexity on fixed validation batches and masks;
-    the same per category of corruption (``mask_loss``, ``random_accuracy``,
-    ``unchanged_perplexity``, ...; the 3ML paper's Tables 1 and 2c) for every category the
-    masking produces (MAE-LM's 100-0-0 has only ``mask_*``)."""
+    """The objective's loss sums on fixed validation batches and masks, as scores per
+    predicted token: loss, accuracy and perplexity, and any other sum the objective adds
+    (objectives.per_token); the same per category of corruption (``mask_loss``,
+    ``random_accuracy``, ``unchanged_perplexity``, ...; the 3ML paper's Tables 1 and 2c)
+    for every category the masking produces (MAE-LM's 100-0-0 has only ``mask_*``)."""
     totals: dict[str, np.ndarray] = {}
     for i, tokens in enumerate(batches):
         # The same keys every time, so evals at different steps score identical masks.
@@ -34,22 +35,21 @@ def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str
         sums = jax.device_get(eval_step(params, tokens, key))
         for name, value in sums.items():
             totals[name] = totals.get(name, 0.0) + np.asarray(value, np.float64)
-    out = _scores(totals.get("loss_sum", 0.0), totals.get("correct_sum", 0.0),
-                  totals.get("count", 0.0))
+    if not totals:
+        return _scores({"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0})
+    out = _scores(totals)
     if "category_count" in totals:
         for c, name in enumerate(masking.CATEGORY_NAMES):
             if totals["category_count"][c] > 0:
-                scores = _scores(totals["category_loss_sum"][c],
-                                 totals["category_correct_sum"][c], totals["category_count"][c])
+                scores = _scores(objectives.category(totals, c))
                 out.update({f"{name}_{k}": v for k, v in scores.items()})
     return out
 
 
-def _scores(loss_sum, correct_sum, count) -> dict[str, float]:
-    count = max(float(count), 1.0)
-    loss = float(loss_sum) / count
-    return {"loss": loss, "accuracy": float(correct_sum) / count,
-            "perplexity": metrics_lib.perplexity(loss)}
+def _scores(sums) -> dict[str, float]:
+    scores = {name: float(value) for name, value in objectives.per_token(sums).items()}
+    scores["perplexity"] = metrics_lib.perplexity(scores["loss"])
+    return scores
 
 
 def _throughput(steps: int, seconds: float, step: int, tokens_per_step: int,

@@ -3,7 +3,10 @@
 The training loop, the memory planner (scripts/plan_memory.py), the benchmarks and the
 tests all build what they run through `build`, so the step a benchmark times or a test
 checks is the step the loop runs: the same model, optimiser and schedule, mask counts,
-state shardings and jitted steps.
+state shardings and jitted steps. The model (`model_config`, `model`) and the FLOPs
+(`step_flops`) a config implies are built here too, for everything that needs one
+without a trainer (fill-mask, the analyses, reading a run back, MFU); the config itself
+(maelm_jax/config.py) stays plain data.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from jax.sharding import Mesh
 
 from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding
+from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layers
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
@@ -35,7 +40,7 @@ class Trainer:
     mesh: Mesh
     rules: tuple  # logical axis -> mesh axis rules (sharding.DEFAULT_RULES by default)
     counts: masking.MaskCounts  # the static sizes of every masked batch
-    model: nn.Module  # the objective's model (config_lib.model)
+    model: nn.Module  # the objective's model (`model`)
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     state: state_lib.StateSetup  # init(), the abstract state and its shardings
@@ -66,6 +71,54 @@ class Trainer:
             return self.train_step.lower(self.state.abstract, self.batch_spec()).compile()
 
 
+def encoder_config(config: ml_collections.ConfigDict,
+                   vocab_size: int) -> encoder_lib.EncoderConfig:
+    """The shared encoder's frozen description (dtype and attention kernel resolved for this
+    backend), whatever the objective: what fine-tuning and the analyses rebuild."""
+    m = config.model
+    dtype = layers.resolve_dtype(m.dtype)
+    attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
+    if attention_impl == "pallas" and jax.default_backend() not in ("gpu", "cpu"):
+        raise config_lib.ConfigError(
+            "config.model.attention_impl: expected 'einsum' (or 'auto') on this backend: "
+            f"'pallas' is a GPU (Triton) kernel, and this is a {jax.default_backend()}, got "
+            f"{m.attention_impl!r}")
+    return encoder_lib.from_architecture(
+        encoder_lib.model_architecture(m, vocab_size=vocab_size,
+                                       max_positions=config.data.seq_len),
+        where="config.model",
+        dtype=dtype,
+        rel_pos_init=m.rel_pos_init,
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        activation_dropout=m.activation_dropout,
+        attention_impl=attention_impl,
+        pallas=config_lib.kernel_options(config),
+        scan_layers=m.scan_layers,
+        remat_policy=m.remat_policy,
+    )
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
+    """The frozen model description the objective's Flax module takes: the objective's
+    parts around the shared encoder's (`encoder_config`)."""
+    return config_lib.objective(config).model_config(config,
+                                                     encoder_config(config, vocab_size))
+
+
+def model(config: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
+    """The pretraining model (encoder, and the objective's decoder and head) of `config`."""
+    return config_lib.objective(config).model(model_config(config, vocab_size))
+
+
+def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
+    """Training FLOPs of one optimiser step (3ML Appendix D's count, maelm_jax/flops.py):
+    the objective's formula at the exact mask counts the train step uses and the global
+    batch train.batch_size (gradient accumulation splits the same batch)."""
+    return config_lib.objective(config).step_flops(config, config_lib.mask_counts(config),
+                                                   vocab_size)
+
+
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None = None,
           rules: tuple | None = None) -> Trainer:
     """The trainer a validated pretraining `config` describes, on `mesh` (default: the
@@ -75,7 +128,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
     counts = config_lib.mask_counts(config)
     objective = config_lib.objective(config)
-    model = objective.model(config_lib.model_config(config, vocab_size))
+    model = objective.model(model_config(config, vocab_size))
     tx, schedule = optimizer_lib.make_optimizer(t)
     state = steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
     train_step = steps.jit_train_step(

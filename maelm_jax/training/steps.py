@@ -1,7 +1,10 @@
 """The train state and the jitted train / eval steps.
 
-Masks and dropout come from keys folded from (seed, step, micro-batch), so a step's
-randomness does not depend on what ran before it: a resumed run draws the same masks.
+The corruption (the objective's `corrupt`; by default the shared masking), the loss and
+the metrics are the objective's: the step accumulates whatever loss sums it returns and
+reports each per predicted token. Masks and dropout come from keys folded from (seed, step,
+micro-batch), so a step's randomness does not depend on what ran before it: a resumed run
+draws the same masks.
 Those keys use the PRNG implementation `prng_impl` (config.train.prng_impl, one of
 config.PRNG_IMPLS); parameter initialisation and evaluation masks always use threefry, so they
 are the same whichever is chosen. Gradients are accumulated as sums over micro-batches
@@ -90,7 +93,7 @@ def make_train_step(
 
     def micro_loss(params, tokens, key):
         mask_key, dropout_key = jax.random.split(key)
-        batch = masking.apply_mask(mask_key, tokens, counts, vocab_size)
+        batch = objective.corrupt(mask_key, tokens, counts, vocab_size)
         logits = model.apply(
             {"params": params}, batch, deterministic=False, rngs={"dropout": dropout_key}
         )
@@ -98,6 +101,14 @@ def make_train_step(
         return sums["loss_sum"], sums
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
+
+    def sums_shape(tokens, key):
+        """The loss sums of one micro-batch, for their shapes (the accumulation's carry):
+        only the corruption and the loss are traced, on logits [b, k, vocab] of the
+        interface's shape."""
+        batch = objective.corrupt(key, tokens, counts, vocab_size)
+        return objective.loss_sums(jnp.zeros((*batch.targets.shape, vocab_size), jnp.float32),
+                                   batch)
 
     def train_step(state: TrainState, tokens: jax.Array):
         B, L = tokens.shape
@@ -113,8 +124,8 @@ def make_train_step(
             g, s = grad_fn(state.params, tokens_i, jax.random.fold_in(step_key, i))
             return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, sums, s)), None
 
-        zero_sums = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
-        zero_sums = jax.tree.map(jnp.float32, zero_sums)
+        zero_sums = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                 jax.eval_shape(sums_shape, micro[0], step_key))
         zero_grads = jax.tree.map(jnp.zeros_like, state.params)
         (grads, sums), _ = jax.lax.scan(
             accumulate, (zero_grads, zero_sums), (micro, jnp.arange(grad_accum_steps))
@@ -125,8 +136,7 @@ def make_train_step(
         params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
             tx, grads, state.opt_state, state.params, loss)
         metrics = {
-            "loss": loss,
-            "accuracy": sums["correct_sum"] / count,
+            **objectives.per_token(sums),  # loss, accuracy and any other sum, per token
             "grad_norm": grad_norm,
             "learning_rate": schedule(state.step),
             "nonfinite": nonfinite,
@@ -169,14 +179,14 @@ def jit_eval_step(eval_step: Callable, setup: state_lib.StateSetup, mesh: Mesh,
 
 def make_eval_step(model: nn.Module, objective: objectives.Objective,
                    counts: masking.MaskCounts, vocab_size: int) -> Callable:
-    """Returns eval_step(params, tokens [b, L], key) -> sums of loss/correct/count, overall
+    """Returns eval_step(params, tokens [b, L], key) -> the objective's loss sums, overall
     and per category of corruption ([MASK], random, unchanged; see objectives.masked_lm_sums).
 
     The caller passes fixed keys so every evaluation scores the same masks.
     """
 
     def eval_step(params, tokens, key):
-        batch = masking.apply_mask(key, tokens, counts, vocab_size)
+        batch = objective.corrupt(key, tokens, counts, vocab_size)
         logits = model.apply({"params": params}, batch, deterministic=True)
         return objective.loss_sums(logits, batch, per_category=True)
 

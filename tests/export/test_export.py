@@ -32,6 +32,7 @@ from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import relative_position
 from maelm_jax.objectives import recipes
 from maelm_jax.training import loop
+from maelm_jax.training import setup as setup_lib
 
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
@@ -116,7 +117,7 @@ def _our_logits(c, params, ids):
     ids = np.asarray(ids, np.int32)
     masked = np.flatnonzero(ids == tokenizer_lib.MASK_ID).astype(np.int32)
     objective = config_lib.objective(c)
-    cfg, fitted = objective.for_length(config_lib.model_config(c, TINY_VOCAB), params, len(ids))
+    cfg, fitted = objective.for_length(setup_lib.model_config(c, TINY_VOCAB), params, len(ids))
     kept = np.setdiff1d(np.arange(len(ids), dtype=np.int32), masked)
     batch = masking.MaskedBatch(
         inputs=ids[None], enc_index=(kept if objective.removes_masks
@@ -130,7 +131,7 @@ def _our_logits(c, params, ids):
 def test_every_architecture_computes_ours_in_pytorch(name):
     recipe, changes = ARCHITECTURES[name]
     c = _config(recipe, changes)
-    model = config_lib.model(c, TINY_VOCAB)
+    model = setup_lib.model(c, TINY_VOCAB)
     batch = jax.tree.map(np.asarray, masking.apply_mask(
         jax.random.PRNGKey(0), jax.numpy.full((1, c.data.seq_len), 7, np.int32),
         config_lib.mask_counts(c), TINY_VOCAB))
@@ -142,7 +143,7 @@ def test_every_architecture_computes_ours_in_pytorch(name):
         # The encoder alone (AutoModel): every position, the second row padded.
         hidden = torch_model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         logits = torch_model(input_ids=ids, attention_mask=mask).logits.numpy()
-    encoder_cfg = config_lib.model_config(c, TINY_VOCAB).encoder
+    encoder_cfg = setup_lib.model_config(c, TINY_VOCAB).encoder
     for row, text in enumerate(IDS):
         n = len(text)
         ours = encoder_lib.Encoder(encoder_cfg).apply(
@@ -175,7 +176,7 @@ def _finetune_cfg(task: str, pooling: str = "first"):
                                           ("squad", "first")])
 def test_heads_compute_ours_in_pytorch(task, pooling):
     c = tiny_config("mlm")
-    encoder_cfg = config_lib.model_config(c, TINY_VOCAB).encoder
+    encoder_cfg = setup_lib.model_config(c, TINY_VOCAB).encoder
     arch = encoder_lib.architecture(encoder_cfg)
     hf_config, head, _ = export_run.finetuning_config(arch, _finetune_cfg(task, pooling))
     # A question and a context: the span head's allowed positions depend on the </s>s.

@@ -13,7 +13,8 @@ from maelm_jax import config as config_lib
 from maelm_jax import masking, tokenizer, variants
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.objectives import maelm
+from maelm_jax.models import maelm
+from maelm_jax.training import setup as setup_lib
 
 from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
@@ -95,7 +96,7 @@ def test_cross_kinds_never_read_a_kept_tokens_input_embedding_directly():
         assert set(params["decoder"]) & {"word_embeddings", "token_embeddings"} == set()
         enc_out = _intermediates(model, params, batch)["encoder"]["__call__"][0]
         split = maelm.split_predictions(batch)
-        cfg = config_lib.model_config(c, TINY_VOCAB).decoder
+        cfg = setup_lib.model_config(c, TINY_VOCAB).decoder
         alone = decoder_lib.CrossDecoder(cfg).apply(
             {"params": params["decoder"]}, enc_out, batch.enc_index, split.dec_index)
         np.testing.assert_allclose(np.asarray(alone), _decoder_outputs(model, params, batch),
@@ -145,7 +146,7 @@ def test_misaligned_positions_are_consecutive():
     enc_out = np.asarray(_intermediates(model, params, batch)["encoder"]["__call__"][0])
     enc_tokens = masking.gather_tokens(batch.inputs, batch.enc_index)
     consecutive = jnp.broadcast_to(jnp.arange(enc_tokens.shape[1]), enc_tokens.shape)
-    encoder = encoder_lib.Encoder(config_lib.model_config(c, TINY_VOCAB).encoder)
+    encoder = encoder_lib.Encoder(setup_lib.model_config(c, TINY_VOCAB).encoder)
     direct = jax.jit(lambda pos: encoder.apply({"params": params["encoder"]}, enc_tokens, pos))
     np.testing.assert_allclose(enc_out, np.asarray(direct(consecutive)), atol=1e-5)
     assert not np.allclose(enc_out, np.asarray(direct(batch.enc_index)), atol=1e-5)
@@ -178,9 +179,9 @@ BUILT = {"base.py:maelm", "base.py:mlm", "base.py:enc_mask_reset", "base.py:dec_
 def test_every_preset_validates_and_builds(spec):
     c = variants.load(str(PRETRAIN / spec))
     config_lib.validate(c)
-    model_cfg = config_lib.model_config(c, c.tokenizer.vocab_size)
+    model_cfg = setup_lib.model_config(c, c.tokenizer.vocab_size)
     counts = config_lib.mask_counts(c)
-    assert config_lib.step_flops(c, c.tokenizer.vocab_size) > 0
+    assert setup_lib.step_flops(c, c.tokenizer.vocab_size) > 0
     if spec not in BUILT:
         return
     # Built abstractly (shapes only, no memory) at batch 1.

@@ -7,11 +7,11 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from maelm_jax import config as pretrain_config
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+from maelm_jax.training import setup as setup_lib
 
 from tiny_config import tiny_config
 
@@ -87,7 +87,7 @@ def test_pretraining_and_finetuning_from_scratch_build_the_same_encoder(tiny_tok
                     "rel_pos_bucket_fn": "maelm"}
     for model in (pretrain.model, finetune.model):
         model.update(architecture)
-    pretrained = pretrain_config.model_config(pretrain, tiny_tokenizer.vocab_size).encoder
+    pretrained = setup_lib.model_config(pretrain, tiny_tokenizer.vocab_size).encoder
     scratch = train.encoder_and_tokenizer(finetune)[0]
     assert scratch == pretrained
     record = encoder_lib.architecture(scratch)

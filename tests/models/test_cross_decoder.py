@@ -7,7 +7,7 @@ import pytest
 
 from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer
-from maelm_jax.objectives import maelm
+from maelm_jax.models import maelm
 from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model

@@ -60,7 +60,7 @@ def _pairs_accuracy(objective: str, num_steps: int, **decoder_options) -> float:
 
 def _params(objective: str, **decoder_options):
     c = _pairs_config(objective, **decoder_options)
-    model = config_lib.model(c, PAIRS_VOCAB)
+    model = setup_lib.model(c, PAIRS_VOCAB)
     batch = masking.apply_mask(
         jax.random.PRNGKey(0), jnp.asarray(_pairs(np.random.default_rng(0), 2)),
         config_lib.mask_counts(c), PAIRS_VOCAB,

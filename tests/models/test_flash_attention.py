@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import layers
+from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
@@ -197,7 +197,7 @@ def _pallas_and_einsum(objective="maelm", **model):
     c.model.update(model)
     plain, batch, params = tiny_model(c)
     c.model.attention_impl = "pallas"
-    flash = config_lib.model(c, TINY_VOCAB)
+    flash = setup_lib.model(c, TINY_VOCAB)
     return plain, flash, batch, params
 
 

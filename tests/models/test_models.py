@@ -37,7 +37,7 @@ def _model(objective="maelm", **overrides):
     for key, value in overrides.items():
         c.model[key] = value
     counts = config_lib.mask_counts(c)
-    return config_lib.model(c, VOCAB), counts, c
+    return setup_lib.model(c, VOCAB), counts, c
 
 
 @pytest.mark.parametrize("pre_ln", [False, True])
@@ -134,7 +134,7 @@ def test_narrow_decoder_gets_a_projection():
     c.model.decoder.d_model = 16
     c.model.decoder.num_heads = 2
     counts = config_lib.mask_counts(c)
-    model = config_lib.model(c, VOCAB)
+    model = setup_lib.model(c, VOCAB)
     b = _batch(counts)
     params = model.init(jax.random.PRNGKey(0), b)["params"]
     assert params["decoder"]["projection"]["kernel"].value.shape == (32, 16)
@@ -201,7 +201,7 @@ def test_bucket_fn_reaches_the_encoder():
     c = tiny_config("maelm")
     c.model.rel_pos_bucket_fn = "maelm"
     config_lib.validate(c)
-    cfg = config_lib.model_config(c, TINY_VOCAB)
+    cfg = setup_lib.model_config(c, TINY_VOCAB)
     assert cfg.encoder.rel_pos_bucket_fn == "maelm" and cfg.decoder.rel_pos_bucket_fn == "maelm"
     c.model.rel_pos_bucket_fn = "alibi"
     with pytest.raises(config_lib.ConfigError, match="config.model.rel_pos_bucket_fn"):
@@ -237,7 +237,7 @@ def test_rel_pos_init_reaches_the_encoder_and_decoder_tables(objective):
     c.model.rel_pos_init = "local"
     c.model.decoder.rel_pos_buckets = 8
     c.model.decoder.rel_pos_init = "local"
-    model = config_lib.model(c, 64)
+    model = setup_lib.model(c, 64)
     counts = config_lib.mask_counts(c)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), steps._dummy_batch(counts)))
     tables = {"/".join(k.key for k in path[:-1]): leaf
@@ -319,10 +319,10 @@ def test_compute_dtype_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
     assert layers.resolve_dtype("float16", "gpu") == jnp.float16
     c = tiny_config("maelm")
     assert c.model.dtype == "auto"  # the default
-    cfg = config_lib.model_config(c, TINY_VOCAB)  # this backend: the CPU
+    cfg = setup_lib.model_config(c, TINY_VOCAB)  # this backend: the CPU
     assert cfg.encoder.stack.dtype == jnp.float32 and cfg.decoder.stack.dtype == jnp.float32
     c.model.dtype = "bfloat16"
-    assert config_lib.model_config(c, TINY_VOCAB).encoder.stack.dtype == jnp.bfloat16
+    assert setup_lib.model_config(c, TINY_VOCAB).encoder.stack.dtype == jnp.bfloat16
 
 
 def test_fused_attention_model_matches_and_keeps_einsum_for_dropout(monkeypatch):
@@ -345,7 +345,7 @@ def test_fused_attention_model_matches_and_keeps_einsum_for_dropout(monkeypatch)
     plain, batch, params = tiny_model(c)
     n_enc, L = batch.enc_index.shape[1], batch.inputs.shape[1]
     c.model.attention_impl = "xla"
-    fused = config_lib.model(c, TINY_VOCAB)
+    fused = setup_lib.model(c, TINY_VOCAB)
     want = plain.apply({"params": params}, batch, deterministic=True)
     assert not lengths  # the einsum model never calls the fused attention
     got = fused.apply({"params": params}, batch, deterministic=True)

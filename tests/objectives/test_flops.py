@@ -4,6 +4,7 @@ import pytest
 
 from maelm_jax import config as config_lib
 from maelm_jax import flops
+from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config
 
@@ -70,7 +71,7 @@ def test_roberta_equation_2():
     config.objective = "mlm"
     config.train.batch_size = b
     assert config_lib.mask_counts(config).k == nr
-    assert config_lib.step_flops(config, vocab) == eq2
+    assert setup_lib.step_flops(config, vocab) == eq2
 
 
 def test_3ml_self_equation_3():
@@ -91,7 +92,7 @@ def test_3ml_self_equation_3():
     b, n, n_en, d_en, d_de, nr = 256, 512, 348, 768, 384, 205
     eq3 = 2 * b * (2 * n_en * d_en * d_de + 12 * _paper_blk(n_en, d_en)
                    + 2 * _paper_blk(n, d_de) + 2 * nr * (d_de * d_en + d_en * vocab))
-    assert config_lib.step_flops(config, vocab) == eq3
+    assert setup_lib.step_flops(config, vocab) == eq3
 
 
 def test_maelm_default_is_cheaper_encoder_plus_decoder():
@@ -101,7 +102,7 @@ def test_maelm_default_is_cheaper_encoder_plus_decoder():
     vocab = 32768
     expected = 2 * (12 * _paper_blk(435, 768) + 4 * _paper_blk(512, 768)
                     + 2 * 77 * (768 * 768 + 768 * vocab))
-    assert config_lib.step_flops(config, vocab) == expected
+    assert setup_lib.step_flops(config, vocab) == expected
 
 
 # --- reductions ---------------------------------------------------------------------------------
@@ -125,14 +126,14 @@ def test_step_flops_maelm_delta_one_reduces_to_mlm():
     assert config_lib.mask_counts(config).n_enc == 128
     mlm = config.copy_and_resolve_references()
     mlm.objective = "mlm"
-    assert config_lib.step_flops(config, 5000) == config_lib.step_flops(mlm, 5000)
+    assert setup_lib.step_flops(config, 5000) == setup_lib.step_flops(mlm, 5000)
 
 
 def test_step_flops_rejects_unknown_objective():
     config = config_lib.pretrain_defaults()
     config.objective = "electra"
     with pytest.raises(config_lib.ConfigError, match="objective"):
-        config_lib.step_flops(config, 1000)
+        setup_lib.step_flops(config, 1000)
 
 
 # --- 3ML_cross, eq. (4) ----------------------------------------------------------------------
@@ -165,10 +166,10 @@ def test_3ml_cross_equation_4():
                    + 2 * (k - n_de) * (d_en * d_en + d_en * vocab)   # encoder-side head
                    + 2 * n_de * (d_de * d_en + d_en * vocab))        # decoder-side head
     # Ours has one more d_en x d_en map on the decoder side (see cross_step_flops).
-    assert config_lib.step_flops(config, vocab) == eq4 + 2 * 2 * 2 * n_de * d_en * d_en
+    assert setup_lib.step_flops(config, vocab) == eq4 + 2 * 2 * 2 * n_de * d_en * d_en
     # Equal widths: no projection and no extra map.
     config.model.decoder.update(d_model=768, num_heads=12, d_ff=3072)
-    assert config_lib.step_flops(config, vocab) == 2 * 2 * (
+    assert setup_lib.step_flops(config, vocab) == 2 * 2 * (
         12 * _paper_blk(n_en, 768) + 2 * flops.cross_block(n_en, n_de, 768, 3072)
         + 2 * k * (768 * 768 + 768 * vocab))
 
@@ -191,7 +192,7 @@ def test_utilisation_is_model_flops_times_steps_per_second_over_devices():
     c = tiny_config("maelm")
     c.train.peak_tflops_per_device = 2.0
     util = mfu.Utilisation(c, TINY_VOCAB, num_devices=4, device_kind="cpu")
-    model_flops = config_lib.step_flops(c, TINY_VOCAB) * 3 // 2  # 3 x forward, not the paper's 2
+    model_flops = setup_lib.step_flops(c, TINY_VOCAB) * 3 // 2  # 3 x forward, not the paper's 2
     assert util.flops_per_step == model_flops
     out = util.measure(steps_per_sec=10.0)
     assert out["tflops_per_device"] == pytest.approx(model_flops * 10 / 4 / 1e12)

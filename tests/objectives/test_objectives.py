@@ -11,17 +11,20 @@ import sys
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import flops, masking, objectives, variants
+from maelm_jax import flops, masking, objectives, schema, tokenizer, variants
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.objectives import base, recipes
 from maelm_jax.study import config as study_config
+from maelm_jax.study import report as study_report
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import loop
+from maelm_jax.training import loop, steps
+from maelm_jax.training import setup as setup_lib
 
 from conftest import REPO_ROOT
 from tiny_config import TINY_VOCAB, tiny_config
@@ -32,9 +35,11 @@ GOLDEN = pathlib.Path(__file__).parents[1] / "golden" / "param_trees.json"
 # ------------------------------------------------------------------ a toy objective
 
 class ToyModel(nn.Module):
-    """The encoder reads the corrupted sequence (as MLM's); an untied dense layer predicts."""
+    """The encoder reads the corrupted sequence (as MLM's); an untied dense layer predicts
+    (with a bias or not: the toy's own config field)."""
 
     encoder_cfg: encoder_lib.EncoderConfig
+    head_bias: bool = True
 
     @nn.compact
     def __call__(self, batch: masking.MaskedBatch, deterministic: bool = True):
@@ -42,21 +47,58 @@ class ToyModel(nn.Module):
         hidden = encoder_lib.Encoder(self.encoder_cfg, name="encoder")(
             batch.inputs, positions, deterministic=deterministic)
         predicted = masking.gather_tokens(hidden, batch.pred_index)
-        head = nn.Dense(self.encoder_cfg.vocab_size, name="head",
+        head = nn.Dense(self.encoder_cfg.vocab_size, name="head", use_bias=self.head_bias,
                         kernel_init=layers.normal_init(("embed", "vocab")),
                         bias_init=layers.zeros_init(("vocab",)))
         return head(predicted).astype(jnp.float32)
 
 
 class Toy(base.Objective):
+    """Everything an objective can own: a field of its own (toy.head_bias), its own
+    corruption (one contiguous span of k [MASK]s per sequence) and an extra loss sum (a
+    z-loss, log(sum exp(logits))^2, PaLM's, added to the loss with a small weight)."""
+
     name = "toy"
     removes_masks = False
 
+    def __init__(self):
+        self.corrupted = []  # the token shapes `corrupt` was traced with
+
+    def defaults(self):
+        return ml_collections.ConfigDict({"toy": {"head_bias": True}})
+
+    def fields(self):
+        return {"toy.head_bias": schema.boolean()}
+
+    def corrupt(self, key, tokens, counts, vocab_size):
+        self.corrupted.append(tokens.shape)
+        B, L = tokens.shape
+        start = jax.random.randint(key, (B, 1), 0, L - counts.k + 1)
+        pred_index = (start + jnp.arange(counts.k)[None]).astype(jnp.int32)  # [B, k] sorted
+        rows = jnp.arange(B)[:, None]
+        targets = jnp.take_along_axis(tokens, pred_index, axis=1)
+        return masking.MaskedBatch(
+            inputs=tokens.at[rows, pred_index].set(tokenizer.MASK_ID),
+            enc_index=jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)),
+            pred_index=pred_index, targets=targets,
+            weights=(targets != tokenizer.PAD_ID).astype(jnp.float32),
+            category=jnp.full((B, counts.k), masking.MASKED, jnp.int32))
+
+    def loss_sums(self, logits, batch, per_category=False):
+        sums = super().loss_sums(logits, batch, per_category)
+        z = jax.nn.logsumexp(logits, axis=-1) ** 2 * batch.weights  # [B, k]
+        sums["loss_sum"] = sums["loss_sum"] + 1e-3 * jnp.sum(z)
+        sums["aux_sum"] = jnp.sum(z)
+        if per_category:
+            one_hot = jax.nn.one_hot(batch.category, len(masking.CATEGORY_NAMES))
+            sums["category_aux_sum"] = jnp.einsum("bk,bkc->c", z, one_hot)
+        return sums
+
     def model_config(self, config, encoder):
-        return encoder
+        return encoder, config.toy.head_bias
 
     def model(self, model_cfg):
-        return ToyModel(model_cfg)
+        return ToyModel(*model_cfg)
 
     def step_flops(self, config, counts, vocab_size):
         m = config.model
@@ -71,8 +113,9 @@ class Toy(base.Objective):
 
 @pytest.fixture
 def toy():
-    objectives.register(Toy())
-    yield
+    objective = Toy()
+    objectives.register(objective)
+    yield objective
     objectives.unregister("toy")
 
 
@@ -83,21 +126,49 @@ def _toy_config(tmp_path, tok):
                                   for i in range(120)))
     c.data.sources.main.kind = "text"
     c.data.sources.main.path = str(corpus)
-    c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 6
+    c.train.num_steps = 8
+    c.train.checkpoint_every = c.train.eval_every = 4
     return c
 
 
-def test_a_registered_objective_is_validated_by_its_own_rules(toy, tiny_tokenizer):
+def test_a_registered_objective_brings_its_fields_and_rules(toy, tiny_tokenizer):
     c = tiny_config("toy", tiny_tokenizer.model_path)
+    assert c.toy.head_bias is True  # its default, in every pretraining config
     config_lib.validate(c)
+    head = lambda c: jax.eval_shape(  # noqa: E731
+        setup_lib.model(c, TINY_VOCAB).init, jax.random.PRNGKey(0),
+        steps._dummy_batch(config_lib.mask_counts(c)))["params"]["head"]
+    assert set(head(c)) == {"kernel", "bias"}
     assert config_lib.mask_counts(c).n_enc == c.data.seq_len  # its encoder keeps [MASK]s
-    assert config_lib.step_flops(c, TINY_VOCAB) == Toy().step_flops(
+    assert setup_lib.step_flops(c, TINY_VOCAB) == Toy().step_flops(
         c, config_lib.mask_counts(c), TINY_VOCAB)
+    c.toy.head_bias = False
+    assert set(head(c)) == {"kernel"}
+    c.toy = ml_collections.ConfigDict({"head_bias": "no"})  # as a recorded config might
+    with pytest.raises(config_lib.ConfigError, match=r"^config\.toy\.head_bias: expected True "
+                       r"or False, got 'no'$"):
+        config_lib.validate(c)
+    c.toy = ml_collections.ConfigDict({"head_bias": False})
     c.masking.mask_frac = 0.8
     with pytest.raises(config_lib.ConfigError, match=r"config\.masking\.mask_frac: expected "
                        r"1\.0 for objective toy") as info:
         config_lib.validate(c)
     assert "\n" not in str(info.value)
+    # The other objectives' configs carry its field too (one config switches objective by
+    # one field), and lose it with the objective.
+    assert tiny_config("mlm").toy.head_bias is True
+    objectives.unregister("toy")
+    assert "toy" not in config_lib.pretrain_defaults()
+    objectives.register(toy)
+
+
+def test_an_objective_may_not_redefine_a_field(toy):
+    clash = Toy()
+    clash.name = "clash"
+    clash.defaults = lambda: ml_collections.ConfigDict({"toy": {"head_bias": False}})
+    with pytest.raises(ValueError, match="toy.head_bias defaults to False"):
+        objectives.register(clash)
+    assert objectives.names() == ("maelm", "mlm", "toy")
 
 
 def test_an_unknown_objective_names_the_registered_ones(toy):
@@ -105,35 +176,85 @@ def test_an_unknown_objective_names_the_registered_ones(toy):
     with pytest.raises(config_lib.ConfigError, match="config.objective"):
         config_lib.validate(c)
     with pytest.raises(config_lib.ConfigError, match="expected one of maelm, mlm, toy"):
-        config_lib.step_flops(c, TINY_VOCAB)
+        setup_lib.step_flops(c, TINY_VOCAB)
 
 
-def test_a_toy_objective_trains_resumes_and_fills_masks(toy, tmp_path, tiny_tokenizer):
+def _metrics(workdir, split):
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if r["split"] == split}
+
+
+def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
+        toy, tmp_path, tiny_tokenizer, monkeypatch):
     from maelm_jax import fill_mask
+    from maelm_jax.training import engine, preemption
 
     c = _toy_config(tmp_path, tiny_tokenizer)
-    workdir = tmp_path / "run"
-    metrics = loop.train_and_evaluate(c, str(workdir))
-    assert np.isfinite(metrics["loss"]) and metrics["loss"] > 0
-    assert "mask_accuracy" in metrics  # the per-category metrics of the shared loss sums
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["split"] == "train"]
-    assert train and all(np.isfinite(r["loss"]) for r in train)
+    whole = tmp_path / "whole"
+    metrics = loop.train_and_evaluate(c, str(whole))
+    # Its corruption is the train step's (traced for the shapes of the loss sums, then for
+    # the step) and the eval step's.
+    assert toy.corrupted == [(c.train.batch_size, c.data.seq_len)] * 3
+    # Its extra sum is reported per predicted token, in training and evaluation.
+    train = _metrics(whole, "train")
+    assert sorted(train) == list(range(1, 9))
+    assert all(np.isfinite(r["loss"]) and r["aux"] > 0 for r in train.values())
+    assert train[8]["loss"] < train[1]["loss"]
+    assert np.isfinite(metrics["loss"]) and metrics["aux"] > 0
+    assert metrics["mask_aux"] == pytest.approx(metrics["aux"])  # all its spans are [MASK]s
+    assert _metrics(whole, "eval")[8]["aux"] == metrics["aux"]
+
+    # Stopped at step 4 (its checkpoint) and started again: the same run, step for step.
+    resumed = tmp_path / "resumed"
+    real = engine.Loop.stop_requested
+    monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 4)
+    with pytest.raises(preemption.Preempted, match="at step 4"):
+        loop.train_and_evaluate(c, str(resumed))
+    monkeypatch.setattr(engine.Loop, "stop_requested", real)
+    loop.train_and_evaluate(c, str(resumed))
+    assert sorted(_metrics(resumed, "train")) == list(range(1, 9))
+    for step in range(1, 9):
+        for key in ("loss", "aux", "accuracy"):
+            assert _metrics(resumed, "train")[step][key] == train[step][key], (step, key)
+    assert _metrics(resumed, "eval")[8] == _metrics(whole, "eval")[8]
+
     # Its parameters, checkpointed: the encoder (what fine-tuning keeps) and its own head.
-    ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", 3)
-    assert ckpt.latest_step() == 6
+    ckpt = checkpoint_lib.Checkpointer(whole / "checkpoints", 3)
+    assert ckpt.latest_step() == 8
     ckpt.close()
-    # Two more steps resume from the checkpoint.
-    c.train.num_steps = 8
-    loop.train_and_evaluate(c, str(workdir), allow_config_change=True)
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r["split"] == "train"][-2:] == [7, 8]
-    masker = fill_mask.FillMasker.from_workdir(str(workdir))
+    masker = fill_mask.FillMasker.from_workdir(str(whole))
     assert set(masker.params) == {"encoder", "head"}
     ids, masked = masker.encode_text("the <mask> of rivers")
     filled = masker.predict(ids, masked, top_k=3)
     assert filled.top_ids.shape == (1, 3)
     assert np.all(np.diff(filled.top_probs[0]) <= 0)
+
+
+def test_a_toy_objective_is_studied_and_benchmarked(toy, tmp_path, tiny_tokenizer):
+    """A registered objective is a model of the study and of the benchmarks by its name,
+    with no recipe of its own."""
+    from maelm_jax.study import run as study_run
+
+    assert recipes.names() == (*recipes.MODELS, "toy")
+    study = study_config.study_defaults()
+    study.pretrain = tiny_config("maelm", tiny_tokenizer.model_path)
+    study.pretrain.train.num_steps = study.pretrain.train.checkpoint_every = 2
+    study.pretrain.train.eval_every = 2
+    study.models = ("toy",)
+    study.rank_tokens = 256
+    result = study_run.run(study, str(tmp_path / "study"))
+    assert result["models"] == ["toy"] and result["pretraining"]["toy"]["step"] == 2
+    assert "| toy |" in (tmp_path / "study" / study_report.MARKDOWN_FILE).read_text()
+
+    harness = _harness()
+    config = tiny_config("maelm")
+    timed = harness.objective_configs(config, ["mlm", "toy"])
+    assert timed["toy"].objective == "toy" and timed["toy"].model == timed["mlm"].model
+    tokens = harness.random_tokens(timed["toy"])
+    bench = harness.Bench(timed["toy"], tokens)
+    bench.run(2)
+    assert len(bench.wall) == 2 and bench.flops == setup_lib.step_flops(timed["toy"],
+                                                                        TINY_VOCAB)
 
 
 def test_unregistering_leaves_the_built_in_objectives(toy):
@@ -142,6 +263,7 @@ def test_unregistering_leaves_the_built_in_objectives(toy):
     with pytest.raises(ValueError, match="built in"):
         objectives.unregister("mlm")
     assert objectives.names()[:2] == ("maelm", "mlm")
+    assert "toy" in config_lib.pretrain_defaults()
 
 
 # ------------------------------------------------------------------ the recipes
@@ -230,7 +352,7 @@ def test_parameter_trees_are_those_checkpoints_were_written_with():
         batch = masking.MaskedBatch(i32(1, counts.seq_len), i32(1, counts.n_enc),
                                     i32(1, counts.k), i32(1, counts.k),
                                     jax.ShapeDtypeStruct((1, counts.k), jnp.float32))
-        shapes = jax.eval_shape(config_lib.model(c, TINY_VOCAB).init, jax.random.PRNGKey(0),
+        shapes = jax.eval_shape(setup_lib.model(c, TINY_VOCAB).init, jax.random.PRNGKey(0),
                                 batch)["params"]
         tree = {jax.tree_util.keystr(path): list(getattr(leaf, "value", leaf).shape)
                 for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}

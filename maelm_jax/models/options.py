@@ -1,0 +1,170 @@
+"""The models' named choices and the Pallas kernel's options, as plain data.
+
+Config files and their validation (maelm_jax/config.py, the objectives' field tables)
+check these names without importing Flax or the Pallas kernel; the model modules read the
+same tuples, so each choice is declared once, here. Nothing below imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+# Compute dtypes (parameters, optimiser state, softmax, LayerNorm statistics and the loss
+# stay float32). "auto": bfloat16 on GPUs and TPUs, whose matrix units run it several
+# times faster than float32, and float32 on CPUs, where bfloat16 is emulated and slower
+# (layers.resolve_dtype).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+# How attention is computed. "einsum": our own two einsums and a float32 softmax, the
+# reference. "xla" / "cudnn": jax.nn.dot_product_attention with that implementation (cuDNN's
+# fused kernel needs a GPU and bfloat16 or float16); with attention dropout in training
+# they fall back to the einsum path, which materialises the probabilities. "pallas": our
+# flash-attention kernel (models/flash_attention.py) with the bias, the key mask and
+# dropout inside, bits drawn from the layer's "dropout" stream as every other dropout (a
+# GPU kernel; Pallas' interpreter on a CPU, for tests). "auto": "cudnn" on GPUs at half
+# precision, "einsum" elsewhere (on CPU and TPU XLA compiles both alike). The attention
+# diagnostics, which read the probabilities, always take the einsum path.
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
+
+# What a layer keeps for the backward pass, the rest being recomputed (stack.py maps each
+# name to its jax.checkpoint policy). "none": no rematerialisation, everything is kept.
+# "full": only the layer's input, the whole layer is recomputed (least memory, about one
+# more forward). "dots": the matmul outputs (recomputes the cheap element-wise work:
+# LayerNorm, GELU, softmax, dropout). "dots_no_batch": only the matmuls against weights
+# (recomputes attention's score and weighted-sum matmuls too), MaxText's usual choice for
+# large models.
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+# How a relative position bias table starts: "normal" is N(0, 0.02) like every other
+# weight (both papers); "local" is a locality prior (relative_position.local_bias_init).
+REL_POS_INITS = ("normal", "local")
+# Relative-position bucketing by name: T5's (the papers cite Raffel et al.) or the official
+# MAE-LM code's (relative_position.BUCKET_FNS).
+BUCKET_FNS = ("t5", "maelm")
+
+# The MAE-LM decoder's kinds (models/decoder.py): "self" (MAE-LM, 3ML_self) over all L
+# positions; "cross" (3ML_cross), "causal_cross" and "cross_only" (MAE-LM Table 2) read
+# only the removed [MASK]s and attend to the encoder.
+DECODER_KINDS = ("self", "cross", "causal_cross", "cross_only")
+
+# ------------------------------------------------------------------ the Pallas kernel's
+
+# How a bias shared by the batch gets its gradient (models/flash_attention.py).
+BIAS_GRADS = ("batch", "rows")
+# Elements that share one 32-bit hash of the dropout bits.
+HASH_ELEMENTS = (1, 2, 4)
+_TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")
+
+
+class OptionsError(ValueError):
+    """Kernel options that cannot work; the message names the option."""
+
+
+def _power_of_two(x: int) -> bool:
+    return x >= 1 and x & (x - 1) == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """One kernel's launch: its tile (queries x keys) and Triton's warps and pipeline stages.
+
+    Written "block_qxblock_k:num_warps:num_stages", e.g. "128x64:4:3".
+    """
+
+    block_q: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            size = getattr(self, name)
+            if not (_power_of_two(size) and size >= 16):
+                raise OptionsError(f"{name} must be a power of two >= 16 (Triton's dot), "
+                                   f"got {size}")
+        if not (_power_of_two(self.num_warps) and self.num_warps <= 16):
+            raise OptionsError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if not 1 <= self.num_stages <= 8:
+            raise OptionsError(f"num_stages must be in [1, 8], got {self.num_stages}")
+
+    @classmethod
+    def parse(cls, text: str) -> Tile:
+        match = _TILE.match(text) if isinstance(text, str) else None
+        if not match:
+            raise OptionsError(f"expected 'block_qxblock_k:warps:stages' such as '64x64:4:2', "
+                               f"got {text!r}")
+        return cls(*map(int, match.groups()))
+
+    def __str__(self) -> str:
+        return f"{self.block_q}x{self.block_k}:{self.num_warps}:{self.num_stages}"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How the three kernels run: each one's Tile, the bias-gradient scheme and the dropout
+    bits per hash. Every choice computes the same function (up to float rounding, and the
+    dropout bits' pattern for hash_elements); they differ in speed only, so the defaults are
+    for the GPU measurement to choose (benchmarks/gpu_suite.py sweeps them)."""
+
+    forward: Tile = Tile()
+    dkv: Tile = Tile()  # block_k: the program's key block; block_q: the queries it streams
+    dq: Tile = Tile()  # block_q: the program's query block; block_k: the keys it streams
+    bias_grad: str = "batch"  # one of BIAS_GRADS
+    bias_grad_groups: int = 4  # "batch": programs per (key block, head) over the batch
+    hash_elements: int = 1  # one of HASH_ELEMENTS
+
+    def __post_init__(self):
+        if self.bias_grad not in BIAS_GRADS:
+            raise OptionsError(f"bias_grad must be one of {', '.join(BIAS_GRADS)}, got "
+                               f"{self.bias_grad!r}")
+        if not (isinstance(self.bias_grad_groups, int) and self.bias_grad_groups >= 1):
+            raise OptionsError(f"bias_grad_groups must be an int >= 1, got "
+                               f"{self.bias_grad_groups!r}")
+        if self.hash_elements not in HASH_ELEMENTS:
+            raise OptionsError(f"hash_elements must be one of "
+                               f"{', '.join(map(str, HASH_ELEMENTS))}, got {self.hash_elements!r}")
+
+    @property
+    def query_multiple(self) -> int:
+        """What the number of queries must be a multiple of."""
+        return math.lcm(self.forward.block_q, self.dkv.block_q, self.dq.block_q)
+
+    @property
+    def key_multiple(self) -> int:
+        """What the number of keys must be a multiple of."""
+        return math.lcm(self.forward.block_k, self.dkv.block_k, self.dq.block_k)
+
+    @property
+    def length_multiple(self) -> int:
+        """What a self-attention length must be a multiple of."""
+        return math.lcm(self.query_multiple, self.key_multiple)
+
+    def fields(self) -> dict[str, Any]:
+        """The options as config fields (model.pallas.*): tiles as strings."""
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Tile) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, Any], where: str = "options") -> KernelOptions:
+        """The options of config fields as `fields` writes them; an OptionsError names the
+        field (`where`.<name>) and what is expected."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise OptionsError(f"{where}.{unknown[0]}: unknown option; expected "
+                               f"{', '.join(sorted(known))}")
+        values = {}
+        for name, value in fields.items():
+            try:
+                values[name] = Tile.parse(value) if name in ("forward", "dkv", "dq") else value
+            except OptionsError as e:
+                raise OptionsError(f"{where}.{name}: {e}") from None
+        try:
+            return cls(**values)
+        except OptionsError as e:
+            name = str(e).split(" ", 1)[0]
+            raise OptionsError(f"{where}.{name}: {str(e).split(' ', 1)[1]}") from None
