@@ -23,6 +23,9 @@ from fake_bucket import fake_gcs
 from support import made_up_documents
 from tiny_config import tiny_config
 
+# End-to-end: left out of the fast inner loop (pytest -m "not slow").
+pytestmark = pytest.mark.slow
+
 WORDS = {1: ["good", "great", "fine", "lovely", "fun"], 0: ["bad", "awful", "poor", "dull"]}
 
 

@@ -94,6 +94,7 @@ def test_full_length_predictions_match_the_pretraining_model(maelm_run):
                                -np.sort(-logits, axis=-1)[:, :3], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_mistakes_are_one_line_errors(maelm_run, tmp_path):
     masker = fill_mask.FillMasker.from_workdir(str(maelm_run))
     with pytest.raises(fill_mask.FillMaskError, match="^config.text: .* has no <mask>"):

@@ -283,6 +283,7 @@ def test_bad_fields_are_named(tmp_path, fields, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_main_runs_the_analysis_and_names_a_run_that_is_not_a_workdir(tiny_run, tmp_path):
     base = [sys.executable, "main.py", "--config=configs/analysis/rank.py",
             f"--workdir={tmp_path / 'rank'}"]

@@ -14,6 +14,9 @@ from maelm_jax import variants
 
 from conftest import HANG_SECONDS, subprocess_env
 
+# End-to-end: left out of the fast inner loop (pytest -m "not slow").
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs" / "benchmark"
 # The encoder only: MLM and 3ML (whose decoder the benchmark derives) never build the

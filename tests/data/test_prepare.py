@@ -21,6 +21,9 @@ from fake_bucket import fake_gcs
 from support import made_up_documents, train_metrics
 from tiny_config import tiny_config
 
+# End-to-end: left out of the fast inner loop (pytest -m "not slow").
+pytestmark = pytest.mark.slow
+
 
 def _corpus(root):
     """Two sources: three text files (one gzipped) and a JSONL file."""

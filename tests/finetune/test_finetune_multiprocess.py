@@ -16,7 +16,9 @@ from maelm_jax.finetune import train
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from support import FINETUNE_TINY, assert_close, finetune_flags, tiny_finetuning, write_sst2
 
-pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+# End-to-end (left out of the fast inner loop, pytest -m "not slow"), on 8 devices.
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")]
 
 # 48 train examples = 6 steps of 8 per epoch, two epochs, evaluated every 3 steps; every
 # mesh axis of size 2, so parameters, moments and batches are split across the processes.

@@ -143,6 +143,7 @@ def test_a_finished_run_or_another_configs_unfinished_run_starts_over(sst2_setti
     assert len(steps) == len(set(steps)) == 3 + 4  # train at 4, 8, 12; dev at 3, 6, 9, 12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_main_killed_or_preempted_continues_where_it_stopped(sst2_settings, tmp_path, how):
     """A real kill (SIGKILL) or preemption notice (SIGTERM): main.py fine-tunes 120 steps

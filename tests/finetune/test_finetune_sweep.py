@@ -188,6 +188,7 @@ def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
         train.run(c, str(pretraining_dir))
 
 
+@pytest.mark.slow
 def test_a_preempted_sweep_exits_143_and_the_same_command_finishes(tmp_path, tiny_tokenizer):
     """Through main.py: SIGTERM during the sweep's first run saves it and stops the sweep
     (exit 143, no summary, no later run started); the same command finishes with the

@@ -222,6 +222,7 @@ def test_variant_errors_are_one_line(arg, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_speedup_table_reproduces_3ml_table_3():
     """benchmarks/speedup_table.py: our FLOPs ratios against the paper's Table 3 column
     (1.22x / 1.28x base, 1.34x / 1.47x / 1.37x large), to within 0.015."""

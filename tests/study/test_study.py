@@ -13,6 +13,9 @@ from maelm_jax.study import run as study_run
 
 from tiny_config import tiny_config
 
+# End-to-end: left out of the fast inner loop (pytest -m "not slow").
+pytestmark = pytest.mark.slow
+
 MODELS = ("mlm", "3ml_cross")  # the cheapest pair that covers both decoder kinds' plumbing
 
 

@@ -3,9 +3,14 @@
 import subprocess
 import sys
 
+import pytest
+
 from maelm_jax import compile_cache, user_cache
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+
+# End-to-end: left out of the fast inner loop (pytest -m "not slow").
+pytestmark = pytest.mark.slow
 
 
 def test_the_cache_directory_precedence(monkeypatch, tmp_path):

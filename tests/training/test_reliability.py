@@ -104,6 +104,7 @@ def test_workdir_of_another_run_is_refused_unless_allowed(tmp_path, tiny_tokeniz
     assert 3 in train_metrics(run)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line_without_traceback(tmp_path):
     base = [sys.executable, "main.py", "--config=tests/tiny_config.py",
             f"--workdir={tmp_path / 'w'}"]
@@ -290,6 +291,7 @@ def test_failed_save_is_reported_and_the_previous_checkpoint_survives(
 
 # ---------------------------------------------------------------- preemption
 
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, tiny_tokenizer):
     """main.py as a scheduler runs it: SIGTERM saves the step the run is on and exits 143
     with no post-training work (no fill-mask examples); the same command continues and

@@ -191,6 +191,7 @@ def _train_losses(workdir):
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if r["split"] == "train"}
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path, tiny_tokenizer):
     """Two processes on localhost (4 CPU devices each) form one 8-device mesh through
     jax.distributed; the losses equal a single 8-device process's."""
@@ -226,6 +227,7 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
     assert (multi / "checkpoints" / "2").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tiny_tokenizer):
     """A scheduler's SIGTERM reaching only process 0 of a two-process job: JAX's preemption
     service makes both save the same step and exit 143, and the same command finishes."""

@@ -110,6 +110,7 @@ def _read_metrics(workdir, split="train"):
     return {r["step"]: r for r in map(json.loads, lines) if r["split"] == split}
 
 
+@pytest.mark.slow
 def test_short_wikipedia_run_lowers_the_loss(tmp_path, tiny_tokenizer):
     wiki = require_shared_data("wiki")
     c = tiny_config("maelm", tiny_tokenizer.model_path)
@@ -156,6 +157,7 @@ def _kill_when(proc, condition, what):
     assert proc.wait() == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_kill_and_resume_continues_exactly(tmp_path, tiny_tokenizer):
     """SIGKILL a run while it writes a checkpoint, and again between checkpoints; each
     time start it again: the losses are the ones an uninterrupted run produces (same data
