@@ -41,7 +41,8 @@ import statistics
 
 from absl import app, flags
 
-from maelm_jax import cli, mfu
+from maelm_jax import cli
+from maelm_jax.training import mfu
 
 import harness
 

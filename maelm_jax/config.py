@@ -148,7 +148,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # in maelm_jax/training/steps.py and docs/performance.md).
     c.train.prng_impl = "threefry2x32"
     # Peak dense TFLOP/s of one device, for the MFU in the train logs; 0 looks the device
-    # kind up in maelm_jax/mfu.py (no MFU for a kind it does not list, such as CPUs).
+    # kind up in maelm_jax/training/mfu.py (no MFU for a kind it does not list, such as CPUs).
     c.train.peak_tflops_per_device = 0.0
     c.train.log_every = 100
     c.train.eval_every = 2000

@@ -126,8 +126,8 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 
 # The layers, lowest first: a module may import its own layer's and lower ones', never a
 # higher one's. The objectives sit on the models and under the config that names them
-# (and merges their fields). MFU sits with the training engine, whose setup counts a
-# config's FLOPs (the config itself is plain data). Applications (fine-tuning, analysis,
+# (and merges their fields); the training engine counts a config's FLOPs (training/setup.py,
+# for MFU: the config itself is plain data). Applications (fine-tuning, analysis,
 # fill-mask, the study) sit on the training engine and on reading runs back (runs.py);
 # main.py, outside the package, calls them.
 LAYERS = (
@@ -135,7 +135,7 @@ LAYERS = (
     ("maelm_jax.data",),
     ("maelm_jax.objectives",),
     ("maelm_jax.config",),
-    ("maelm_jax.training", "maelm_jax.mfu", "maelm_jax.runs"),
+    ("maelm_jax.training", "maelm_jax.runs"),
     ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study",
      "maelm_jax.run_configs", "maelm_jax.export"),
 )

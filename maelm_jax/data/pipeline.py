@@ -73,10 +73,11 @@ def prepared_tokenizer(config: ml_collections.ConfigDict,
                        workdir: paths.Path) -> tokenizer_lib.Tokenizer:
     """The tokenizer of config.data.prepared, copied into the workdir (where fine-tuning
     and fill-mask look for it). tokenizer.model_path, if set, must be the same model."""
-    source = paths.Path(config.data.prepared) / shards.TOKENIZER
+    source = paths.Path(config.data.prepared) / layout.TOKENIZER_FILE
     if not source.is_file():
         raise shards.PreparedDataError(f"config.data.prepared: {config.data.prepared} has no "
-                                       f"{shards.TOKENIZER}; prepare it with --config.mode=prepare")
+                                       f"{layout.TOKENIZER_FILE}; prepare it with "
+                                       "--config.mode=prepare")
     own = config.tokenizer.model_path
     if own and paths.Path(own).read_bytes() != source.read_bytes():
         raise tokenizer_lib.TokenizerError(

@@ -12,11 +12,11 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import config as config_lib
-from maelm_jax import distributed, layout, masking, mfu, objectives, paths, sharding
+from maelm_jax import distributed, layout, masking, objectives, paths, sharding
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine
+from maelm_jax.training import engine, mfu
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from maelm_jax import runs, schema
+from maelm_jax import run_configs, schema
 from maelm_jax.analysis import inputs
 from maelm_jax.export import run as export_run
 from maelm_jax.export.config import ExportError
@@ -161,7 +161,7 @@ def test_a_new_kind_fine_tunes_resumes_and_reads_back(keyword_config, tmp_path, 
     assert json.loads((whole / "results.json").read_text())["dev"] == results["dev"]
     # The workdir's config.json reads back over the defaults, the kind's fields included,
     # and the rank analysis reads the run's dev set through the kind.
-    recorded = runs.recorded_config(whole)
+    recorded = run_configs.recorded_config(whole)
     assert recorded.task == "keyword" and recorded.keyword.word == "good"
     assert len(inputs.finetune_dev(recorded, tiny_tokenizer, 32)) == 16
     with pytest.raises(ExportError, match=r"^config.init_from: a fine-tuned keyword task "):

@@ -175,7 +175,7 @@ def test_3ml_cross_equation_4():
 
 
 def test_peak_tflops_by_device_kind_dtype_and_override():
-    from maelm_jax import mfu
+    from maelm_jax.training import mfu
 
     assert mfu.peak_tflops("TPU v4", "float32") == 275.0
     assert mfu.peak_tflops("TPU v5 lite", "bfloat16") == 197.0  # not v5p's 459
@@ -187,7 +187,7 @@ def test_peak_tflops_by_device_kind_dtype_and_override():
 
 
 def test_utilisation_is_model_flops_times_steps_per_second_over_devices():
-    from maelm_jax import mfu
+    from maelm_jax.training import mfu
 
     c = tiny_config("maelm")
     c.train.peak_tflops_per_device = 2.0

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import flops, masking, objectives, schema, tokenizer, variants
+from maelm_jax import flops, layout, masking, objectives, schema, tokenizer, variants
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.objectives import base, recipes
 from maelm_jax.study import config as study_config
-from maelm_jax.study import report as study_report
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import loop, steps
 from maelm_jax.training import setup as setup_lib
@@ -244,7 +243,7 @@ def test_a_toy_objective_is_studied_and_benchmarked(toy, tmp_path, tiny_tokenize
     study.rank_tokens = 256
     result = study_run.run(study, str(tmp_path / "study"))
     assert result["models"] == ["toy"] and result["pretraining"]["toy"]["step"] == 2
-    assert "| toy |" in (tmp_path / "study" / study_report.MARKDOWN_FILE).read_text()
+    assert "| toy |" in (tmp_path / "study" / layout.STUDY_MARKDOWN_FILE).read_text()
 
     harness = _harness()
     config = tiny_config("maelm")

@@ -1,6 +1,7 @@
 """The laptop-scale study's plumbing on tiny models: files, resume, skipping, errors."""
 
 import json
+import pathlib
 import re
 
 import numpy as np
@@ -28,6 +29,10 @@ def _write_glue(root):
     (root / "RTE").mkdir(parents=True)
     for split in ("train", "dev"):
         (root / "RTE" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+
+
+# Where a config file written for main.py finds this module and the shared helpers.
+TEST_DIRS = [str(pathlib.Path(__file__).resolve().parents[1]), str(pathlib.Path(__file__).parent)]
 
 
 def _config(tokenizer_path, glue_dir=""):
@@ -100,7 +105,7 @@ def test_every_part_holds_only_what_its_kind_writes(study):
     assert len(parts) > 2 + len(MODELS) + 2
     for directory, kind in parts:
         assert layout.unexpected_entries(directory, kind) == [], (directory, kind)
-        if kind != "study":
+        if kind in ("pretrain", "finetune", "sweep"):  # those record their config
             assert layout.mode(directory) in (kind, "finetune"), directory  # sweeps: finetune
     # The check is real: an entry a kind does not write is named.
     (out / "rank" / "stray.txt").write_text("")
@@ -213,11 +218,11 @@ def names_of(value):
 def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
     """gpu.py:tiny: two WikiExtractor corpora, the four models and the control, centred
     ranks, a GLUE task found and one absent."""
-    from test_cloud_paths import _documents
-
     from configs.study import gpu
 
-    documents = _documents(300)
+    from support import made_up_documents
+
+    documents = made_up_documents(300)
     _wikiextractor(tmp_path / "large", documents[::2])
     _wikiextractor(tmp_path / "wiki", documents[1::2])
     _write_glue(tmp_path / "glue")
@@ -306,7 +311,7 @@ def test_main_exits_75_at_the_time_limit_with_the_report_so_far(tiny_tokenizer, 
 
     config_file = tmp_path / "study.py"
     config_file.write_text(  # this file's tiny study, as a config file for main.py
-        f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+        f"import sys\nsys.path[:0] = {TEST_DIRS!r}\n"
         "from test_study import _config\n\n\ndef get_config():\n"
         f"    return _config({tiny_tokenizer.model_path!r})\n")
     run = subprocess.run(
@@ -333,7 +338,7 @@ def test_main_exits_143_when_preempted_with_the_report_so_far(tiny_tokenizer, tm
     _write_glue(tmp_path / "glue")
     config_file = tmp_path / "study.py"
     config_file.write_text(  # this file's tiny study, pretraining long enough to be stopped
-        f"import sys\nsys.path.insert(0, {str(REPO_ROOT / 'tests')!r})\n"
+        f"import sys\nsys.path[:0] = {TEST_DIRS!r}\n"
         "from test_study import _config\n\n\ndef get_config():\n"
         f"    c = _config({tiny_tokenizer.model_path!r}, {str(tmp_path / 'glue')!r})\n"
         "    c.pretrain.train.num_steps = 60\n    c.pretrain.train.log_every = 1\n"
