@@ -73,11 +73,12 @@ class Objective(abc.ABC):
         """Rules between fields that only this objective has (the fields' own types and
         ranges are `fields`'); warnings for settings that run but do nothing."""
 
-    def corrupt(self, key: jax.Array, tokens: jax.Array, counts: masking.MaskCounts,
-                vocab_size: int) -> masking.MaskedBatch:
+    def corrupt(self, model_cfg: Any, key: jax.Array, tokens: jax.Array,
+                counts: masking.MaskCounts, vocab_size: int) -> masking.MaskedBatch:
         """The corrupted batch of `tokens` [B, L] int32, with exactly the static sizes of
         `counts` (n_enc encoder positions, k predicted), drawn from `key`; runs inside the
-        jitted train and eval steps."""
+        jitted train and eval steps. `model_cfg`: this objective's `model_config`, which
+        carries whatever of its own fields the corruption reads."""
         return masking.apply_mask(key, tokens, counts, vocab_size)
 
     @abc.abstractmethod
@@ -96,13 +97,14 @@ class Objective(abc.ABC):
                    vocab_size: int) -> int:
         """Training FLOPs of one optimiser step (3ML Appendix D's count; see flops.py)."""
 
-    def loss_sums(self, logits: jax.Array, batch: masking.MaskedBatch,
+    def loss_sums(self, model_cfg: Any, logits: jax.Array, batch: masking.MaskedBatch,
                   per_category: bool = False) -> dict[str, jax.Array]:
         """Float32 scalar sums over the predicted tokens of `batch` (logits [B, k, V]):
         "loss_sum", which the train step minimises divided by "count" over the global
         batch, "count", and any other "<x>_sum", reported as <x> per count (`per_token`).
         With `per_category` (evaluation), also "category_<x>_sum" and "category_count" as
-        [3] arrays indexed by masking.MASKED / RANDOM / UNCHANGED."""
+        [3] arrays indexed by masking.MASKED / RANDOM / UNCHANGED. `model_cfg`: as for
+        `corrupt` (a loss weight of the objective's own, say)."""
         return masked_lm_sums(logits, batch.targets, batch.weights,
                               batch.category if per_category else None)
 

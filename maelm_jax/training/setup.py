@@ -128,14 +128,16 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
     counts = config_lib.mask_counts(config)
     objective = config_lib.objective(config)
-    model = objective.model(model_config(config, vocab_size))
+    model_cfg = model_config(config, vocab_size)
+    model = objective.model(model_cfg)
     tx, schedule = optimizer_lib.make_optimizer(t)
     state = steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
     train_step = steps.jit_train_step(
-        steps.make_train_step(model, objective, tx, schedule, counts, vocab_size,
+        steps.make_train_step(model, model_cfg, objective, tx, schedule, counts, vocab_size,
                               t.grad_accum_steps, t.prng_impl),
         state, mesh)
-    eval_step = steps.jit_eval_step(steps.make_eval_step(model, objective, counts, vocab_size),
-                                    state, mesh, replicated_args=1)
+    eval_step = steps.jit_eval_step(
+        steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
+        replicated_args=1)
     return Trainer(config, vocab_size, mesh, rules, counts, model, tx, schedule, state,
                    train_step, eval_step)

@@ -79,6 +79,7 @@ def state_setup(
 
 def make_train_step(
     model: nn.Module,
+    model_cfg: Any,
     objective: objectives.Objective,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
@@ -87,17 +88,18 @@ def make_train_step(
     grad_accum_steps: int,
     prng_impl: str = "threefry2x32",
 ) -> Callable:
-    """Returns train_step(state, tokens [batch, L] int32) -> (state, metrics).
+    """Returns train_step(state, tokens [batch, L] int32) -> (state, metrics). `model_cfg`:
+    the objective's model config `model` was built from (its corruption and loss read it).
 
     `prng_impl` must be the one the state's `rng` was made with (state_setup's)."""
 
     def micro_loss(params, tokens, key):
         mask_key, dropout_key = jax.random.split(key)
-        batch = objective.corrupt(mask_key, tokens, counts, vocab_size)
+        batch = objective.corrupt(model_cfg, mask_key, tokens, counts, vocab_size)
         logits = model.apply(
             {"params": params}, batch, deterministic=False, rngs={"dropout": dropout_key}
         )
-        sums = objective.loss_sums(logits, batch)
+        sums = objective.loss_sums(model_cfg, logits, batch)
         return sums["loss_sum"], sums
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
@@ -106,9 +108,9 @@ def make_train_step(
         """The loss sums of one micro-batch, for their shapes (the accumulation's carry):
         only the corruption and the loss are traced, on logits [b, k, vocab] of the
         interface's shape."""
-        batch = objective.corrupt(key, tokens, counts, vocab_size)
-        return objective.loss_sums(jnp.zeros((*batch.targets.shape, vocab_size), jnp.float32),
-                                   batch)
+        batch = objective.corrupt(model_cfg, key, tokens, counts, vocab_size)
+        return objective.loss_sums(
+            model_cfg, jnp.zeros((*batch.targets.shape, vocab_size), jnp.float32), batch)
 
     def train_step(state: TrainState, tokens: jax.Array):
         B, L = tokens.shape
@@ -177,7 +179,7 @@ def jit_eval_step(eval_step: Callable, setup: state_lib.StateSetup, mesh: Mesh,
     )
 
 
-def make_eval_step(model: nn.Module, objective: objectives.Objective,
+def make_eval_step(model: nn.Module, model_cfg: Any, objective: objectives.Objective,
                    counts: masking.MaskCounts, vocab_size: int) -> Callable:
     """Returns eval_step(params, tokens [b, L], key) -> the objective's loss sums, overall
     and per category of corruption ([MASK], random, unchanged; see objectives.masked_lm_sums).
@@ -186,8 +188,8 @@ def make_eval_step(model: nn.Module, objective: objectives.Objective,
     """
 
     def eval_step(params, tokens, key):
-        batch = objective.corrupt(key, tokens, counts, vocab_size)
+        batch = objective.corrupt(model_cfg, key, tokens, counts, vocab_size)
         logits = model.apply({"params": params}, batch, deterministic=True)
-        return objective.loss_sums(logits, batch, per_category=True)
+        return objective.loss_sums(model_cfg, logits, batch, per_category=True)
 
     return eval_step

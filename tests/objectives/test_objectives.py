@@ -4,6 +4,7 @@ engine as the built-in ones; the recipes are the one definition the configs, the
 and the benchmarks use; the built-in models keep the parameter trees their checkpoints
 were written with."""
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from maelm_jax import config as config_lib
-from maelm_jax import flops, layout, masking, objectives, schema, tokenizer, variants
+from maelm_jax import flops, layout, masking, objectives, schema, sharding, tokenizer, variants
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.objectives import base, recipes
@@ -52,10 +53,18 @@ class ToyModel(nn.Module):
         return head(predicted).astype(jnp.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class ToyConfig:
+    encoder: encoder_lib.EncoderConfig
+    head_bias: bool  # read by the model
+    z_weight: float  # read by the loss
+
+
 class Toy(base.Objective):
-    """Everything an objective can own: a field of its own (toy.head_bias), its own
-    corruption (one contiguous span of k [MASK]s per sequence) and an extra loss sum (a
-    z-loss, log(sum exp(logits))^2, PaLM's, added to the loss with a small weight)."""
+    """Everything an objective can own: fields of its own (toy.head_bias, read by its
+    model; toy.z_weight, read by its loss), its own corruption (one contiguous span of k
+    [MASK]s per sequence) and an extra loss sum (a z-loss, log(sum exp(logits))^2, PaLM's,
+    added to the loss with the weight toy.z_weight)."""
 
     name = "toy"
     removes_masks = False
@@ -64,12 +73,12 @@ class Toy(base.Objective):
         self.corrupted = []  # the token shapes `corrupt` was traced with
 
     def defaults(self):
-        return ml_collections.ConfigDict({"toy": {"head_bias": True}})
+        return ml_collections.ConfigDict({"toy": {"head_bias": True, "z_weight": 1e-3}})
 
     def fields(self):
-        return {"toy.head_bias": schema.boolean()}
+        return {"toy.head_bias": schema.boolean(), "toy.z_weight": schema.number(0.0)}
 
-    def corrupt(self, key, tokens, counts, vocab_size):
+    def corrupt(self, model_cfg, key, tokens, counts, vocab_size):
         self.corrupted.append(tokens.shape)
         B, L = tokens.shape
         start = jax.random.randint(key, (B, 1), 0, L - counts.k + 1)
@@ -83,10 +92,10 @@ class Toy(base.Objective):
             weights=(targets != tokenizer.PAD_ID).astype(jnp.float32),
             category=jnp.full((B, counts.k), masking.MASKED, jnp.int32))
 
-    def loss_sums(self, logits, batch, per_category=False):
-        sums = super().loss_sums(logits, batch, per_category)
+    def loss_sums(self, model_cfg, logits, batch, per_category=False):
+        sums = super().loss_sums(model_cfg, logits, batch, per_category)
         z = jax.nn.logsumexp(logits, axis=-1) ** 2 * batch.weights  # [B, k]
-        sums["loss_sum"] = sums["loss_sum"] + 1e-3 * jnp.sum(z)
+        sums["loss_sum"] = sums["loss_sum"] + model_cfg.z_weight * jnp.sum(z)
         sums["aux_sum"] = jnp.sum(z)
         if per_category:
             one_hot = jax.nn.one_hot(batch.category, len(masking.CATEGORY_NAMES))
@@ -94,10 +103,10 @@ class Toy(base.Objective):
         return sums
 
     def model_config(self, config, encoder):
-        return encoder, config.toy.head_bias
+        return ToyConfig(encoder, config.toy.head_bias, config.toy.z_weight)
 
     def model(self, model_cfg):
-        return ToyModel(*model_cfg)
+        return ToyModel(model_cfg.encoder, model_cfg.head_bias)
 
     def step_flops(self, config, counts, vocab_size):
         m = config.model
@@ -143,11 +152,23 @@ def test_a_registered_objective_brings_its_fields_and_rules(toy, tiny_tokenizer)
         c, config_lib.mask_counts(c), TINY_VOCAB)
     c.toy.head_bias = False
     assert set(head(c)) == {"kernel"}
-    c.toy = ml_collections.ConfigDict({"head_bias": "no"})  # as a recorded config might
+    # Its loss reads its own field too: the z-loss weight changes the train step's loss by
+    # the weight times the z-loss the step reports.
+    losses = {}
+    for weight in (0.0, 0.5):
+        c.toy.z_weight = weight
+        trainer = setup_lib.build(c, TINY_VOCAB)
+        tokens = np.random.default_rng(0).integers(
+            5, TINY_VOCAB, (c.train.batch_size, c.data.seq_len), dtype=np.int32)
+        with sharding.activate(trainer.mesh, trainer.rules):
+            _, m = trainer.train_step(trainer.init(), sharding.global_batch(tokens, trainer.mesh))
+        losses[weight] = (float(m["loss"]), float(m["aux"]))
+    assert losses[0.5][0] - losses[0.0][0] == pytest.approx(0.5 * losses[0.0][1], rel=1e-3)
+    c.toy = ml_collections.ConfigDict({"head_bias": "no", "z_weight": 0.0})  # as recorded
     with pytest.raises(config_lib.ConfigError, match=r"^config\.toy\.head_bias: expected True "
                        r"or False, got 'no'$"):
         config_lib.validate(c)
-    c.toy = ml_collections.ConfigDict({"head_bias": False})
+    c.toy = ml_collections.ConfigDict({"head_bias": False, "z_weight": 0.0})
     c.masking.mask_frac = 0.8
     with pytest.raises(config_lib.ConfigError, match=r"config\.masking\.mask_frac: expected "
                        r"1\.0 for objective toy") as info:
