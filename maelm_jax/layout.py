@@ -65,15 +65,18 @@ class Kind:
     patterns: tuple[str, ...] = ()  # glob patterns for entries named by the data
 
 
+# A study's parts (pretraining runs, the rank analysis, sweeps) also hold its time record.
 KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TENSORBOARD_DIR + "/",
-                      CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE)),
+                      CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE, STUDY_TIMES_FILE)),
     Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
     Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESUME_DIR + "/",
                       RESULTS_FILE, PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
                       TOKENIZER_FILE)),
-    Kind("sweep", (CONFIG_FILE, SWEEP_SUMMARY_FILE, SWEEP_TABLE_FILE, SWEEP_RUNS_DIR + "/")),
-    Kind("rank", (RANK_JSON_FILE, RANK_MARKDOWN_FILE, RANK_LAYERS_PLOT, RANK_MASK_PLOT)),
+    Kind("sweep", (CONFIG_FILE, SWEEP_SUMMARY_FILE, SWEEP_TABLE_FILE, SWEEP_RUNS_DIR + "/",
+                   STUDY_TIMES_FILE)),
+    Kind("rank", (RANK_JSON_FILE, RANK_MARKDOWN_FILE, RANK_LAYERS_PLOT, RANK_MASK_PLOT,
+                  STUDY_TIMES_FILE)),
     # Reads the pretraining run in --workdir and prints; writes nothing there.
     Kind("fill_mask", ()),
     Kind("study", (CONFIG_FILE, TOKENIZER_FILE, DATA_DIR + "/", STUDY_JSON_FILE,

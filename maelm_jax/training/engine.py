@@ -205,6 +205,16 @@ def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_
     `Loop.stopped`'s exception raised.
     """
     unchecked: list[tuple[int, Any]] = []  # (step, metrics on device) not yet fetched
+
+    def fetch() -> None:
+        """Reads the unchecked steps' metrics back and applies the non-finite policy."""
+        nonlocal unchecked
+        fetched = jax.device_get([m for _, m in unchecked])
+        progress.skipped += check_finite([s for s, _ in unchecked], fetched, run.nonfinite,
+                                         ckpt)
+        progress.window += [{k: float(v) for k, v in m.items()} for m in fetched]
+        unchecked = []
+
     with Loop(start, ckpt) as clock:
         for step in range(start + 1, run.num_steps + 1):
             state, step_metrics = run.train_step(state, next(batches))
@@ -213,14 +223,8 @@ def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_
             log = last or run.log_due(step)
             clock.after_step(step, state, closes_window=log)
             evaluate = last or run.eval_due(step)
-            stop = clock.stop_requested(step)
-            save = stop or run.checkpoint_due(step)
-            if log or evaluate or save:
-                fetched = jax.device_get([m for _, m in unchecked])
-                progress.skipped += check_finite([s for s, _ in unchecked], fetched,
-                                                 run.nonfinite, ckpt)
-                progress.window += [{k: float(v) for k, v in m.items()} for m in fetched]
-                unchecked = []
+            if log or evaluate:
+                fetch()
             if log:
                 means = {**window_means(progress.window), "skipped_updates": progress.skipped}
                 writer.write("train", step, run.log_line(step, means, *clock.lap(step)))
@@ -233,7 +237,12 @@ def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_
                     progress.best = len(progress.evals) - 1
                     if run.keeps_best:
                         best_params = distributed.host_copy(state.params)
-            if save:
+            # After the evaluation, which can take a while: a request that came during it
+            # saves this step, not the next one.
+            stop = clock.stop_requested(step)
+            if stop or run.checkpoint_due(step):
+                if unchecked:
+                    fetch()
                 run.save(ckpt, step, state, progress, best_params)
                 writer.flush()  # a resumed run finds every metrics line up to its checkpoint
             if stop:
