@@ -257,9 +257,7 @@ def resolve_paths(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     return resolved
 
 
-def _require(cond: bool, field: str, expected: str, got) -> None:
-    if not cond:
-        raise ConfigError(f"config.{field}: expected {expected}, got {got!r}")
+_require = schema.requirer(ConfigError)
 
 
 def mask_counts(config: ml_collections.ConfigDict) -> masking.MaskCounts:

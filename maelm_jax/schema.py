@@ -118,6 +118,22 @@ def free_form(words: str) -> Field:
     return Field((Mapping, ml_collections.ConfigDict), words, subtree=True)
 
 
+def requirer(error: type[Exception]) -> Callable[[bool, str, str, Any], None]:
+    """require(cond, field, expected, got): raises `error`("config.<field>: expected
+    <expected>, got <got>") unless `cond` ("nothing" for an empty value): the one form of
+    every config kind's rules between fields."""
+    def require(cond: bool, field: str, expected: str, got: Any) -> None:
+        if not cond:
+            shown = "nothing" if got in ("", (), None) else repr(got)
+            raise error(f"config.{field}: expected {expected}, got {shown}")
+    return require
+
+
+def pallas_heads(head_dim: int) -> bool:
+    """Whether the Pallas kernel can tile heads of `head_dim`: a power of two >= 16."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 # ------------------------------------------------------------------- shared declarations
 
 def stack_fields(prefix: str) -> dict[str, Field]:
@@ -133,7 +149,7 @@ def stack_rules(stack: Any, prefix: str, attention_impl: str,
     require(stack.d_model % stack.num_heads == 0, f"{prefix}.d_model",
             f"a multiple of {prefix}.num_heads={stack.num_heads}", stack.d_model)
     head_dim = stack.d_model // stack.num_heads
-    require(attention_impl != "pallas" or (head_dim >= 16 and head_dim & (head_dim - 1) == 0),
+    require(attention_impl != "pallas" or pallas_heads(head_dim),
             f"{prefix}.num_heads",
             f"heads of a power-of-two size >= 16 with model.attention_impl='pallas' (the "
             f"kernel's tiles; {prefix}.d_model={stack.d_model})", stack.num_heads)

@@ -310,7 +310,7 @@ def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: i
     m = config.model
     impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype))
     head_dim = d_model // num_heads
-    if impl == "pallas" and (head_dim < 16 or head_dim & (head_dim - 1)):
+    if impl == "pallas" and not schema.pallas_heads(head_dim):
         raise FinetuneConfigError(
             f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
             f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "

@@ -45,12 +45,8 @@ class FinetuneConfigError(errors.UserError):
     """A fine-tuning config mistake; the message names the field and what is expected."""
 
 
-def require(cond: bool, field: str, expected: str, got: Any) -> None:
-    """Raises FinetuneConfigError("config.<field>: expected <expected>, got <got>") unless
-    `cond`."""
-    if not cond:
-        shown = "nothing" if got in ("", (), None) else repr(got)
-        raise FinetuneConfigError(f"config.{field}: expected {expected}, got {shown}")
+# require(cond, field, expected, got): FinetuneConfigError("config.<field>: expected ...").
+require = schema.requirer(FinetuneConfigError)
 
 
 @dataclasses.dataclass
