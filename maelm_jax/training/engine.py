@@ -15,7 +15,6 @@ checkpoint holds. Everything else happens here, once, for both:
   preemption sync point, at which all processes agree to stop at the same step, or the
   time limit (preemption.time_limit; process 0's clock decides for all). The loop then
   saves a checkpoint at the step just finished and raises `stopped`'s exception.
-
 * Evaluations: every one is written to the metrics and kept in `Progress.evals`, the best
   one's index in `Progress.best`, and its parameters on the host when the run keeps them.
 * Checkpoints: at the steps the run asks for and at a stop request, with the `Progress`
