@@ -4,6 +4,13 @@ Every host runs the same command. `initialize` calls ``jax.distributed.initializ
 with explicit coordinator/process flags when given, and with no arguments when a cluster
 environment JAX recognises is detected (Cloud TPU pod slices, SLURM, Open MPI), so a
 pod or cluster job needs no extra flags. A single process needs nothing.
+
+Processes wait for each other at the coordination service's barriers, and a collective
+(process 0's decision broadcast, a gather) starts only once every process has reached it:
+a process may arrive long after the others (process 0 alone prepares data, writes files,
+checks a checkpoint), and on CPU a collective gives up when a peer is 30 s late (Gloo's
+rendezvous). A process that dies is reported by the service's heartbeats, so the long
+wait below does not hang a job whose peer is gone.
 """
 
 from __future__ import annotations
@@ -45,16 +52,24 @@ def initialize(coordinator_address: str = "", num_processes: int = 0,
                  jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
+# How long a process waits for the others: a week, as data preparation by process 0 alone
+# may take hours (milliseconds; the service takes a 32-bit count).
+_WAIT_MS = 7 * 24 * 3600 * 1000
+
+
 def barrier(name: str) -> None:
-    """Waits for every process (no-op for one)."""
+    """Waits for every process (no-op for one). Every process passes the same names in the
+    same order; a name may be used again once its barrier is passed."""
     if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
+        client = jax._src.distributed.global_state.client  # no public accessor
+        client.wait_at_barrier(f"maelm_jax/{name}", _WAIT_MS)
 
 
 def leader_says_ok(ok: bool) -> bool:
     """Process 0's `ok`, on every process (checks only process 0 makes, e.g. of files)."""
     if jax.process_count() == 1:
         return ok
+    barrier("leader says")  # the broadcast is a collective: every process at it, none late
     return bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
 
 
@@ -63,6 +78,7 @@ def host_copy(tree):
     array split over several processes' devices cannot be fetched by one alone)."""
     if jax.process_count() == 1:
         return jax.device_get(tree)
+    barrier("host copy")  # as in leader_says_ok
     return multihost_utils.process_allgather(tree, tiled=True)
 
 

@@ -16,7 +16,8 @@ the first step's pages. The price: the process keeps its peak memory until it ex
 (a trainer's peak is its steady state anyway), and threads share one arena's lock (small
 requests go through glibc's per-thread caches and do not take it). It must run before
 JAX's backend starts its threads: a thread keeps the arena it first allocated from.
-Other C libraries and platforms are left alone.
+Other C libraries and platforms, and a process whose malloc is another allocator's
+(LD_PRELOAD), are left alone.
 """
 
 from __future__ import annotations
@@ -31,11 +32,28 @@ _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 
 
-def keep_freed_memory() -> bool:
-    """Tunes glibc's malloc as described above; True if it did (Linux with glibc)."""
+def _glibc():
+    """glibc, when it is the C library and its malloc the process's; else None."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
+        return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    used = ctypes.CDLL(None).malloc  # the malloc symbol the process resolves to
+    if ctypes.cast(used, ctypes.c_void_p).value != ctypes.cast(libc.malloc,
+                                                               ctypes.c_void_p).value:
+        return None
+    return libc
+
+
+def applies() -> bool:
+    """Whether `keep_freed_memory` can tune this process's allocator."""
+    return _glibc() is not None
+
+
+def keep_freed_memory() -> bool:
+    """Tunes glibc's malloc as described above; True if it did (see `applies`)."""
+    libc = _glibc()
+    if libc is None:
+        return False
     # mallopt takes an int; -1 becomes SIZE_MAX inside glibc: never trim the heap's top.
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
     return all(libc.mallopt(param, value) == 1 for param, value in settings)

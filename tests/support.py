@@ -3,6 +3,7 @@ checks of what a run wrote. (Fixtures shared by every test are in conftest.py.)"
 
 import hashlib
 import json
+import socket
 
 import numpy as np
 import pytest
@@ -12,6 +13,14 @@ from maelm_jax import errors
 from maelm_jax.training import loop
 
 from tiny_config import tiny_config
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now (for a coordinator)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 # ---------------------------------------------------------------- pretraining
 

@@ -4,7 +4,6 @@ single 8-device process, the files written once, and a run stopped in one proces
 two processes finish."""
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -14,7 +13,14 @@ import pytest
 from maelm_jax.finetune import train
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
-from support import FINETUNE_TINY, assert_close, finetune_flags, tiny_finetuning, write_sst2
+from support import (
+    FINETUNE_TINY,
+    assert_close,
+    finetune_flags,
+    free_port,
+    tiny_finetuning,
+    write_sst2,
+)
 
 # End-to-end (left out of the fast inner loop, pytest -m "not slow"), on 8 devices.
 pytestmark = [pytest.mark.slow,
@@ -49,17 +55,12 @@ def _metrics(workdir) -> list[dict]:
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _two_processes(settings, workdir) -> list[str]:
     """main.py as processes 0 and 1 of one job; returns their logs."""
     cmd = [sys.executable, "main.py", "--config=configs/finetune/glue.py:sst2",
            *finetune_flags(settings), f"--workdir={workdir}",
-           f"--coordinator_address=127.0.0.1:{_free_port()}", "--num_processes=2"]
+           f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2"]
     procs = [subprocess.Popen(cmd + [f"--process_id={i}"], cwd=REPO_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=subprocess_env(4))

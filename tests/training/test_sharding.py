@@ -4,7 +4,6 @@ across mesh shapes, mixed precision, and a two-process run through jax.distribut
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from maelm_jax.training import checkpoint
 from maelm_jax.training import setup as setup_lib
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+from support import free_port
 from tiny_config import TINY_VOCAB, tiny_config
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
@@ -180,11 +180,6 @@ def test_bfloat16_compute_keeps_float32_parameters(single_device_losses):
     assert not np.allclose(losses, single_device_losses, rtol=1e-6)  # bf16 really ran
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _train_losses(workdir):
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
@@ -205,7 +200,7 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
                    capture_output=True, env=subprocess_env(8))
 
     multi = tmp_path / "multi"
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen(
             common + [f"--workdir={multi}", f"--coordinator_address=127.0.0.1:{port}",
@@ -232,7 +227,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tiny_token
     """A scheduler's SIGTERM reaching only process 0 of a two-process job: JAX's preemption
     service makes both save the same step and exit 143, and the same command finishes."""
     run = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     common = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
               f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
               "--config.mesh.shape=(4,2,1)", "--config.train.checkpoint_every=100000",
@@ -253,7 +248,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tiny_token
     steps = [int(re.search(r"preempted: saved a checkpoint at step (\d+)", out).group(1))
              for out in outputs]
     assert steps[0] == steps[1] and (run / "checkpoints" / str(steps[0])).is_dir()
-    port = _free_port()
+    port = free_port()
     finish = [subprocess.Popen(common + [f"--config.train.num_steps={steps[0] + 2}",
                                          f"--coordinator_address=127.0.0.1:{port}",
                                          f"--process_id={i}"],

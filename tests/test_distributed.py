@@ -1,0 +1,56 @@
+"""distributed: processes of one job wait for each other and agree, however late one is."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+from support import free_port
+
+# Process 1 reaches the calls that hold a collective LATE seconds after process 0: longer
+# than a CPU collective waits for a peer (30 s), so one that started on arrival would fail.
+# Then a barrier's name is used twice, process 1 reaching the second 3 s late.
+_PROGRAM = """
+import sys, time
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from maelm_jax import distributed
+pid, port, late = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+distributed.initialize(f"127.0.0.1:{port}", 2, pid)
+def arrive(seconds):
+    if pid == 1:
+        time.sleep(seconds)
+arrive(late)
+said = distributed.leader_says_ok(pid == 0)  # process 0 says yes, process 1 would say no
+mesh = jax.make_mesh((jax.device_count(),), ("data",))
+rows = np.arange(4 * jax.device_count(), dtype=np.int32).reshape(jax.device_count(), 4)
+whole = jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("data")),
+                                     lambda index: rows[index])
+arrive(late)
+copied = distributed.host_copy(whole)
+distributed.barrier("twice")
+arrive(3)
+start = time.monotonic()
+distributed.barrier("twice")
+waited = pid == 1 or time.monotonic() - start > 2.5
+print("RESULT", said, bool((copied == rows).all()), waited, flush=True)
+"""
+
+
+def _job(late: float) -> list[str]:
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", _PROGRAM, str(i), str(port), str(late)],
+                              cwd=REPO_ROOT, env=subprocess_env(2), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    logs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log[-3000:]
+    return [next(line for line in log.splitlines() if line.startswith("RESULT"))
+            for log in logs]
+
+
+@pytest.mark.slow
+def test_a_process_far_behind_the_others_is_waited_for():
+    assert _job(late=32) == ["RESULT True True True"] * 2
