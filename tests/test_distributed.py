@@ -10,7 +10,7 @@ from support import free_port
 
 # Process 1 reaches the calls that hold a collective LATE seconds after process 0: longer
 # than a CPU collective waits for a peer (30 s), so one that started on arrival would fail.
-# Then a barrier's name is used twice, process 1 reaching the second 3 s late.
+# Then a barrier's name is used twice, process 1 reaching the second 6 s late.
 _PROGRAM = """
 import sys, time
 import jax, numpy as np
@@ -30,10 +30,10 @@ whole = jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("data")),
 arrive(late)
 copied = distributed.host_copy(whole)
 distributed.barrier("twice")
-arrive(3)
+arrive(6)
 start = time.monotonic()
 distributed.barrier("twice")
-waited = pid == 1 or time.monotonic() - start > 2.5
+waited = pid == 1 or time.monotonic() - start > 3
 print("RESULT", said, bool((copied == rows).all()), waited, flush=True)
 """
 
