@@ -38,10 +38,8 @@ def _glibc():
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     used = ctypes.CDLL(None).malloc  # the malloc symbol the process resolves to
-    if ctypes.cast(used, ctypes.c_void_p).value != ctypes.cast(libc.malloc,
-                                                               ctypes.c_void_p).value:
-        return None
-    return libc
+    address = lambda function: ctypes.cast(function, ctypes.c_void_p).value  # noqa: E731
+    return libc if address(used) == address(libc.malloc) else None
 
 
 def applies() -> bool:
