@@ -10,11 +10,15 @@ Processes wait for each other at the coordination service's barriers, and a coll
 a process may arrive long after the others (process 0 alone prepares data, writes files,
 checks a checkpoint), and on CPU a collective gives up when a peer is 30 s late (Gloo's
 rendezvous). A process that dies is reported by the service's heartbeats, so the long
-wait below does not hang a job whose peer is gone.
+wait below does not hang a job whose peer is gone. A process that refuses to go on (a
+UserError, typically from a check process 0 alone makes) stops the others with it where
+the block that raised it is `as_one`.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 
 import jax
@@ -57,12 +61,48 @@ def initialize(coordinator_address: str = "", num_processes: int = 0,
 _WAIT_MS = 7 * 24 * 3600 * 1000
 
 
+def _client():
+    return jax._src.distributed.global_state.client  # no public accessor
+
+
 def barrier(name: str) -> None:
     """Waits for every process (no-op for one). Every process passes the same names in the
     same order; a name may be used again once its barrier is passed."""
     if jax.process_count() > 1:
-        client = jax._src.distributed.global_state.client  # no public accessor
-        client.wait_at_barrier(f"maelm_jax/{name}", _WAIT_MS)
+        _client().wait_at_barrier(f"maelm_jax/{name}", _WAIT_MS)
+
+
+# How often each name of `as_one` has been used in this process: its keys in the service
+# are per use, as a fast process may reach the next use before a slow one read the last.
+_uses: collections.Counter = collections.Counter()
+
+
+@contextlib.contextmanager
+def as_one(name: str):
+    """A block the processes leave together, at a barrier: all go on, or, when the block
+    raised a UserError in any of them (typically a check process 0 alone makes), all raise
+    it, so that the job stops at once with the same one line everywhere. (Otherwise the
+    others would wait at their next barrier until the failed process's exit gave up
+    waiting for them, minutes later, and abort them.)"""
+    if jax.process_count() == 1:
+        yield
+        return
+    _uses[name] += 1
+    key = f"maelm_jax/{name}/{_uses[name]}/failed"
+    failed = None
+    try:
+        yield
+    except errors.UserError as e:
+        failed = e
+    client = _client()
+    client.key_value_set(f"{key}/{jax.process_index()}", "" if failed is None else str(failed))
+    barrier(name)
+    if failed is not None:
+        raise failed
+    for process in range(jax.process_count()):
+        message = client.blocking_key_value_get(f"{key}/{process}", _WAIT_MS)
+        if message:
+            raise errors.UserError(message)
 
 
 def leader_says_ok(ok: bool) -> bool:

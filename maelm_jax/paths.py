@@ -31,6 +31,7 @@ import pathlib
 import shutil
 import tempfile
 import time
+import uuid
 
 from etils import epath
 
@@ -141,8 +142,10 @@ def read_text(path: Path) -> str:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Writes `text` as UTF-8 (whatever the locale or the backend)."""
-    path.write_bytes(text.encode("utf-8"))
+    """Writes `text` as UTF-8 (whatever the locale or the backend), atomically: a file
+    another process may read meanwhile (a peer of a multi-process job, a user) or that a
+    killed process was rewriting is always whole."""
+    write_atomically(path, text.encode("utf-8"))
 
 
 def write_atomically(path: Path, data: bytes | str) -> None:
@@ -154,7 +157,10 @@ def write_atomically(path: Path, data: bytes | str) -> None:
         path.write_bytes(data)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Not tempfile.mkstemp: its file is private (0600), and the rename would keep that;
+    # created like any other file, it gets the permissions the umask gives.
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

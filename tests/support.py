@@ -22,6 +22,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def log_tail(log: str, chars: int = 3000) -> str:
+    """The end of a process's log for an assertion message, without the list of extension
+    modules Python prints after a fatal error's stacks (it alone fills 3,000 characters)."""
+    kept = [line for line in log.splitlines() if not line.startswith("Extension modules:")]
+    return "\n".join(kept)[-chars:]
+
+
 # ---------------------------------------------------------------- pretraining
 
 def snapshot(path):

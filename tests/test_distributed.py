@@ -6,16 +6,17 @@ import sys
 import pytest
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
-from support import free_port
+from support import free_port, log_tail
 
 # Process 1 reaches the calls that hold a collective LATE seconds after process 0: longer
 # than a CPU collective waits for a peer (30 s), so one that started on arrival would fail.
-# Then a barrier's name is used twice, process 1 reaching the second 6 s late.
+# Then a barrier's name is used twice, process 1 reaching the second 6 s late; then a
+# block of `as_one` fails in process 0, in none, and in process 1.
 _PROGRAM = """
 import sys, time
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from maelm_jax import distributed
+from maelm_jax import distributed, errors
 pid, port, late = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 distributed.initialize(f"127.0.0.1:{port}", 2, pid)
 def arrive(seconds):
@@ -34,7 +35,16 @@ arrive(6)
 start = time.monotonic()
 distributed.barrier("twice")
 waited = pid == 1 or time.monotonic() - start > 3
-print("RESULT", said, bool((copied == rows).all()), waited, flush=True)
+stopped = []  # a UserError in one process's block is raised in every process, at once
+for failing in (0, None, 1):
+    try:
+        with distributed.as_one("check"):
+            if pid == failing:
+                raise errors.UserError(f"config.x: process {pid} refuses")
+        stopped.append("on")
+    except errors.UserError as e:
+        stopped.append(str(e))
+print("RESULT", said, bool((copied == rows).all()), waited, stopped, flush=True)
 """
 
 
@@ -46,11 +56,12 @@ def _job(late: float) -> list[str]:
              for i in range(2)]
     logs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
     for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+        assert p.returncode == 0, log_tail(log)
     return [next(line for line in log.splitlines() if line.startswith("RESULT"))
             for log in logs]
 
 
 @pytest.mark.slow
 def test_a_process_far_behind_the_others_is_waited_for():
-    assert _job(late=32) == ["RESULT True True True"] * 2
+    stopped = ["config.x: process 0 refuses", "on", "config.x: process 1 refuses"]
+    assert _job(late=32) == [f"RESULT True True True {stopped}"] * 2

@@ -2,6 +2,9 @@
 (tests/test_cloud_paths.py runs whole runs in a fake bucket)."""
 
 import importlib.util
+import os
+import stat
+import threading
 
 import pytest
 
@@ -30,6 +33,39 @@ def test_write_atomically_leaves_no_temporary_file(tmp_path):
     paths.write_atomically(target, b"[1]")
     assert target.read_bytes() == b"[1]"
     assert [p.name for p in (tmp_path / "new").iterdir()] == ["file.json"]
+
+
+def test_a_reader_sees_the_old_text_or_the_new_never_a_part(tmp_path):
+    """Another process of the job may read a file (config.json) while process 0 rewrites
+    it: every read is whole."""
+    target = paths.Path(tmp_path) / "config.json"
+    texts = ["a" * 2**20, "b" * 2**21]
+    paths.write_text(target, texts[0])
+    seen, done = set(), threading.Event()
+
+    def read():
+        while not done.is_set():
+            seen.add(len(paths.read_text(target)))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(60):
+        paths.write_text(target, texts[i % 2])
+    done.set()
+    reader.join()
+    assert seen <= {len(t) for t in texts}
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_files_written_get_the_permissions_the_umask_gives(tmp_path):
+    old = os.umask(0o027)
+    try:
+        paths.write_text(paths.Path(tmp_path) / "results.json", "{}")
+        paths.write_atomically(paths.Path(tmp_path) / "tokenizer.model", b"x")
+    finally:
+        os.umask(old)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()} == {
+        "results.json": 0o640, "tokenizer.model": 0o640}
 
 
 def test_a_local_mirror_is_the_directory_itself(tmp_path):

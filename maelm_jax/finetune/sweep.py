@@ -85,7 +85,9 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise config_lib.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; sweep into another directory")
     # Several processes run the sweep as one job (each run is multi-process); process 0
-    # alone writes its files, and decides which runs are finished.
+    # alone writes its files, and decides which runs are finished. It writes once every
+    # process has read the workdir's record above, so that all judged the same record.
+    distributed.barrier("sweep workdir checked")
     if distributed.is_leader():
         paths.make_dirs(workdir)
         layout.write_config(workdir, config)

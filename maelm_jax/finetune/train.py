@@ -217,14 +217,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                              f"example")
     # Process 0 decides and prepares the workdir; the others wait, so none reads it half
     # cleared.
-    resume = distributed.leader_says_ok(
-        distributed.is_leader() and resume_lib.resumable(workdir, config))
-    if distributed.is_leader():
-        if not resume:
-            resume_lib.start_over(workdir)
-        loading.clear_finetuned(workdir)  # the final checkpoint is written when the run ends
-        layout.write_config(workdir, config)
-    distributed.barrier("fine-tuning workdir")
+    resume = False
+    with distributed.as_one("fine-tuning workdir"):
+        if distributed.is_leader():
+            resume = resume_lib.resumable(workdir, config)
+            if not resume:
+                resume_lib.start_over(workdir)
+            loading.clear_finetuned(workdir)  # the final checkpoint is written at the end
+            layout.write_config(workdir, config)
+    resume = distributed.leader_says_ok(resume)
     t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)

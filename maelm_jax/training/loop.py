@@ -70,21 +70,21 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
     was. (config.json is written once the checkpoint, if any, has restored.)"""
     if config.data.prepared:  # shards of mode "prepare": every process reads its own blocks
         shards.check_run(config)  # they fit this run and are whole, before anything is written
+        with distributed.as_one("tokenizer"):
+            if jax.process_index() == 0:
+                workdir_lib.check_compatible(config, workdir, allow_config_change)
+                with workdir_lib.all_or_nothing(workdir):
+                    paths.make_dirs(workdir)
+                    pipeline.prepared_tokenizer(config, workdir)
+        tok = pipeline.prepared_tokenizer(config, workdir)
+        return tok, shards.load(config.data.prepared, pipeline.source_weights(config))
+    with distributed.as_one("prepared data"):
         if jax.process_index() == 0:
             workdir_lib.check_compatible(config, workdir, allow_config_change)
             with workdir_lib.all_or_nothing(workdir):
                 paths.make_dirs(workdir)
-                pipeline.prepared_tokenizer(config, workdir)
-        distributed.barrier("tokenizer")
-        tok = pipeline.prepared_tokenizer(config, workdir)
-        return tok, shards.load(config.data.prepared, pipeline.source_weights(config))
-    if jax.process_index() == 0:
-        workdir_lib.check_compatible(config, workdir, allow_config_change)
-        with workdir_lib.all_or_nothing(workdir):
-            paths.make_dirs(workdir)
-            tok = pipeline.setup_tokenizer(config, workdir)
-            data = pipeline.prepare_data(config, workdir, tok)
-    distributed.barrier("prepared data")
+                tok = pipeline.setup_tokenizer(config, workdir)
+                data = pipeline.prepare_data(config, workdir, tok)
     if jax.process_index() != 0:
         tok = pipeline.setup_tokenizer(config, workdir)
         data = pipeline.prepare_data(config, workdir, tok)

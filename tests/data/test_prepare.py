@@ -18,7 +18,7 @@ from maelm_jax.training import loop
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from fake_bucket import fake_gcs
-from support import made_up_documents, train_metrics
+from support import log_tail, made_up_documents, train_metrics
 from tiny_config import tiny_config
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
@@ -172,7 +172,7 @@ def test_two_processes_read_disjoint_rows_of_the_shards(prepared, tmp_path):
     outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
     rows = []
     for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+        assert p.returncode == 0, log_tail(out)
         [(start, end)] = re.findall(r"reads rows \[(\d+), (\d+)\) of every global batch of 8 "
                                     r"\(the shards of ", out)
         rows.append(range(int(start), int(end)))

@@ -18,6 +18,7 @@ from support import (
     assert_close,
     finetune_flags,
     free_port,
+    log_tail,
     tiny_finetuning,
     write_sst2,
 )
@@ -67,7 +68,7 @@ def _two_processes(settings, workdir) -> list[str]:
              for i in range(2)]
     logs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
     for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+        assert p.returncode == 0, log_tail(log)
     assert "process 1 of 2" in logs[1]
     return logs
 

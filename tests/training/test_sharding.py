@@ -18,7 +18,7 @@ from maelm_jax.training import checkpoint
 from maelm_jax.training import setup as setup_lib
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
-from support import free_port
+from support import free_port, log_tail
 from tiny_config import TINY_VOCAB, tiny_config
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
@@ -212,7 +212,7 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
     ]
     outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=False):
-        assert p.returncode == 0, out[-3000:]
+        assert p.returncode == 0, log_tail(out)
     assert "process 1 of 2" in outputs[1]
     expected = _train_losses(single)
     got = _train_losses(multi)
@@ -244,7 +244,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tiny_token
     procs[0].send_signal(signal.SIGTERM)
     outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 143, out[-3000:]
+        assert p.returncode == 143, log_tail(out)
     steps = [int(re.search(r"preempted: saved a checkpoint at step (\d+)", out).group(1))
              for out in outputs]
     assert steps[0] == steps[1] and (run / "checkpoints" / str(steps[0])).is_dir()
@@ -257,6 +257,35 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tiny_token
               for i in range(2)]
     outputs = [p.communicate(timeout=HANG_SECONDS)[0] for p in finish]
     for p, out in zip(finish, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+        assert p.returncode == 0, log_tail(out)
     assert f"resumed from checkpoint at step {steps[0]}" in outputs[0]
     assert max(_train_losses(run)) == steps[0] + 2
+
+
+@pytest.mark.slow
+def test_a_check_process_0_alone_makes_stops_both_processes_with_its_line(tmp_path,
+                                                                          tiny_tokenizer):
+    """Process 0 alone checks the workdir's record; when it refuses the run, the other
+    process stops at once with the same one line (rather than wait for process 0's exit to
+    give up on it minutes later and abort it), and the record is left as it was."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"mode": "finetune"}')
+    port = free_port()
+    started = time.monotonic()
+    procs = [subprocess.Popen(
+        [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
+         f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
+         "--config.mesh.shape=(4,2,1)", f"--coordinator_address=127.0.0.1:{port}",
+         "--num_processes=2", f"--process_id={i}"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=subprocess_env(4)) for i in range(2)]
+    stderrs = [p.communicate(timeout=HANG_SECONDS)[1] for p in procs]
+    line = (f"error: {run} holds a finetune run, not a pretraining run; use another "
+            f"--workdir")
+    for p, err in zip(procs, stderrs, strict=True):
+        assert p.returncode == 1, log_tail(err)
+        assert err.splitlines()[-1] == line
+    assert time.monotonic() - started < 100  # process 0's exit gives up after 300 s
+    assert [p.name for p in run.iterdir()] == ["config.json"]
+    assert (run / "config.json").read_text() == '{"mode": "finetune"}'
