@@ -5,10 +5,11 @@ Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning
 `sweep = True` maelm_jax.finetune.sweep; the effective-rank analysis
 (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
 (configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask; the laptop-scale
-study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run; the export to
-Hugging Face transformers (configs/export.py, `mode = "export"`) runs maelm_jax.export.run;
-a pretraining config
-with `--config.mode=prepare` writes its corpus as ArrayRecord shards with Apache Beam
+study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run, and the merge of
+a study's parts run apart (configs/study/merge.py, `mode = "study_merge"`)
+maelm_jax.study.merge; the export to Hugging Face transformers (configs/export.py,
+`mode = "export"`) runs maelm_jax.export.run; a pretraining config with
+`--config.mode=prepare` writes its corpus as ArrayRecord shards with Apache Beam
 (maelm_jax.data.prepare) for `--config.data.prepared` of later runs. Each
 mode's entry is picked here, so no module of maelm_jax has to import its caller.
 
@@ -28,6 +29,7 @@ from maelm_jax.analysis import run as analysis_run
 from maelm_jax.export import run as export_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.study import merge as study_merge
 from maelm_jax.study import run as study_run
 from maelm_jax.training import loop, preemption
 
@@ -122,6 +124,8 @@ def _run_mode(mode: str) -> None:
         fill_mask.run(FLAGS.config, FLAGS.workdir)
     elif mode == "study":
         study_run.run(FLAGS.config, FLAGS.workdir)
+    elif mode == "study_merge":
+        study_merge.merge(FLAGS.config, FLAGS.workdir)
     elif mode == "export":
         export_run.run(FLAGS.config, FLAGS.workdir)
     elif mode == "prepare":

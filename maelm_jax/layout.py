@@ -82,6 +82,9 @@ KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("study", (CONFIG_FILE, TOKENIZER_FILE, DATA_DIR + "/", STUDY_JSON_FILE,
                    STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT, STUDY_GLUE_PLOT, RANK_LAYERS_PLOT,
                    STUDY_PRETRAIN_DIR + "/", STUDY_RANK_DIR + "/", STUDY_FINETUNE_DIR + "/")),
+    # Parts of one study run apart, merged (study/merge.py): the report and rank/ only.
+    Kind("study_merge", (CONFIG_FILE, STUDY_JSON_FILE, STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT,
+                         STUDY_GLUE_PLOT, RANK_LAYERS_PLOT, STUDY_RANK_DIR + "/")),
 )}
 
 

@@ -66,6 +66,7 @@ def get_config(arg: str | None = None):
     if preset == "pretrain":
         return _pretrain("gpu")
     c = config_lib.study_defaults()
+    c.title = "One-GPU study" + (" (tiny preset)" if preset == "tiny" else "")
     c.pretrain = _pretrain(preset)
     c.tasks = ("SST-2", "CoLA", "MRPC", "STS-B", "RTE", "QNLI", "MNLI", "QQP")
     c.seeds = (1, 2, 3)

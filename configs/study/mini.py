@@ -24,6 +24,7 @@ def get_config(arg: str | None = None):
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
     c = config_lib.study_defaults()
+    c.title = "Laptop-scale study" if preset == "mini" else "Study at mini.py:small size"
     c.pretrain = quickstart.get_config("maelm")
     if preset == "mini":
         c.finetune.max_seq_len = 64

@@ -100,6 +100,16 @@ def source_fingerprints(config: ml_collections.ConfigDict) -> dict[str, str]:
             for name, source in config.data.sources.items()}
 
 
+def data_fingerprint(config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer) -> str:
+    """What the config's blocks are keyed by (packing.data_fingerprint): the sources'
+    content, the tokenizer's bytes, seq_len and the validation fraction; for data.prepared,
+    the fingerprint its manifest records."""
+    if config.data.prepared:
+        return shards.read_manifest(paths.Path(config.data.prepared))["fingerprint"]
+    return packing.data_fingerprint(source_fingerprints(config), tok.model_path,
+                                    config.data.seq_len, config.data.validation_fraction)
+
+
 def source_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
     return {name: float(sources.source_settings(source)["weight"])
             for name, source in config.data.sources.items()}

@@ -302,9 +302,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tok = pipeline.setup_tokenizer(config, out)
     if not (out / layout.TOKENIZER_FILE).exists():
         paths.Path(tok.model_path).copy(out / layout.TOKENIZER_FILE)
-    fingerprint = packing.data_fingerprint(pipeline.source_fingerprints(config),
-                                           tok.model_path, config.data.seq_len,
-                                           config.data.validation_fraction)
+    fingerprint = pipeline.data_fingerprint(config, tok)
     if (out / layout.MANIFEST_FILE).is_file():
         manifest = shards.read_manifest(out)
         if manifest["fingerprint"] == fingerprint:

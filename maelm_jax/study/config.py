@@ -29,6 +29,7 @@ class StudyConfigError(errors.UserError):
 def study_defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.mode = "study"  # main.py dispatches on it
+    c.title = "Study"  # study.md's heading
     c.models = ("mlm", "maelm", "3ml_self", "3ml_cross")
     c.pretrain = pretrain_config.pretrain_defaults()
     c.glue_dir = ""  # the GLUE directory (<dir>/RTE/train.tsv, ...); empty: no fine-tuning
@@ -72,6 +73,7 @@ _MODELS = schema.Field((str, list, tuple), "names among the papers' models "
 
 FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice("study"),
+    "title": schema.Field((str,), "a heading", bool),
     "models": _MODELS,
     "pretrain": schema.free_form("a pretraining config (maelm_jax/config.py)"),
     "glue_dir": schema.path("the GLUE directory, or empty to skip fine-tuning"),
@@ -86,6 +88,44 @@ FIELDS: dict[str, schema.Field] = {
     "rank_tokens": schema.integer(0),
     "scratch": schema.boolean(),
     "reserve_seconds": schema.number(0.0),
+}
+
+
+# Which of the study's models a run takes, and how it is sliced: fields that may differ
+# between parts of one study run on different machines (maelm_jax/study/merge.py).
+PART_FIELDS = ("models", "scratch", "reserve_seconds")
+
+
+def shared_settings(config: ml_collections.ConfigDict) -> dict:
+    """The settings every part of one study shares: the config without PART_FIELDS and
+    without paths (the schemas' path fields and the corpora's), which may differ between
+    machines; the digests of study.json's "identity" stand for what they hold."""
+    settings = config.to_dict()
+    places = ([f for f, field in FIELDS.items() if field.path]
+              + [f"pretrain.{f}" for f, field in pretrain_config.FIELDS.items() if field.path])
+    for field in (*PART_FIELDS, *places):
+        *parents, leaf = field.split(".")
+        node = settings
+        for name in parents:
+            node = node.get(name, {})
+        node.pop(leaf, None)
+    for source in settings["pretrain"]["data"]["sources"].values():
+        source.pop("path", None)
+    return settings
+
+
+def merge_defaults() -> ml_collections.ConfigDict:
+    """The config of a merge of parts of one study (maelm_jax/study/merge.py)."""
+    c = ml_collections.ConfigDict()
+    c.mode = "study_merge"  # main.py dispatches on it
+    c.inputs = ""  # the parts: study workdirs or study.json files, comma-separated or a list
+    return c
+
+
+MERGE_FIELDS: dict[str, schema.Field] = {
+    "mode": schema.choice("study_merge"),
+    "inputs": schema.Field((str, list, tuple), "study workdirs or study.json files, "
+                           "comma-separated", lambda v: bool(names(v))),
 }
 
 

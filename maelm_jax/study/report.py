@@ -1,12 +1,13 @@
 """The study's outputs: study.json, study.md and its plots.
 
-* ``study.json``: everything the table and plots show, and each model's config; while
-  the study is unfinished (a time limit or a preemption stopped it), "finished": false
-  and the parts done and left.
+* ``study.json``: everything the table and plots show (so that it alone redraws them,
+  maelm_jax/study/merge.py), each model's config, what the machine was, and the digests
+  that say which studies' parts can be merged; while the study is unfinished (a time
+  limit or a preemption stopped it), "finished": false and the parts done and left.
 * ``study.md``: one row per model (pretraining eval loss and accuracy next to the unigram
   baseline, last-layer rank_tau with and without [MASK], the GLUE medians and their
-  average, wall time, training FLOPs) and one for the from-scratch control, then each
-  task's per-seed scores.
+  average, wall time, training FLOPs, MFU) and one for the from-scratch control, then
+  each task's per-seed scores.
 * ``loss_curves.png``: every model's train and eval loss against the step.
 * ``rank_layers.png``: the rank analysis's Fig. 1(a) plot, copied next to the table.
 * ``glue_medians.png``: a bar chart of the GLUE medians per task and model.
@@ -30,14 +31,21 @@ def _name(model: str) -> str:
     return "from scratch (control)" if model == _CONTROL else recipes.display_name(model)
 
 
-def pretraining_metrics(workdir: paths.Path) -> dict:
-    """The last eval of a pretraining workdir (loss, accuracy, unigram baseline)."""
-    evals = runs.metrics(workdir, "eval")
-    if not evals:
-        return {}
-    last = evals[-1]
-    keys = ("step", "loss", "accuracy", "mask_loss", "mask_accuracy", "unigram_accuracy")
-    return {f"eval_{k}" if k != "step" else k: last[k] for k in keys if k in last}
+def pretraining_record(workdir: paths.Path) -> dict:
+    """What the report shows of a pretraining workdir: its last eval (loss, accuracy,
+    unigram baseline), its loss curves ([step, loss] per log line) and the median MFU of
+    its train logs (logged where the device's peak is known)."""
+    evals, train = runs.metrics(workdir, "eval"), runs.metrics(workdir, "train")
+    out = {"curves": {split: [[r["step"], r["loss"]] for r in rows if "loss" in r]
+                      for split, rows in (("train", train), ("eval", evals))}}
+    if evals:
+        keys = ("step", "loss", "accuracy", "mask_loss", "mask_accuracy", "unigram_accuracy")
+        out.update({f"eval_{k}" if k != "step" else k: evals[-1][k] for k in keys
+                    if k in evals[-1]})
+    mfus = [r["mfu"] for r in train if "mfu" in r]
+    if mfus:
+        out["mfu"] = float(np.median(mfus))
+    return out
 
 
 def _fmt(value, spec: str = ".2f", empty: str = "—") -> str:
@@ -53,9 +61,9 @@ def markdown(result: dict) -> str:
     header = (["model", "[MASK] loss", "[MASK] acc. %", "unigram acc. %", "rank (no [MASK])",
                "rank (with [MASK])", "centred rank (no [MASK])", "centred rank (with [MASK])"]
               + tasks + (["GLUE avg."] if tasks else [])
-              + ["pretraining time", "training FLOPs"])
+              + ["pretraining time", "training FLOPs", "MFU"])
     tau = result["rank"]["tau"]
-    lines = ["# Laptop-scale study", ""]
+    lines = [f"# {result.get('title', 'Study')}", ""]
     if not result.get("finished", True):
         lines += [f"**Not finished**: {len(result['parts_done'])} of "
                   f"{len(result['parts_done']) + len(result['parts_left'])} parts done; "
@@ -66,8 +74,13 @@ def markdown(result: dict) -> str:
               "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians "
               f"over seeds {result['seeds']}"
               + (f" from {result['glue_dir']}" if result["glue_dir"] else
-                 " (no glue_dir given: no fine-tuning)") + ".", "",
-              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                 " (no glue_dir given: no fine-tuning)") + ".", ""]
+    parts = result.get("parts", [])
+    if parts:
+        lines += ["Run on " + "; ".join(
+            (f"{', '.join(map(_name, p['models'] + p['controls']))}: " if len(parts) > 1 else "")
+            + f"{p['device']} (jax {p['jax']})" for p in parts) + ".", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for n in names:
         p = result["pretraining"][n]
         r, c = rank.get(p["workdir"], {}), centred.get(p["workdir"], {})
@@ -83,14 +96,15 @@ def markdown(result: dict) -> str:
         if tasks:
             row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
         row += [_fmt(None if p.get("seconds") is None else p["seconds"] / 60, ".1f") + " min",
-                _fmt(p.get("train_flops"), ".3g")]
+                _fmt(p.get("train_flops"), ".3g"),
+                "—" if p.get("mfu") is None else f"{100 * p['mfu']:.1f} %"]
         lines.append("| " + " | ".join(row) + " |")
     for n in result.get("controls", []):
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
         row = [_name(n)] + ["—"] * 7 + [_fmt(s, ".1f") for s in scores]
         if tasks:
             row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
-        row += ["—", "—"]
+        row += ["—", "—", "—"]
         lines.append("| " + " | ".join(row) + " |")
     if tasks:
         lines += ["", "Per seed (dev, the task's metric):", ""]
@@ -115,13 +129,11 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, n in enumerate(result["models"]):
-        workdir = paths.Path(result["pretraining"][n]["workdir"])
-        colour = f"C{i}"
+        curves = result["pretraining"][n].get("curves", {})
         for split, style in (("train", ":"), ("eval", "-")):
-            rows = runs.metrics(workdir, split)
-            if rows:
-                ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], style,
-                        color=colour, label=f"{_name(n)} {split}")
+            if curves.get(split):
+                steps, losses = zip(*curves[split], strict=True)
+                ax.plot(steps, losses, style, color=f"C{i}", label=f"{_name(n)} {split}")
     ax.set_xlabel("step")
     ax.set_ylabel("masked-token loss (nats)")
     ax.legend(fontsize=8)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 
+import jax
 import ml_collections
 from absl import logging
 
@@ -25,7 +26,7 @@ from maelm_jax import config as pretrain_config
 from maelm_jax import layout, paths, runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
-from maelm_jax.data import pipeline
+from maelm_jax.data import digests, pipeline
 from maelm_jax.finetune import config as finetune_config_lib
 from maelm_jax.finetune import glue, sweep
 from maelm_jax.study import config as config_lib
@@ -59,7 +60,7 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> d
     vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
             "train_flops": setup_lib.step_flops(c, vocab) * c.train.num_steps,
-            **report.pretraining_metrics(workdir)}
+            **report.pretraining_record(workdir)}
 
 
 def _seconds(directory: paths.Path) -> float | None:
@@ -94,6 +95,26 @@ def _glue_tasks(config) -> list[str]:
             logging.warning("study: %s has no training data in %s, skipped", task,
                             config.glue_dir)
     return found
+
+
+def _identity(config, shared: ml_collections.ConfigDict, tok, tasks: list[str]) -> dict:
+    """What every part of one study must share, where paths may differ between machines
+    (maelm_jax/study/merge.py compares it): the settings, the tokenizer's SHA-256, the
+    prepared data's fingerprint (the corpora's content, the tokenizer, the blocks) and
+    each GLUE task's files."""
+    glue_root = paths.Path(config.glue_dir) if config.glue_dir else None
+    return {"settings": config_lib.shared_settings(config),
+            "tokenizer_sha256": digests.sha256_of(tok.model_path),
+            "data_fingerprint": pipeline.data_fingerprint(shared, tok),
+            "glue": {t: {f.name: digests.content_identity(str(f))
+                         for f in sorted((glue_root / t).iterdir(), key=lambda f: f.name)
+                         if f.is_file()}
+                     for t in tasks}}
+
+
+def _machine() -> dict:
+    return {"device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+            "jax": jax.__version__}
 
 
 SCRATCH = "scratch"  # the control's name in study.json and under finetune/
@@ -153,12 +174,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     controls = [SCRATCH] if config.scratch and tasks else []
     parts = ([f"pretrain {n}" for n in names] + ["rank analysis"]
              + [f"fine-tune {n} on {t}" for t in tasks for n in names + controls])
-    result = {"models": names, "controls": controls, "finished": False,
+    result = {"title": config.title, "models": names, "controls": controls, "finished": False,
               "parts_done": [], "parts_left": list(parts),
               "pretraining": {n: {"workdir": str(root / layout.STUDY_PRETRAIN_DIR / n)}
                               for n in names},
               "rank": {"tau": None, "runs": []}, "glue": {},
-              "glue_dir": config.glue_dir, "seeds": list(config.seeds)}
+              "glue_dir": config.glue_dir, "seeds": list(config.seeds),
+              "parts": [{"workdir": str(root), "models": names, "controls": controls,
+                         **_machine()}]}
 
     def done(part: str) -> None:
         result["parts_done"].append(part)
@@ -171,6 +194,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for c in configs.values():
             c.tokenizer.model_path = tok.model_path
             c.data.cache_dir = str(root / layout.DATA_DIR)
+        result["identity"] = _identity(config, shared, tok, tasks)
         result["pretrain_config"] = {n: json.loads(pretrain_config.to_json(configs[n]))
                                      for n in names}
         for n in names:
@@ -201,7 +225,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     except preemption.Preempted:
         for p in result["pretraining"].values():  # what a stopped model has logged
             if "step" not in p:
-                p.update(report.pretraining_metrics(paths.Path(p["workdir"])))
+                p.update(report.pretraining_record(paths.Path(p["workdir"])))
         report.write(root, result)
         logging.warning("study: %d of %d parts done, %s left", len(result["parts_done"]),
                         len(parts), ", ".join(result["parts_left"]))

@@ -351,3 +351,55 @@ def test_main_exits_143_when_preempted_with_the_report_so_far(tiny_tokenizer, tm
     result = json.loads((tmp_path / "out" / layout.STUDY_JSON_FILE).read_text())
     assert result["finished"] is False and result["parts_done"] == []
     assert not (tmp_path / "out" / "pretrain" / MODELS[1]).exists()
+
+
+def test_parts_run_apart_merge_into_the_study_run_whole(study, tmp_path):
+    """The fixture's study in two parts (MLM with the control, then 3ML_cross), each in a
+    workdir of its own; of each only study.json is kept, as a GPU session brings it back.
+    Merged, they give the study that ran whole: the same models, scores, ranks, table
+    rows and plots."""
+    import shutil
+
+    from maelm_jax.study import merge
+
+    whole_out, c, whole = study
+    kept = []
+    for name, models, scratch in (("a", ("mlm",), True), ("b", ("3ml_cross",), False)):
+        part = c.copy_and_resolve_references()
+        part.models, part.scratch = models, scratch
+        study_run.run(part, str(tmp_path / name))
+        (tmp_path / "back" / name).mkdir(parents=True)
+        kept.append(tmp_path / "back" / name / layout.STUDY_JSON_FILE)
+        shutil.copy(tmp_path / name / layout.STUDY_JSON_FILE, kept[-1])
+        shutil.rmtree(tmp_path / name)  # nothing of the part's workdir is left
+    m = config_lib.merge_defaults()
+    m.inputs = f"{kept[0].parent},{kept[1]}"  # a directory holding study.json, or the file
+    out = tmp_path / "merged"
+    merged = merge.merge(m, str(out))
+    assert merged["models"] == whole["models"] and merged["controls"] == whole["controls"]
+    assert merged["finished"] and not merged["parts_left"]
+    for name in (*MODELS, "scratch"):
+        np.testing.assert_allclose(merged["glue"][name]["RTE"]["median"],
+                                   whole["glue"][name]["RTE"]["median"], atol=1e-6)
+    for name in MODELS:
+        got, want = merged["pretraining"][name], whole["pretraining"][name]
+        np.testing.assert_allclose(got["eval_loss"], want["eval_loss"], rtol=1e-5)
+        assert [s for s, _ in got["curves"]["train"]] == [s for s, _ in want["curves"]["train"]]
+    assert [r["label"] for r in merged["rank"]["runs"]] == list(MODELS)
+    for got, want in zip(merged["rank"]["runs"], whole["rank"]["runs"], strict=True):
+        np.testing.assert_allclose(got["with_mask"], want["with_mask"], atol=1)
+    assert [p["models"] + p["controls"] for p in merged["parts"]] == [
+        ["mlm", "scratch"], ["3ml_cross"]]
+
+    def rows(table):  # each row's model, ranks and scores (not its wall time)
+        return [line.split(" | ")[:-3] for line in table.splitlines()
+                if line.startswith("| ") and not line.startswith("| model")]
+
+    table = (out / layout.STUDY_MARKDOWN_FILE).read_text()
+    assert rows(table) == rows((whole_out / layout.STUDY_MARKDOWN_FILE).read_text())
+    assert "Run on MLM, from scratch (control): " in table and "; 3ML_cross: " in table
+    for name in (layout.STUDY_LOSS_PLOT, layout.RANK_LAYERS_PLOT, layout.STUDY_GLUE_PLOT):
+        assert (out / name).stat().st_size > 1000, name
+    assert layout.unexpected_entries(out, "study_merge") == []
+    # Merging again into the same directory rewrites the same report.
+    assert merge.merge(m, str(out))["glue"] == merged["glue"]
