@@ -22,6 +22,10 @@ MAE-LM's decoder keeps the base model's 12:4 depth ratio (2 layers at full width
 quickstart's two aids stay (the relative bias's locality prior and the decoder's own
 relative bias; see docs/plateau.md).
 
+Where a machine is held for less than the whole study, run it in parts, a share of the
+models each (`--config.models`, `--config.scratch`), and merge them with
+configs/study/merge.py; benchmarks/gpu_study.sh shows how.
+
 `gpu.py:tiny` is the same study with laptop sizes, for tests and a dry run on a CPU.
 `gpu.py:pretrain` is the MLM pretraining config the study's models start from (what the
 benchmarks take).
