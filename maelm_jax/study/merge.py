@@ -51,7 +51,8 @@ def _read(value: str) -> tuple[paths.Path, dict]:
         result = json.loads(paths.read_text(file))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MergeError(f"config.inputs: {file} cannot be read as JSON ({e})") from None
-    if not isinstance(result, dict) or not {"models", "pretraining", "glue"} <= set(result):
+    keys = {"models", "pretraining", "glue", "parts"}
+    if not isinstance(result, dict) or not keys <= set(result):
         raise MergeError(f"config.inputs: {file} is not a study's {layout.STUDY_JSON_FILE}")
     if "identity" not in result:
         raise MergeError(
@@ -124,7 +125,7 @@ def _combined(inputs: list[tuple[paths.Path, dict]]) -> dict:
              "runs": [run for r in analysed for run in r["runs"]]}
             if analysed else {"tau": None, "runs": []})
     merged = {
-        "title": first.get("title", "Study"),
+        "title": first["title"],
         "models": [n for _, r in inputs for n in r["models"]],
         "controls": [n for _, r in inputs for n in r.get("controls", [])],
         "finished": all(r["finished"] for _, r in inputs),
@@ -139,9 +140,7 @@ def _combined(inputs: list[tuple[paths.Path, dict]]) -> dict:
         "pretrain_config": {n: c for _, r in inputs
                             for n, c in r.get("pretrain_config", {}).items()},
         "identity": first["identity"],
-        "parts": [{**part, "study_json": str(file)} for file, r in inputs
-                  for part in r.get("parts", [{"models": r["models"],
-                                               "controls": r.get("controls", [])}])],
+        "parts": [{**part, "study_json": str(file)} for file, r in inputs for part in r["parts"]],
     }
     return merged
 

@@ -48,7 +48,8 @@ def _part(models, controls=()):
         "glue_dir": "/tmp/data/glue", "seeds": [1],
         "identity": {"settings": config_lib.shared_settings(config),
                      "tokenizer_sha256": "ab" * 32, "data_fingerprint": "0123456789abcdef",
-                     "glue": {"RTE": {"train.tsv": [10, "sha256:aa"], "dev.tsv": [5, "sha256:bb"]}}},
+                     "glue": {"RTE": {"train.tsv": [10, "sha256:aa"],
+                                      "dev.tsv": [5, "sha256:bb"]}}},
         "parts": [{"workdir": "/tmp/study", "models": list(models), "controls": list(controls),
                    "device": "1 x NVIDIA H100 80GB HBM3", "jax": "0.11.2"}],
     }
@@ -75,8 +76,8 @@ def test_parts_merge_into_one_report(tmp_path):
     out = tmp_path / "merged"
     table = (out / layout.STUDY_MARKDOWN_FILE).read_text()
     assert table.startswith("# Study\n")
-    assert "| MAE-LM | 4.00 | 20.0 | 5.0 | 5 | 6 | 5 | 6 | 55.0 | 55.0 | 1.0 min | 1e+12 | 31.0 % |" \
-        in table
+    assert ("| MAE-LM | 4.00 | 20.0 | 5.0 | 5 | 6 | 5 | 6 | 55.0 | 55.0 | 1.0 min | 1e+12 "
+            "| 31.0 % |") in table
     assert re.search(r"Run on MLM, from scratch \(control\): 1 x NVIDIA H100 80GB HBM3 \(jax "
                      r"0\.11\.2\); MAE-LM, 3ML_self: ", table)
     rank_md = (out / layout.STUDY_RANK_DIR / layout.RANK_MARKDOWN_FILE).read_text()
