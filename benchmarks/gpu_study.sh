@@ -25,8 +25,9 @@
 #              --config.inputs=<lease 1's OUT>,<lease 2's OUT>
 # Every part must use the same tokenizer: sentencepiece trains the same one from the same
 # corpus with the same version, and the merge checks its SHA-256; to be sure, hand the one
-# the first part brought back (OUT/tokenizer.model, staged) to the others with
-# STUDY_TOKENIZER=<path>.
+# the first part brought back to the others: stage the folder holding it with the data
+# (stage.sh ... <dir with tokenizer.model>) and run with
+# STUDY_TOKENIZER=/tmp/data/<that dir's name>/tokenizer.model.
 set -uo pipefail
 out=${1:?usage: benchmarks/gpu_study.sh OUT_DIR [MINUTES [main.py flags ...]]}
 minutes=${2:-8}
