@@ -25,10 +25,10 @@ lines) unless `tokenizer.model_path` names one, and writes `manifest.json` last
 (maelm_jax/data/shards.py), so an interrupted preparation is never read.
 
 Runners (`prepare.runner`): "DirectRunner" runs on this machine with
-`prepare.num_workers` processes; the same pipeline runs on Dataflow, Flink or Spark with
-`prepare.beam_options`, e.g. ("--runner=DataflowRunner", "--project=P", "--region=R",
-"--temp_location=gs://B/tmp", "--requirements_file=requirements.txt") and a workdir in a
-bucket.
+`prepare.num_workers` processes (Beam's FnApiRunner, never Prism: `pipeline_runner`); the
+same pipeline runs on Dataflow, Flink or Spark with `prepare.beam_options`, e.g.
+("--runner=DataflowRunner", "--project=P", "--region=R", "--temp_location=gs://B/tmp",
+"--requirements_file=requirements.txt") and a workdir in a bucket.
 """
 
 from __future__ import annotations
@@ -214,6 +214,24 @@ def pipeline_options(config: ml_collections.ConfigDict) -> PipelineOptions:
     return PipelineOptions(flags)
 
 
+def pipeline_runner(config: ml_collections.ConfigDict, options: PipelineOptions):
+    """The runner for beam.Pipeline: for "DirectRunner", the FnApiRunner that Beam's
+    DirectRunner uses for a batch pipeline like ours, built as it builds it; otherwise None
+    (the runner --runner names). Beam's DirectRunner first tries Prism, a binary it
+    downloads from GitHub (with no timeout) and which runs the pipeline its own way, so a
+    preparation on this machine would need the network, or wait on it, and change engine
+    with it."""
+    if config.prepare.runner != "DirectRunner":
+        return None
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
+        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+
+
 def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerprint: str,
               dtype: str, tok) -> dict:
     """The manifest from the workers' notes."""
@@ -324,7 +342,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     try:
         with _workers_output() as workers:
             try:
-                with beam.Pipeline(options=pipeline_options(config)) as root:
+                options = pipeline_options(config)
+                with beam.Pipeline(runner=pipeline_runner(config, options),
+                                   options=options) as root:
                     build_pipeline(root, items, paths.Path(tok.model_path).read_bytes(),
                                    config, str(out), str(notes), dtype)
             except Exception as e:

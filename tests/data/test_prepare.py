@@ -53,9 +53,16 @@ def _config(root, tokenizer_path, **prepare_fields):
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory, tiny_tokenizer):
     """The corpus prepared by Beam (DirectRunner, two worker processes) and in the job."""
+    from apache_beam.runners.portability import prism_runner
+
     root = tmp_path_factory.mktemp("prepare")
     c = _config(root, tiny_tokenizer.model_path, num_workers=2)
-    manifest = prepare.run(c, str(root / "shards"))
+    tried = []  # Beam's DirectRunner would try Prism first (a download from GitHub)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prism_runner.PrismRunner, "run_pipeline",
+                      lambda *args, **kwargs: tried.append(args) or 1 / 0)
+        manifest = prepare.run(c, str(root / "shards"))
+    assert not tried, "the DirectRunner's preparation tried Prism"
     in_job = pipeline.prepare_data(c, paths.Path(root / "job"), tiny_tokenizer)
     return root, c, manifest, in_job
 
