@@ -25,6 +25,7 @@ import json
 from typing import Any
 
 import ml_collections
+from absl import logging
 
 from maelm_jax import errors, layout, paths, schema
 from maelm_jax.analysis import report as rank_report
@@ -51,7 +52,7 @@ def _read(value: str) -> tuple[paths.Path, dict]:
         result = json.loads(paths.read_text(file))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise MergeError(f"config.inputs: {file} cannot be read as JSON ({e})") from None
-    keys = {"models", "pretraining", "glue", "parts"}
+    keys = {"models", "controls", "pretraining", "glue", "parts"}
     if not isinstance(result, dict) or not keys <= set(result):
         raise MergeError(f"config.inputs: {file} is not a study's {layout.STUDY_JSON_FILE}")
     if "identity" not in result:
@@ -114,7 +115,7 @@ def _combined(inputs: list[tuple[paths.Path, dict]]) -> dict:
     """The merged study.json: each model and control from the part that holds it."""
     owner: dict[str, paths.Path] = {}
     for file, result in inputs:
-        for name in result["models"] + result.get("controls", []):
+        for name in result["models"] + result["controls"]:
             if name in owner:
                 raise MergeError(f"config.inputs: {owner[name]} and {file} both hold {name}; "
                                  "merge each model, and the control, from one part")
@@ -127,14 +128,14 @@ def _combined(inputs: list[tuple[paths.Path, dict]]) -> dict:
     merged = {
         "title": first["title"],
         "models": [n for _, r in inputs for n in r["models"]],
-        "controls": [n for _, r in inputs for n in r.get("controls", [])],
+        "controls": [n for _, r in inputs for n in r["controls"]],
         "finished": all(r["finished"] for _, r in inputs),
         "parts_done": [p for _, r in inputs for p in r["parts_done"]],
         "parts_left": [p for _, r in inputs for p in r["parts_left"]],
         "pretraining": {n: r["pretraining"][n] for _, r in inputs for n in r["models"]},
         "rank": rank,
         "glue": {n: r["glue"][n] for _, r in inputs
-                 for n in r["models"] + r.get("controls", []) if n in r["glue"]},
+                 for n in r["models"] + r["controls"] if n in r["glue"]},
         "glue_dir": first["glue_dir"],
         "seeds": first["seeds"],
         "pretrain_config": {n: c for _, r in inputs
@@ -166,5 +167,8 @@ def merge(config: ml_collections.ConfigDict, workdir: str) -> dict:
     layout.write_config(root, config)
     if merged["rank"]["runs"]:
         rank_report.write(root / layout.STUDY_RANK_DIR, merged["rank"])
-    report.write(root, merged)
+    written = report.write(root, merged)
+    logging.info("merged %d parts (%s) into %s", len(inputs),
+                 ", ".join(merged["models"] + merged["controls"]),
+                 ", ".join(str(p) for p in written))
     return merged

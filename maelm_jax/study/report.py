@@ -130,10 +130,12 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, n in enumerate(result["models"]):
         curves = result["pretraining"][n].get("curves", {})
-        for split, style in (("train", ":"), ("eval", "-")):
+        # Eval points marked: a short run has one, which a line alone would not show.
+        for split, style, marker in (("train", ":", None), ("eval", "-", "o")):
             if curves.get(split):
                 steps, losses = zip(*curves[split], strict=True)
-                ax.plot(steps, losses, style, color=f"C{i}", label=f"{_name(n)} {split}")
+                ax.plot(steps, losses, style, color=f"C{i}", marker=marker, markersize=4,
+                        label=f"{_name(n)} {split}")
     ax.set_xlabel("step")
     ax.set_ylabel("masked-token loss (nats)")
     ax.legend(fontsize=8)
