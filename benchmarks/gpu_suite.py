@@ -179,6 +179,9 @@ def part_throughput(out: pathlib.Path) -> dict:
         except ImportError as e:
             peers = {}
             _log(f"  peer: not timed ({e}; pip install -r requirements-bench.txt)")
+        except Exception as e:  # noqa: BLE001 (our sides are still worth timing)
+            peers = {}
+            _log(f"  peer: not timed ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
         for name, b in peers.items():
             benches[name] = b
             sides[name] = {"objective": "peer", "impl": b.attention,

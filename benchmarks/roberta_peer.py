@@ -43,10 +43,11 @@ class PeerBench(harness.Timed):
             num_attention_heads=m.num_heads, intermediate_size=m.d_ff,
             # RoBERTa numbers positions from padding_idx + 1 = 2.
             max_position_embeddings=ours.data.seq_len + 2,
-            hidden_dropout_prob=m.dropout, attention_probs_dropout_prob=m.attention_dropout)
+            hidden_dropout_prob=m.dropout, attention_probs_dropout_prob=m.attention_dropout,
+            # In the config: transformers 5's model constructors no longer take it.
+            **({"attn_implementation": "sdpa"} if device == "cuda" else {}))
         cuda = device == "cuda"
-        model = transformers.RobertaForMaskedLM(
-            config, **({"attn_implementation": "sdpa"} if cuda else {})).to(device).train()
+        model = transformers.RobertaForMaskedLM(config).to(device).train()
         self.attention = model.config._attn_implementation
         self.num_params = sum(p.numel() for p in model.parameters())  # tied counted once
         # Our optimiser's hyper-parameters (a constant rate: the schedule costs nothing).
