@@ -106,8 +106,10 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # Compute dtype (options.DTYPES): "auto" is bfloat16 on GPUs and TPUs, float32 on CPUs.
     # Parameters, optimiser state, softmax, LayerNorm statistics and the loss stay float32.
     c.model.dtype = "auto"
-    # Attention kernel of the encoder and decoder (options.ATTENTION_IMPLS): "auto" takes
-    # cuDNN's fused attention on GPUs at half precision and our einsums elsewhere.
+    # Attention kernel of the encoder and decoder (options.ATTENTION_IMPLS): "auto" takes,
+    # on GPUs at half precision, our Pallas kernel when either stack has attention dropout
+    # (it drops inside the kernel) and cuDNN's fused attention when neither has; our
+    # einsums elsewhere.
     c.model.attention_impl = "auto"
     # The Pallas kernel's tiles ("block_qxblock_k:warps:stages" for the forward, dK/dV and
     # dQ kernels), how a bias shared by the batch gets its gradient ("batch": summed inside

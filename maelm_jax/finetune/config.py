@@ -16,7 +16,7 @@ import ml_collections
 from maelm_jax import paths, schema, sharding
 from maelm_jax.finetune import heads, tasks
 from maelm_jax.finetune.tasks.base import FinetuneConfigError, require
-from maelm_jax.models import flash_attention, layers
+from maelm_jax.models import flash_attention, layers, options
 
 DATA_SOURCES = ("files", "tfds")
 SELECT = ("best", "final")
@@ -89,9 +89,9 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # style; helps small encoders whose <s> state carries little).
     c.model.pooling = "first"
     c.model.dtype = "auto"  # compute dtype: bfloat16 on GPUs and TPUs, float32 on CPUs
-    # The attention kernel (models/layers.py ATTENTION_IMPLS), as in pretraining: "auto" is
-    # cuDNN's fused attention on GPUs at half precision (evaluation, and training without
-    # attention dropout), our einsums elsewhere; "pallas" keeps dropout inside the kernel.
+    # The attention kernel (models/options.py ATTENTION_IMPLS), as in pretraining: "auto"
+    # on GPUs at half precision is our Pallas kernel (dropout inside) when there is
+    # attention dropout, cuDNN's fused attention when there is none; our einsums elsewhere.
     c.model.attention_impl = "auto"
     # The Pallas kernel's tiles and variants, as in pretraining (models/flash_attention.py).
     c.model.pallas = ml_collections.ConfigDict(flash_attention.KernelOptions().fields())
@@ -308,9 +308,11 @@ def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: i
     against the encoder's heads (the Pallas kernel's tiles need a power-of-two head size of
     at least 16, and a GPU or, interpreted, a CPU)."""
     m = config.model
-    impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype))
     head_dim = d_model // num_heads
-    if impl == "pallas" and not schema.pallas_heads(head_dim):
+    impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype),
+                                         attention_dropout=m.attention_dropout,
+                                         head_dims=(head_dim,))
+    if impl == "pallas" and not options.pallas_heads(head_dim):
         raise FinetuneConfigError(
             f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
             f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "

@@ -156,13 +156,23 @@ def resolve_dtype(name: Any, backend: str | None = None) -> jnp.dtype:
 ATTENTION_IMPLS = options.ATTENTION_IMPLS  # what each means: models/options.py
 
 
-def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None) -> str:
-    """ATTENTION_IMPLS' "auto" for this backend (jax.default_backend() unless given)."""
+def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None, *,
+                           attention_dropout: float = 0.0,
+                           head_dims: tuple[int, ...] = ()) -> str:
+    """ATTENTION_IMPLS' "auto" for this backend (jax.default_backend() unless given), a
+    model whose stacks have heads of `head_dims` and the largest attention dropout
+    `attention_dropout`: on a GPU at half precision the Pallas kernel when there is
+    attention dropout (cuDNN's fused call has none, so training would take the einsum
+    path) and the kernel tiles every stack's heads, else cuDNN."""
     if name != "auto":
         return name
     backend = backend or jax.default_backend()
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    return "cudnn" if backend == "gpu" and half else "einsum"
+    if backend != "gpu" or not half:
+        return "einsum"
+    if attention_dropout > 0 and head_dims and all(map(options.pallas_heads, head_dims)):
+        return "pallas"
+    return "cudnn"
 
 
 def length_multiple(cfg: StackConfig) -> int:

@@ -25,9 +25,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # they fall back to the einsum path, which materialises the probabilities. "pallas": our
 # flash-attention kernel (models/flash_attention.py) with the bias, the key mask and
 # dropout inside, bits drawn from the layer's "dropout" stream as every other dropout (a
-# GPU kernel; Pallas' interpreter on a CPU, for tests). "auto": "cudnn" on GPUs at half
-# precision, "einsum" elsewhere (on CPU and TPU XLA compiles both alike). The attention
-# diagnostics, which read the probabilities, always take the einsum path.
+# GPU kernel; Pallas' interpreter on a CPU, for tests). "auto", on GPUs at half precision:
+# "pallas" when the model has attention dropout and heads the kernel tiles, else "cudnn"
+# (measured on an H200, docs/performance.md: with attention dropout 0.1 the kernel's
+# forward and backward took 2.2-2.7 ms against the einsum path's 3.4 ms at BERT-base
+# shapes, and cuDNN's fused call cannot drop); "einsum" elsewhere (on CPU and TPU XLA
+# compiles both alike). The attention diagnostics, which read the probabilities, always
+# take the einsum path.
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 
 # What a layer keeps for the backward pass, the rest being recomputed (stack.py maps each
@@ -58,6 +62,11 @@ BIAS_GRADS = ("batch", "rows")
 # Elements that share one 32-bit hash of the dropout bits.
 HASH_ELEMENTS = (1, 2, 4)
 _TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")
+
+
+def pallas_heads(head_dim: int) -> bool:
+    """Whether the Pallas kernel can tile heads of `head_dim`: a power of two >= 16."""
+    return head_dim >= 16 and _power_of_two(head_dim)
 
 
 class OptionsError(ValueError):

@@ -81,6 +81,14 @@ class Objective(abc.ABC):
         carries whatever of its own fields the corruption reads."""
         return masking.apply_mask(key, tokens, counts, vocab_size)
 
+    def attention_stacks(self, config: ml_collections.ConfigDict
+                         ) -> list[ml_collections.ConfigDict]:
+        """The config sections of this objective's stacks besides the encoder that run the
+        encoder's attention kernel (each with d_model, num_heads, attention_dropout): what
+        `model.attention_impl="auto"` weighs beside the encoder (training/setup.py)."""
+        del config
+        return []
+
     @abc.abstractmethod
     def model_config(self, config: ml_collections.ConfigDict,
                      encoder: encoder_lib.EncoderConfig) -> Any:

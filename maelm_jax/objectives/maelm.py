@@ -83,6 +83,9 @@ class MaeLm(base.Objective):
                 "config.model.decoder.reset_masks has no effect with config.masking.delta=0: "
                 "no [MASK] stays in the encoder; set masking.delta > 0 (Table 2 uses 1.0)")
 
+    def attention_stacks(self, config):
+        return [config.model.decoder]
+
     def model_config(self, config, encoder):
         from maelm_jax.models import decoder as decoder_lib
         from maelm_jax.models import layers

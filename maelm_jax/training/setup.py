@@ -77,7 +77,11 @@ def encoder_config(config: ml_collections.ConfigDict,
     backend), whatever the objective: what fine-tuning and the analyses rebuild."""
     m = config.model
     dtype = layers.resolve_dtype(m.dtype)
-    attention_impl = layers.resolve_attention_impl(m.attention_impl, dtype)
+    stacks = [m, *config_lib.objective(config).attention_stacks(config)]
+    attention_impl = layers.resolve_attention_impl(
+        m.attention_impl, dtype,
+        attention_dropout=max(s.attention_dropout for s in stacks),
+        head_dims=tuple(s.d_model // s.num_heads for s in stacks))
     if attention_impl == "pallas" and jax.default_backend() not in ("gpu", "cpu"):
         raise config_lib.ConfigError(
             "config.model.attention_impl: expected 'einsum' (or 'auto') on this backend: "

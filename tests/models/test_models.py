@@ -305,11 +305,43 @@ def test_fused_attention_matches_the_einsum_path(key_mask_kind):
 
 
 def test_attention_impl_auto_resolves_per_backend():
-    assert layers.resolve_attention_impl("auto", jnp.bfloat16, "gpu") == "cudnn"
-    assert layers.resolve_attention_impl("auto", jnp.float32, "gpu") == "einsum"
-    assert layers.resolve_attention_impl("auto", jnp.bfloat16, "tpu") == "einsum"
-    assert layers.resolve_attention_impl("auto", jnp.bfloat16, "cpu") == "einsum"
-    assert layers.resolve_attention_impl("xla", jnp.float32, "cpu") == "xla"
+    resolve = layers.resolve_attention_impl
+    assert resolve("auto", jnp.bfloat16, "gpu") == "cudnn"
+    assert resolve("auto", jnp.float32, "gpu") == "einsum"
+    assert resolve("auto", jnp.bfloat16, "tpu") == "einsum"
+    assert resolve("auto", jnp.bfloat16, "cpu") == "einsum"
+    assert resolve("xla", jnp.float32, "cpu") == "xla"
+    # With attention dropout a GPU trains through the Pallas kernel, where it tiles the heads.
+    dropout = {"attention_dropout": 0.1}
+    assert resolve("auto", jnp.bfloat16, "gpu", head_dims=(64,), **dropout) == "pallas"
+    assert resolve("auto", jnp.float16, "gpu", head_dims=(64, 32), **dropout) == "pallas"
+    assert resolve("auto", jnp.bfloat16, "gpu", head_dims=(64, 48), **dropout) == "cudnn"
+    assert resolve("auto", jnp.bfloat16, "gpu", head_dims=(8,), **dropout) == "cudnn"
+    assert resolve("auto", jnp.bfloat16, "gpu", head_dims=(64,)) == "cudnn"
+    assert resolve("auto", jnp.float32, "gpu", head_dims=(64,), **dropout) == "einsum"
+    assert resolve("auto", jnp.bfloat16, "tpu", head_dims=(64,), **dropout) == "einsum"
+    assert resolve("einsum", jnp.bfloat16, "gpu", head_dims=(64,), **dropout) == "einsum"
+
+
+@pytest.mark.parametrize("objective", ["mlm", "maelm"])
+def test_attention_impl_auto_reads_both_stacks_on_a_gpu(monkeypatch, objective):
+    """The model's "auto" kernel on a GPU (the backend faked: the config is plain data)
+    weighs the encoder's and the decoder's attention dropout and heads, since the decoder
+    runs the encoder's kernel."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    c = tiny_config(objective)
+    c.model.update(num_heads=2, d_model=32, attention_dropout=0.1)  # heads of 16
+    c.model.decoder.update(d_model=24, num_heads=2, attention_dropout=0.0)  # heads of 12
+    impl = lambda: setup_lib.encoder_config(c, TINY_VOCAB).stack.attention_impl  # noqa: E731
+    decoder = objective != "mlm"  # MLM has none: its config's decoder fields are unread
+    assert impl() == ("cudnn" if decoder else "pallas")  # the kernel cannot tile 12
+    c.model.decoder.update(d_model=32)
+    assert impl() == "pallas"
+    c.model.attention_dropout = 0.0
+    assert impl() == "cudnn"
+    c.model.decoder.attention_dropout = 0.1  # the decoder's alone decides it
+    assert impl() == ("pallas" if decoder else "cudnn")
+    assert setup_lib.model_config(c, TINY_VOCAB).encoder.stack.dtype == jnp.bfloat16
 
 
 def test_compute_dtype_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
