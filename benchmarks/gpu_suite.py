@@ -15,7 +15,7 @@ what it measured. Each part runs in a process of its own, in this order, while
    backward timed at the config's attention shapes for einsum with dropout, cuDNN without
    and Pallas with dropout in every variant of --sweep (tiles, warps, stages, the
    bias-gradient scheme, dropout elements per hash), each variant checked before it is
-   timed, and the fastest option values combined.
+   timed, and the fastest option values combined greedily (kept only where faster).
 2. throughput: the train step of each objective (--objectives) with each attention
    implementation (--impls: einsum and pallas with the config's attention dropout, cudnn
    without attention dropout, the only way its fused call runs in training; pallas with

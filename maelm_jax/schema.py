@@ -27,7 +27,6 @@ from typing import Any
 import ml_collections
 
 from maelm_jax import paths
-from maelm_jax.models import options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +129,11 @@ def requirer(error: type[Exception]) -> Callable[[bool, str, str, Any], None]:
     return require
 
 
+def pallas_heads(head_dim: int) -> bool:
+    """Whether the Pallas kernel can tile heads of `head_dim`: a power of two >= 16."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 # ------------------------------------------------------------------- shared declarations
 
 def stack_fields(prefix: str) -> dict[str, Field]:
@@ -145,7 +149,7 @@ def stack_rules(stack: Any, prefix: str, attention_impl: str,
     require(stack.d_model % stack.num_heads == 0, f"{prefix}.d_model",
             f"a multiple of {prefix}.num_heads={stack.num_heads}", stack.d_model)
     head_dim = stack.d_model // stack.num_heads
-    require(attention_impl != "pallas" or options.pallas_heads(head_dim),
+    require(attention_impl != "pallas" or pallas_heads(head_dim),
             f"{prefix}.num_heads",
             f"heads of a power-of-two size >= 16 with model.attention_impl='pallas' (the "
             f"kernel's tiles; {prefix}.d_model={stack.d_model})", stack.num_heads)

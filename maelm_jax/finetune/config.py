@@ -16,7 +16,7 @@ import ml_collections
 from maelm_jax import paths, schema, sharding
 from maelm_jax.finetune import heads, tasks
 from maelm_jax.finetune.tasks.base import FinetuneConfigError, require
-from maelm_jax.models import flash_attention, layers, options
+from maelm_jax.models import flash_attention, layers
 
 DATA_SOURCES = ("files", "tfds")
 SELECT = ("best", "final")
@@ -312,7 +312,7 @@ def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: i
     impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype),
                                          attention_dropout=m.attention_dropout,
                                          head_dims=(head_dim,))
-    if impl == "pallas" and not options.pallas_heads(head_dim):
+    if impl == "pallas" and not schema.pallas_heads(head_dim):
         raise FinetuneConfigError(
             f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
             f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from maelm_jax import schema
 from maelm_jax.models import flash_attention, options
 from maelm_jax.models.dropout import Dropout
 
@@ -170,7 +171,7 @@ def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None, 
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     if backend != "gpu" or not half:
         return "einsum"
-    if attention_dropout > 0 and head_dims and all(map(options.pallas_heads, head_dims)):
+    if attention_dropout > 0 and head_dims and all(map(schema.pallas_heads, head_dims)):
         return "pallas"
     return "cudnn"
 

@@ -64,11 +64,6 @@ HASH_ELEMENTS = (1, 2, 4)
 _TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")
 
 
-def pallas_heads(head_dim: int) -> bool:
-    """Whether the Pallas kernel can tile heads of `head_dim`: a power of two >= 16."""
-    return head_dim >= 16 and _power_of_two(head_dim)
-
-
 class OptionsError(ValueError):
     """Kernel options that cannot work; the message names the option."""
 
@@ -123,7 +118,11 @@ class KernelOptions:
     dkv: Tile = Tile()  # block_k: the program's key block; block_q: the queries it streams
     dq: Tile = Tile()  # block_q: the program's query block; block_k: the keys it streams
     bias_grad: str = "batch"  # one of BIAS_GRADS
-    bias_grad_groups: int = 4  # "batch": programs per (key block, head) over the batch
+    # "batch": programs per (key block, head) over the batch. 8 from the first GPU sweep
+    # (H200, B=32, L=512, 12 heads of 64, dropout 0.1; docs/performance.md): forward +
+    # backward 2.25 ms against 2.70 with 4 groups and 2.22 with "rows", which writes 4x
+    # the float32 partial sums (one per row) for XLA to add.
+    bias_grad_groups: int = 8
     hash_elements: int = 1  # one of HASH_ELEMENTS
 
     def __post_init__(self):

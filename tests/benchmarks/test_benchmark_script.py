@@ -158,3 +158,44 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     record = json.loads((out / "gpu_suite.json").read_text())
     assert record["parts"] == {"quickstart": {"skipped": "budget: 10 s left"}}
+
+
+def test_the_sweep_combines_options_only_where_the_combination_gets_faster():
+    """attention.combine_greedily on made-up timings: options that each beat the defaults
+    join the fastest one, best first, only while the checked and timed combination gets
+    faster; one that slows it down (they interact on a GPU) is left out."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import attention
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    ms = {(): 10.0, (("bias_grad", "rows"),): 8.0, (("forward", "64x64:4:3"),): 9.0,
+          (("hash_elements", 4),): 9.5, (("dq", "64x64:4:3"),): 11.0,
+          (("bias_grad", "rows"), ("forward", "64x64:4:3")): 7.0,
+          (("bias_grad", "rows"), ("forward", "64x64:4:3"), ("hash_elements", 4)): 7.5}
+    tried = []
+
+    def try_variant(changes):
+        tried.append(changes)
+        key = tuple(sorted(changes.items()))
+        return {"changes": changes, "ok": True, "ms": ms[key]}
+
+    singles = [try_variant(dict(k)) for k in ms if len(k) < 2]
+    tried.clear()
+    combined = attention.combine_greedily(singles, try_variant)
+    assert tried == [{"bias_grad": "rows", "forward": "64x64:4:3"},
+                     {"bias_grad": "rows", "forward": "64x64:4:3", "hash_elements": 4}]
+    assert min(combined, key=lambda v: v["ms"])["changes"] == {
+        "bias_grad": "rows", "forward": "64x64:4:3"}
+    # A combination that fails its checks is not built on.
+    ms[(("bias_grad", "rows"), ("forward", "64x64:4:3"))] = 6.0
+    ms[(("bias_grad", "rows"), ("hash_elements", 4))] = 7.9
+
+    def failing(changes):
+        record = try_variant(changes)
+        return {**record, "ok": "forward" not in changes}
+
+    tried.clear()
+    attention.combine_greedily(singles, failing)
+    assert tried[-1] == {"bias_grad": "rows", "hash_elements": 4}
+    assert attention.combine_greedily(singles[:1], try_variant) == []  # nothing to combine
