@@ -24,10 +24,15 @@ what it measured. Each part runs in a process of its own, in this order, while
    process: ms/step, tokens/s, the ratio to the peer, MFU (6 N T and the papers' FLOPs)
    against a bf16 8192^3 matmul measured in the same process, and each objective's time
    ratio to MLM against its FLOPs ratio.
-3. quickstart: the README's command (`python main.py
+3. profile: a jax.profiler trace of a few train steps of each of --profile_sides (by
+   default MLM and MAE-LM with the Pallas kernel where it runs, and MAE-LM without its
+   relative bias: what the bias costs), its device time summed per XLA op (the HLO
+   fusions and kernels), the top ops written to the table and each side's optimised HLO
+   to DIR/profile/, where those names are defined.
+4. quickstart: the README's command (`python main.py
    --config=configs/pretrain/quickstart.py --workdir=...`) timed end to end, in a fresh
    workdir, with the compilation cache of this call.
-4. compile: the MLM step (pallas where offered) compiled in three fresh processes
+5. compile: the MLM step (pallas where offered) compiled in three fresh processes
    sharing a new cache directory: cold, cached (the same program), and a new program with
    the same matmul shapes (another learning rate), which shows what XLA's cached
    autotuning results buy a config that was never compiled.
@@ -61,11 +66,13 @@ from maelm_jax import cli  # noqa: E402
 
 import harness  # noqa: E402
 
-PARTS = ("attention", "throughput", "quickstart", "compile")
+PARTS = ("attention", "throughput", "profile", "quickstart", "compile")
 IMPLS = ("einsum", "pallas", "cudnn")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Least seconds worth starting a part with.
-MIN_SECONDS = {"attention": 30, "throughput": 60, "quickstart": 30, "compile": 45}
+MIN_SECONDS = {"attention": 30, "throughput": 60, "profile": 45, "quickstart": 30,
+               "compile": 45}
+PROFILE_TOP = 15  # ops per side in the table (all of them in gpu_suite.json)
 TARGETS = {"peer": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5},
            "mfu": 0.35, "flops_ratio_gap": 0.05, "cold_compile_s": 45.0,
            "cached_compile_s": 5.0, "quickstart_s": 60.0}
@@ -84,6 +91,10 @@ flags.DEFINE_integer("budget_seconds", 510, "Parts start while this many seconds
 flags.DEFINE_integer("steps", 5, "Part 2: timed steps per measurement.", lower_bound=1)
 flags.DEFINE_integer("repeats", 3, "Part 2: measurements per side, rotated.", lower_bound=1)
 flags.DEFINE_integer("attention_repeats", 10, "Part 1: timed calls per variant.", lower_bound=1)
+flags.DEFINE_list("profile_sides", [], "Part 3's train steps, each OBJECTIVE/IMPL[:FIELD=VALUE"
+                  "[;FIELD=VALUE...]] (default: mlm/I, maelm/I and maelm/I:model.rel_pos_buckets"
+                  "=0, I = pallas on a GPU, einsum elsewhere).")
+flags.DEFINE_integer("profile_steps", 3, "Part 3: traced steps per side.", lower_bound=1)
 flags.DEFINE_string("part", "", "Internal: run one part in this process.")
 flags.DEFINE_string("compile_case", "", "Internal: one compile process (cold, cached, new).")
 flags.DEFINE_string("cache", "", "Internal: the compile part's cache directory.")
@@ -228,6 +239,77 @@ def _peers(config, tokens) -> dict:
     return out
 
 
+def _profile_side(spec: str, config):
+    """(name, config) of a --profile_sides entry OBJECTIVE/IMPL[:FIELD=VALUE;...]."""
+    import ast
+
+    head, _, overrides = spec.partition(":")
+    objective, _, impl = head.partition("/")
+    if objective not in harness.OBJECTIVES or impl not in IMPLS:
+        raise ValueError(f"--profile_sides: expected OBJECTIVE/IMPL[:FIELD=VALUE;...] with an "
+                         f"objective of {', '.join(harness.OBJECTIVES)} and an implementation "
+                         f"of {', '.join(IMPLS)}, got {spec!r}")
+    c = config.copy_and_resolve_references()
+    for item in filter(None, overrides.split(";")):
+        field, _, value = item.partition("=")
+        *path, last = field.split(".")
+        parent = c
+        for part in path:
+            parent = parent.get(part) if hasattr(parent, "get") else None
+        if not hasattr(parent, "get") or last not in parent:
+            raise ValueError(f"--profile_sides: {spec!r}: no config field {field!r}")
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            pass  # a string
+        c.update_from_flattened_dict({field: value})
+    return spec, _side_config(c, objective, impl, None)
+
+
+def part_profile(out: pathlib.Path) -> dict:
+    import jax
+
+    from maelm_jax import config as config_lib
+
+    impl = "pallas" if harness.on_accelerator() else "einsum"
+    specs = FLAGS.profile_sides or [f"mlm/{impl}", f"maelm/{impl}",
+                                    f"maelm/{impl}:model.rel_pos_buckets=0"]
+    fastest = None
+    attention_record = out / "parts" / "attention.json"
+    if attention_record.exists():
+        fastest = json.loads(attention_record.read_text()).get("fastest")
+    _log(harness.device_line())
+    tokens = harness.random_tokens(FLAGS.config)
+    steps = FLAGS.profile_steps
+    sides = {}
+    for spec in specs:
+        name, c = _profile_side(spec, FLAGS.config)
+        if c.model.attention_impl == "pallas" and fastest:
+            c.model.pallas.update(fastest)
+        config_lib.validate(c)
+        b = harness.Bench(c, tokens)
+        b.run(2)
+        slug = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+        trace_dir = out / "profile" / slug
+        shutil.rmtree(trace_dir, ignore_errors=True)
+        with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+            b.run(steps)
+        ops = harness.trace_op_seconds(trace_dir)
+        shutil.rmtree(trace_dir)  # large; the sums below are what is kept
+        (out / "profile" / f"{slug}.hlo.txt").write_text(b.step.as_text())
+        total = sum(ops.values())
+        ranked = sorted(ops.items(), key=lambda kv: -kv[1])
+        sides[name] = {
+            "step_ms": 1e3 * statistics.median(b.wall[-steps:]),
+            "op_ms_per_step": 1e3 * total / steps,
+            "ops": [{"op": op, "ms_per_step": 1e3 * s / steps,
+                     "share": s / total if total else 0.0} for op, s in ranked]}
+        _log(f"  {name}: {sides[name]['step_ms']:.2f} ms/step, "
+             f"{sides[name]['op_ms_per_step']:.2f} ms of ops; top: "
+             + ", ".join(f"{o['op']} {o['ms_per_step']:.2f}" for o in sides[name]["ops"][:5]))
+    return {"device": harness.device_line(), "steps": steps, "sides": sides}
+
+
 def part_quickstart(out: pathlib.Path) -> dict:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="quickstart-"))
     command = [sys.executable, "main.py", "--config=configs/pretrain/quickstart.py",
@@ -286,7 +368,8 @@ def part_compile(out: pathlib.Path) -> dict:
 
 
 PART_FUNCTIONS = {"attention": part_attention, "throughput": part_throughput,
-                  "quickstart": part_quickstart, "compile": part_compile}
+                  "profile": part_profile, "quickstart": part_quickstart,
+                  "compile": part_compile}
 
 
 # --- the parent: budget, records, the table ---------------------------------------------
@@ -379,6 +462,21 @@ def markdown(results: dict) -> str:
                     f"{_fmt(s.get('time_ratio_to_mlm'), '.3f')} | "
                     f"{_fmt(s.get('flops_ratio_to_mlm'), '.3f')} |")
             lines.append("")
+    p = parts.get("profile")
+    if p:
+        lines += ["## Profile", ""]
+        if "error" in p or "skipped" in p:
+            lines += [f"Not measured: {p.get('error') or p.get('skipped')}", ""]
+        else:
+            lines += [f"{p['device']}; device time per XLA op, {p['steps']} traced steps; "
+                      "the names are the HLO's (profile/<side>.hlo.txt).", ""]
+            for name, side in p["sides"].items():
+                lines += [f"**{name}**: {side['step_ms']:.2f} ms/step traced, "
+                          f"{side['op_ms_per_step']:.2f} ms in ops", "",
+                          "| op | ms/step | share |", "|---|---|---|"]
+                lines += [f"| `{o['op']}` | {o['ms_per_step']:.3f} | {o['share']:.1%} |"
+                          for o in side["ops"][:PROFILE_TOP]]
+                lines.append("")
     q = parts.get("quickstart")
     if q:
         lines += ["## Quickstart", ""]
@@ -418,6 +516,14 @@ def main(argv) -> None:
                  cli.program())
     harness.objective_configs(FLAGS.config, ["mlm"])  # a bad config: one line, now
     _impls()
+    for spec in FLAGS.profile_sides:
+        try:
+            _profile_side(spec, FLAGS.config)
+        except (ValueError, TypeError) as e:
+            message = str(e).splitlines()[0]
+            if not message.startswith("--profile_sides"):
+                message = f"--profile_sides: {spec!r}: {message}"
+            cli.fail(message, cli.program())
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results = {"command": " ".join(["python", "benchmarks/gpu_suite.py", *sys.argv[1:]]),

@@ -130,9 +130,11 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
     env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), f"--out={out}",
-         "--parts=attention,throughput,compile", "--sweep=none", "--peer=none",
+         "--parts=attention,throughput,profile,compile", "--sweep=none", "--peer=none",
          "--impls=einsum,pallas", "--objectives=maelm", "--steps=1", "--repeats=1",
-         "--attention_repeats=1", *tiny], cwd=REPO.parent, env=env, capture_output=True,
+         "--attention_repeats=1", "--profile_steps=1",
+         "--profile_sides=mlm/einsum,maelm/einsum:model.rel_pos_buckets=0", *tiny],
+        cwd=REPO.parent, env=env, capture_output=True,
         text=True, timeout=HANG_SECONDS, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((out / "gpu_suite.json").read_text())
@@ -145,10 +147,20 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
         assert side["ms"] > 0 and side["tokens_per_s"] > 0, name
     assert sides["maelm / pallas"]["flops_ratio_to_mlm"] > 1
     assert sides["maelm / pallas"]["time_ratio_to_mlm"] > 0
+    profile = record["parts"]["profile"]["sides"]
+    assert list(profile) == ["mlm/einsum", "maelm/einsum:model.rel_pos_buckets=0"]
+    for name, side in profile.items():
+        assert side["step_ms"] > 0 and side["ops"], name
+        assert all(o["ms_per_step"] >= 0 and not o["op"].startswith("$") for o in side["ops"])
+        assert abs(sum(o["share"] for o in side["ops"]) - 1) < 1e-6
+    hlo = (out / "profile" / "maelm_einsum_model.rel_pos_buckets_0.hlo.txt").read_text()
+    assert "HloModule" in hlo and "rel_embedding" not in hlo  # the bias is gone
+    assert "rel_embedding" in (out / "profile" / "mlm_einsum.hlo.txt").read_text()
     compile_record = record["parts"]["compile"]
     assert all(compile_record[c]["compile_s"] > 0 for c in ("cold", "cached", "new_program"))
     table = (out / "gpu_suite.md").read_text()
-    for heading in ("## Attention", "## Train step", "## Compile", "| maelm / pallas |"):
+    for heading in ("## Attention", "## Train step", "## Profile", "## Compile",
+                    "| maelm / pallas |", "**maelm/einsum:model.rel_pos_buckets=0**"):
         assert heading in table
 
     skipped = subprocess.run(
@@ -199,3 +211,61 @@ def test_the_sweep_combines_options_only_where_the_combination_gets_faster():
     attention.combine_greedily(singles, failing)
     assert tried[-1] == {"bias_grad": "rows", "hash_elements": 4}
     assert attention.combine_greedily(singles[:1], try_variant) == []  # nothing to combine
+
+
+def _write_trace(directory: Path, events: list[dict]) -> Path:
+    import gzip
+
+    path = directory / "plugins" / "profile" / "run" / "perfetto_trace.json.gz"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    return directory
+
+
+def test_trace_op_seconds_reads_the_device_ops_line_or_the_cpu_op_threads(tmp_path):
+    """harness.trace_op_seconds on made-up perfetto traces: on a GPU the "XLA Ops" line of
+    the device process (not its streams' kernels, which repeat the ops, nor the host);
+    on a CPU the op threads, not Python's thread nor the runtime's functions."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+    def meta(kind, pid, name, tid=None):
+        return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}
+
+    def op(name, pid, tid, dur):
+        return {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": 0, "dur": dur}
+
+    gpu = _write_trace(tmp_path / "gpu", [
+        meta("process_name", 1, "/host:CPU"), meta("thread_name", 1, "python", 10),
+        meta("process_name", 2, "/device:GPU:0"), meta("thread_name", 2, "XLA Ops", 20),
+        meta("thread_name", 2, "Stream #13", 21),
+        op("$main.py:1 <module>", 1, 10, 9000), op("PjitFunction(step)", 1, 10, 8000),
+        op("loop_scatter_fusion", 2, 20, 3000), op("loop_scatter_fusion", 2, 20, 1000),
+        op("gemm_fusion.2", 2, 20, 500), op("triton_gemm_kernel", 2, 21, 700)])
+    assert harness.trace_op_seconds(gpu) == pytest.approx(
+        {"loop_scatter_fusion": 4e-3, "gemm_fusion.2": 5e-4})
+    cpu = _write_trace(tmp_path / "cpu", [
+        meta("process_name", 1, "/host:CPU"), meta("thread_name", 1, "python", 10),
+        op("$profiler.py:307 trace", 1, 10, 900), op("PjitFunction(step)", 1, 10, 800),
+        op("ynn_fusion.1", 1, 11, 300), op("SlinkyThreadPool::Await", 1, 11, 50),
+        op("end: ynn_fusion.1", 1, 11, 5), op("dot.3", 1, 12, 200)])
+    assert harness.trace_op_seconds(cpu) == pytest.approx({"ynn_fusion.1": 3e-4, "dot.3": 2e-4})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no perfetto_trace"):
+        harness.trace_op_seconds(tmp_path / "empty")
+
+
+def test_gpu_suite_bad_profile_side_is_one_line(tmp_path):
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), f"--out={tmp_path / 's'}",
+         "--parts=profile", "--profile_sides=mlm/einsum:model.nope=1"], cwd=REPO.parent,
+        env=env, capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "gpu_suite.py: --profile_sides: 'mlm/einsum:model.nope=1': no config field "
+        "'model.nope'")
+    assert not (tmp_path / "s").exists()
