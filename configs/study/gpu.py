@@ -17,6 +17,10 @@ The size is a first estimate, to be set from the step time measured on the GPU
 (8 heads, FFN 2048) on a 16,384-piece BPE of both corpora (about 30M tokens), blocks of
 128, batches of 256, 6,000 steps (197M tokens: about 6 passes over the corpus), so each
 model pretrains in about 2.5 minutes if the step reaches about 1.3M tokens/s in bfloat16.
+The first GPU figures bear that out for MLM, not yet measured on this config: on an H200
+the MLM step at 2 layers of BERT-base width, which does about as many FLOPs per token as
+this one (117M against 126M), ran at 1.45M tokens/s, and MAE-LM and 3ML at 0.83-0.88M
+(docs/performance.md), so those take about 4 minutes each here.
 MAE-LM's decoder keeps the base model's 12:4 depth ratio (2 layers at full width); the
 3ML decoders are 2 layers at half width (3ML Table 4). The model is still small, so the
 quickstart's two aids stay (the relative bias's locality prior and the decoder's own
