@@ -152,16 +152,19 @@ def _side_config(config, objective: str, impl: str, pallas: dict | None):
     return c
 
 
+def _sweep_options(out: pathlib.Path) -> dict | None:
+    """The Pallas options part 1 found fastest in this call, if it ran."""
+    record = out / "parts" / "attention.json"
+    return json.loads(record.read_text()).get("fastest") if record.exists() else None
+
+
 def part_throughput(out: pathlib.Path) -> dict:
     from maelm_jax import config as config_lib
 
     config = FLAGS.config
     impls = _impls()
     objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:] if o in FLAGS.objectives]
-    fastest = None
-    attention_record = out / "parts" / "attention.json"
-    if attention_record.exists():
-        fastest = json.loads(attention_record.read_text()).get("fastest")
+    fastest = _sweep_options(out)
     what, peak = harness.machine_speed()
     _log(f"{harness.device_line()}; {harness.describe_speed(what, peak)}")
     tokens = harness.random_tokens(config)
@@ -274,10 +277,7 @@ def part_profile(out: pathlib.Path) -> dict:
     impl = "pallas" if harness.on_accelerator() else "einsum"
     specs = FLAGS.profile_sides or [f"mlm/{impl}", f"maelm/{impl}",
                                     f"maelm/{impl}:model.rel_pos_buckets=0"]
-    fastest = None
-    attention_record = out / "parts" / "attention.json"
-    if attention_record.exists():
-        fastest = json.loads(attention_record.read_text()).get("fastest")
+    fastest = _sweep_options(out)
     _log(harness.device_line())
     tokens = harness.random_tokens(FLAGS.config)
     steps = FLAGS.profile_steps
@@ -409,16 +409,24 @@ def _fmt(x, spec: str, missing: str = "-") -> str:
     return missing if x is None else format(x, spec)
 
 
+def _heading(lines: list[str], title: str, record: dict) -> bool:
+    """Appends a part's heading, and why it was not measured where it was not; whether it
+    was."""
+    lines += [f"## {title}", ""]
+    if "error" in record or "skipped" in record:
+        lines += [f"Not measured: {record.get('error') or record.get('skipped')}", ""]
+        return False
+    return True
+
+
 def markdown(results: dict) -> str:
     """The table a person reads: every part's figures and the targets' verdicts."""
     lines = ["# GPU suite", "", f"Command: `{results['command']}`", ""]
     parts = results["parts"]
     a = parts.get("attention")
     if a:
-        lines += ["## Attention", ""]
-        if "error" in a or "skipped" in a:
-            lines += [f"Not measured: {a.get('error') or a.get('skipped')}", ""]
-        else:
+        measured = _heading(lines, "Attention", a)
+        if measured:
             s = a["shape"]
             lines += [f"{a['device']}; B={s['batch']}, L={s['length']}, heads={s['heads']}, "
                       f"head_dim={s['head_dim']}, {a['dtype']}, attention dropout "
@@ -435,10 +443,8 @@ def markdown(results: dict) -> str:
                     f"{v['changes']}: {v.get('error') or v.get('failed')}" for v in broken), ""]
     t = parts.get("throughput")
     if t:
-        lines += ["## Train step", ""]
-        if "error" in t or "skipped" in t:
-            lines += [f"Not measured: {t.get('error') or t.get('skipped')}", ""]
-        else:
+        measured = _heading(lines, "Train step", t)
+        if measured:
             lines += [f"{t['device']}; peak {t['peak_tflops']:.0f} TFLOP/s "
                       f"({t['peak_measured_by']}); {t['tokens_per_step']} tokens per step; "
                       f"the peer: {t['peer'] or 'not timed'}; Pallas options "
@@ -464,10 +470,8 @@ def markdown(results: dict) -> str:
             lines.append("")
     p = parts.get("profile")
     if p:
-        lines += ["## Profile", ""]
-        if "error" in p or "skipped" in p:
-            lines += [f"Not measured: {p.get('error') or p.get('skipped')}", ""]
-        else:
+        measured = _heading(lines, "Profile", p)
+        if measured:
             lines += [f"{p['device']}; device time per XLA op, {p['steps']} traced steps; "
                       "the names are the HLO's (profile/<side>.hlo.txt).", ""]
             for name, side in p["sides"].items():
