@@ -153,7 +153,7 @@ class Encoder(nn.Module):
         self.relative_bias = (
             relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
-                cfg.rel_pos_init, cfg.rel_pos_bucket_fn,
+                cfg.rel_pos_init, cfg.rel_pos_bucket_fn, num_positions=cfg.max_positions,
             )
             if cfg.rel_pos_buckets
             else None

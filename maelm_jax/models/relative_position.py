@@ -92,14 +92,30 @@ def local_bias_init(max_distance: int, bucket_fn: str = "t5"):
     return nn.with_logical_partitioning(init, ("rel_buckets", "heads"))
 
 
+# The largest position grid (heads x P x P values) a per-example bias is gathered from.
+MAX_GRID = 1 << 26
+
+
 class RelativePositionBias(nn.Module):
-    """Relative position bias from original (aligned) positions, shared by all layers."""
+    """Relative position bias from original (aligned) positions, shared by all layers.
+
+    A bias shared by the batch (positions [1, n]) is the table looked up at each pair's
+    bucket. One per example (MAE-LM and 3ML remove the [MASK]s, so every row keeps other
+    positions) is gathered, when the positions are known to lie below `num_positions`,
+    from the shared grid [heads, P, P] of every pair of positions: the same values, but
+    the gradient then flows back through two gathers whose scatter-adds land on distinct
+    cells (rows of one example hold distinct positions; the batch overlaps at most B
+    times per cell of the grid), where the table lookup's gradient adds B x n x m x heads
+    values into num_buckets x heads cells (77M into 384 at BERT-base shapes), a pile-up
+    of atomic additions on a GPU.
+    """
 
     num_buckets: int
     max_distance: int
     num_heads: int
     table_init: str = "normal"  # one of REL_POS_INITS
     bucket_fn: str = "t5"  # one of BUCKET_FNS
+    num_positions: int = 0  # positions lie in [0, num_positions); 0: unknown
 
     @nn.compact
     def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
@@ -111,6 +127,19 @@ class RelativePositionBias(nn.Module):
             (self.num_buckets, self.num_heads),
             jnp.float32,
         )
+        P = self.num_positions
+        per_example = max(q_pos.shape[0], k_pos.shape[0]) > 1
+        if per_example and 0 < P and self.num_heads * P * P <= MAX_GRID:
+            grid = jnp.arange(P, dtype=jnp.int32)
+            shared = self._lookup(table, grid[None], grid[None])[0]  # [heads, P, P]
+            q_pos, k_pos = jnp.broadcast_arrays(q_pos[:, :, None], k_pos[:, None, :])
+            rows = jnp.take(shared, q_pos[:, :, 0], axis=1)  # [heads, B, n, P]
+            bias = jnp.take_along_axis(rows, k_pos[None], axis=3)  # [heads, B, n, m]
+            return jnp.transpose(bias, (1, 0, 2, 3))
+        return self._lookup(table, q_pos, k_pos)
+
+    def _lookup(self, table: jax.Array, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        """The table at every pair's bucket: q_pos [B, n], k_pos [B, m] -> [B, heads, n, m]."""
         buckets = BUCKET_FNS[self.bucket_fn](
             k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance
         )

@@ -231,6 +231,58 @@ def test_local_relative_bias_starts_attention_at_the_neighbours():
     assert float(jnp.abs(table["params"]["rel_embedding"]).max()) < 0.2
 
 
+def _table_scatter_sizes(module, params, q_pos, k_pos) -> list[int]:
+    """Sizes of the updates that the bias's gradient scatter-adds into the table."""
+    table = params["params"]["rel_embedding"]
+    grad = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(module.apply(p, q_pos, k_pos))))(params)
+    sizes = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "scatter-add" and eqn.outvars[0].aval.shape == table.shape:
+                sizes.append(math.prod(eqn.invars[2].aval.shape))
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                visit(sub)
+
+    visit(grad.jaxpr)
+    return sizes
+
+
+@pytest.mark.parametrize("bucket_fn", ["t5", "maelm"])
+def test_a_per_example_bias_is_gathered_from_the_shared_position_grid(bucket_fn):
+    """With one bias per example (kept positions differ by row), the module gathers from
+    the [heads, P, P] grid of all position pairs: the values of the direct lookup exactly,
+    the same gradient, and no scatter-add of B x n x m x heads values into the table (a
+    pile-up of atomics on a GPU): the one into the table is P x P x heads at most."""
+    rng = np.random.default_rng(0)
+    B, n, m, P, H = 3, 7, 9, 40, 4
+    q_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:n]) for _ in range(B)]))
+    k_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:m]) for _ in range(B)]))
+    grid = relative_position.RelativePositionBias(8, 16, H, bucket_fn=bucket_fn,
+                                                  num_positions=P)
+    direct = relative_position.RelativePositionBias(8, 16, H, bucket_fn=bucket_fn)
+    params = nn.meta.unbox(grid.init(jax.random.PRNGKey(0), q_pos, k_pos))
+    bias = grid.apply(params, q_pos, k_pos)
+    assert bias.shape == (B, H, n, m)
+    np.testing.assert_array_equal(np.asarray(bias), np.asarray(direct.apply(params, q_pos,
+                                                                             k_pos)))
+    weights = jnp.asarray(rng.normal(size=bias.shape), jnp.float32)
+
+    def table_grad(module):
+        g = jax.grad(lambda p: jnp.sum(module.apply(p, q_pos, k_pos) * weights))(params)
+        return np.asarray(g["params"]["rel_embedding"])
+
+    np.testing.assert_allclose(table_grad(grid), table_grad(direct), rtol=1e-5, atol=1e-5)
+    assert max(_table_scatter_sizes(grid, params, q_pos, k_pos)) <= P * P * H
+    assert max(_table_scatter_sizes(direct, params, q_pos, k_pos)) == B * n * m * H
+    # A bias shared by the batch is looked up directly, as is any beyond the grid's bound.
+    shared = q_pos[:1]
+    assert max(_table_scatter_sizes(grid, params, shared, shared)) == n * n * H
+    huge = relative_position.RelativePositionBias(
+        8, 16, H, bucket_fn=bucket_fn, num_positions=relative_position.MAX_GRID)
+    assert max(_table_scatter_sizes(huge, params, q_pos, k_pos)) == B * n * m * H
+
+
 @pytest.mark.parametrize("objective", ["mlm", "maelm"])
 def test_rel_pos_init_reaches_the_encoder_and_decoder_tables(objective):
     c = tiny_config(objective)
