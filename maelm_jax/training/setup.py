@@ -77,7 +77,10 @@ def encoder_config(config: ml_collections.ConfigDict,
     backend), whatever the objective: what fine-tuning and the analyses rebuild."""
     m = config.model
     dtype = layers.resolve_dtype(m.dtype)
-    stacks = [m, *config_lib.objective(config).attention_stacks(config)]
+    try:
+        stacks = [m, *config_lib.objective(config).attention_stacks(config)]
+    except config_lib.ConfigError:  # a recorded run's objective this process lacks: the
+        stacks = [m]  # encoder alone is what is rebuilt from it (fine-tuning, analyses)
     attention_impl = layers.resolve_attention_impl(
         m.attention_impl, dtype,
         attention_dropout=max(s.attention_dropout for s in stacks),

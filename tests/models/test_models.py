@@ -394,6 +394,12 @@ def test_attention_impl_auto_reads_both_stacks_on_a_gpu(monkeypatch, objective):
     c.model.decoder.attention_dropout = 0.1  # the decoder's alone decides it
     assert impl() == ("pallas" if decoder else "cudnn")
     assert setup_lib.model_config(c, TINY_VOCAB).encoder.stack.dtype == jnp.bfloat16
+    # A recorded run whose objective this process lacks: its encoder alone decides.
+    c.model.update(attention_dropout=0.1)
+    c.model.decoder.update(d_model=24)
+    assert impl() == ("cudnn" if decoder else "pallas")
+    c.objective = "an_objective_registered_elsewhere"
+    assert impl() == "pallas"
 
 
 def test_compute_dtype_auto_is_bfloat16_on_accelerators_and_float32_on_cpu():
