@@ -132,9 +132,10 @@ class RelativePositionBias(nn.Module):
         if per_example and 0 < P and self.num_heads * P * P <= MAX_GRID:
             grid = jnp.arange(P, dtype=jnp.int32)
             shared = self._lookup(table, grid[None], grid[None])[0]  # [heads, P, P]
-            q_pos, k_pos = jnp.broadcast_arrays(q_pos[:, :, None], k_pos[:, None, :])
-            rows = jnp.take(shared, q_pos[:, :, 0], axis=1)  # [heads, B, n, P]
-            bias = jnp.take_along_axis(rows, k_pos[None], axis=3)  # [heads, B, n, m]
+            q_pos = jnp.broadcast_to(q_pos, (max(q_pos.shape[0], k_pos.shape[0]),
+                                             q_pos.shape[1]))
+            rows = jnp.take(shared, q_pos, axis=1)  # [heads, B, n, P]
+            bias = jnp.take_along_axis(rows, k_pos[None, :, None, :], axis=3)  # [heads, B, n, m]
             return jnp.transpose(bias, (1, 0, 2, 3))
         return self._lookup(table, q_pos, k_pos)
 
