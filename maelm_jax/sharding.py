@@ -123,6 +123,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
+def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
+    """[runs, batch, ...] arrays (a seed group's batches, one per run): the runs axis
+    whole on every device, the batch split as batch_sharding splits it."""
+    return NamedSharding(mesh, PartitionSpec(None, BATCH_AXES))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
@@ -145,10 +151,12 @@ def global_batch(local_rows: np.ndarray, mesh: Mesh) -> jax.Array:
     return jax.make_array_from_process_local_data(batch_sharding(mesh), local_rows)
 
 
-def global_batch_from_full(rows: np.ndarray, mesh: Mesh) -> jax.Array:
-    """A global array from data every process holds in full (the validation batches)."""
-    sharding = batch_sharding(mesh)
-    return jax.make_array_from_callback(rows.shape, sharding, lambda index: rows[index])
+def global_batch_from_full(rows: np.ndarray, mesh: Mesh,
+                           layout: NamedSharding | None = None) -> jax.Array:
+    """A global array from data every process holds in full (the validation batches), laid
+    out by `layout` (default batch_sharding)."""
+    layout = layout if layout is not None else batch_sharding(mesh)
+    return jax.make_array_from_callback(rows.shape, layout, lambda index: rows[index])
 
 
 def optimizer_specs(tx: optax.GradientTransformation, opt_state: Any, param_specs: Any) -> Any:

@@ -163,6 +163,9 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.grid.warmup_ratio = (0.06,)
     c.grid.seeds = PAPER_SEEDS
     c.grid.aggregate = "median_then_best"  # AGGREGATES
+    # How many of a setting's seeds train together as one program (finetune/seed_group.py):
+    # 1 runs each alone; more pays on an accelerator, where a small run leaves it idle.
+    c.grid.seeds_per_program = 1
     return c
 
 
@@ -232,6 +235,7 @@ COMMON_FIELDS: dict[str, schema.Field] = {
                                             min_len=1, words="a tuple of numbers in [0, 1)"),
     "grid.seeds": schema.sequence_of(schema.integer(0), min_len=1),
     "grid.aggregate": schema.choice(*AGGREGATES),
+    "grid.seeds_per_program": schema.integer(1),
 }
 
 

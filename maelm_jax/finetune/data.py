@@ -94,6 +94,16 @@ class Batch:
         return {"tokens": self.tokens, "key_mask": self.key_mask, "weights": self.weights,
                 **self.targets}
 
+    def padded(self, n: int) -> Batch:
+        """The batch padded to length n >= its own (PAD tokens, masked out); the targets
+        index real tokens, which padding after them leaves where they are."""
+        extra = n - self.tokens.shape[1]
+        if extra < 0:
+            raise ValueError(f"cannot pad a batch of length {self.tokens.shape[1]} to {n}")
+        return dataclasses.replace(
+            self, tokens=np.pad(self.tokens, ((0, 0), (0, extra)), constant_values=PAD),
+            key_mask=np.pad(self.key_mask, ((0, 0), (0, extra))))
+
 
 def make_batch(sequences: Sequence[np.ndarray], rows: np.ndarray, batch_size: int,
                buckets: Sequence[int], targets: dict) -> Batch:

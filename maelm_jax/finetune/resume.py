@@ -38,8 +38,10 @@ class ResumeState:
     best_params: Any
 
     @property
-    def step(self) -> jax.Array:  # the Checkpointer checks it against the step it names
-        return self.train.step
+    def step(self) -> jax.Array:
+        """The step, which the Checkpointer checks against the step it names; a seed
+        group's state (seed_group.py) holds one per seed, all equal."""
+        return self.train.step.reshape(-1)[0]
 
 
 def resumable(workdir: paths.Path, config: ml_collections.ConfigDict) -> bool:

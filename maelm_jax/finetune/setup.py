@@ -18,8 +18,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from maelm_jax import sharding
 from maelm_jax.models import encoder as encoder_lib
@@ -57,6 +58,13 @@ class Trainer:
         devices their rows."""
         return {k: sharding.global_batch_from_full(v, self.mesh)
                 for k, v in batch.arrays().items()}
+
+    def stacked_on_mesh(self, arrays: dict) -> dict:
+        """A seed group's train batches ({name: [runs, B, ...]}, every process holding
+        them whole) on the mesh, each run's batch split as on_mesh splits one."""
+        layout = sharding.stacked_batch_sharding(self.mesh)
+        return {k: sharding.global_batch_from_full(v, self.mesh, layout)
+                for k, v in arrays.items()}
 
 
 def optimizer_config(train: ml_collections.ConfigDict, num_steps: int
@@ -107,9 +115,55 @@ def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, l
     return fresh._replace(init=init)
 
 
-def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, seed: int) -> Callable:
-    """train_step(state, batch) -> (state, metrics); batch as `data.Batch.arrays()`."""
+def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
+                        seeds: tuple[int, ...], length: int, mesh: Mesh, rules: tuple,
+                        compiler_options: dict | None = None) -> state_lib.StateSetup:
+    """The state of a seed group (seed_group.py): state_setup's with a leading axis of
+    len(seeds) runs on every leaf, whole on every device (each device holds its shards of
+    every run, as it would of one).
+
+    `init(encoder_params)`: run i's leaves as state_setup with seed=seeds[i] makes them
+    (the same draws: the seed is a traced int32 under vmap, which draws the same bits),
+    the encoder's replaced by `encoder_params` in every run when given.
+    """
+    solo = state_setup(model, tx, seeds[0], length, mesh, rules, compiler_options)
+    is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731 (a tuple: not a leaf)
+    logical_specs = jax.tree.map(lambda spec: PartitionSpec(None, *spec), solo.logical_specs,
+                                 is_leaf=is_spec)
+    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct((len(seeds), *x.shape), x.dtype, sharding=s),
+        solo.abstract, shardings)
+    tokens = jnp.zeros((1, length), jnp.int32)
+    key_mask = jnp.ones((1, length), bool)
+
+    def fresh(seed: jax.Array) -> FinetuneState:
+        params = nn.meta.unbox(model.init(jax.random.PRNGKey(seed), tokens, key_mask)["params"])
+        return FinetuneState(jnp.int32(0), params, tx.init(params))
+
+    # The seeds are constants of the program: a process-local array argument would not do
+    # on a mesh spanning several processes.
+    jitted = jax.jit(lambda: jax.vmap(fresh)(jnp.asarray(seeds, jnp.int32)),
+                     out_shardings=shardings, compiler_options=compiler_options)
+
+    def init(encoder_params: Any) -> FinetuneState:
+        with sharding.activate(mesh, rules):
+            state = jitted()
+        if encoder_params is None:
+            return state
+        runs = jax.tree.map(lambda x: np.broadcast_to(x, (len(seeds), *np.shape(x))),
+                            encoder_params)
+        encoder = jax.device_put(runs, shardings.params["encoder"])
+        return state.replace(params={**state.params, "encoder": encoder})
+
+    return state_lib.StateSetup(init, abstract, shardings, logical_specs)
+
+
+def make_seeded_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
+                           schedule: optax.Schedule) -> Callable:
+    """train_step(state, batch, seed) -> (state, metrics): the step of the run with `seed`
+    (a Python int, or an int32 scalar when a seed group vmaps it over its seeds: the
+    dropout bits are the same either way)."""
 
     def loss_fn(params, batch, dropout_key):
         outputs = model.apply({"params": params}, batch["tokens"], batch["key_mask"],
@@ -117,7 +171,7 @@ def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
         loss_sum, count = task.loss_sums(outputs, batch)
         return loss_sum / jnp.maximum(count, 1.0)
 
-    def train_step(state: FinetuneState, batch: dict):
+    def train_step(state: FinetuneState, batch: dict, seed):
         # Dropout depends on (seed, step) only.
         dropout_key = jax.random.fold_in(jax.random.PRNGKey(seed), state.step)
         loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, dropout_key)
@@ -126,6 +180,32 @@ def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
         metrics = {"loss": loss, "grad_norm": grad_norm, "learning_rate": schedule(state.step),
                    "nonfinite": nonfinite}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
+
+
+def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, seed: int) -> Callable:
+    """train_step(state, batch) -> (state, metrics); batch as `data.Batch.arrays()`."""
+    seeded = make_seeded_train_step(model, task, tx, schedule)
+    return lambda state, batch: seeded(state, batch, seed)
+
+
+def stacked_train_step(seeded_step: Callable, seeds: tuple[int, ...]) -> Callable:
+    """A seed group's train_step(state, batch) -> (state, metrics): `seeded_step`
+    (make_seeded_train_step's) vmapped over the runs' axis of the state and of every batch
+    array ([runs, B, ...]), run i with seeds[i]. Metrics: each run's own as
+    "seed_<s>/<name>", the learning rate once (the runs share the schedule), and
+    "nonfinite" the number of runs whose update was dropped."""
+
+    def train_step(state: FinetuneState, batch: dict):
+        state, per_run = jax.vmap(seeded_step)(state, batch, jnp.asarray(seeds, jnp.int32))
+        metrics = {f"seed_{s}/{name}": values[i]
+                   for name, values in per_run.items()
+                   if name not in ("learning_rate", "nonfinite")
+                   for i, s in enumerate(seeds)}
+        return state, {**metrics, "learning_rate": per_run["learning_rate"][0],
+                       "nonfinite": jnp.sum(per_run["nonfinite"].astype(jnp.float32))}
 
     return train_step
 
@@ -142,17 +222,34 @@ def make_eval_step(model: nn.Module, task) -> Callable:
 
 
 def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderConfig, task,
-          num_steps: int, length: int, mesh: Mesh | None = None) -> Trainer:
+          num_steps: int, length: int, mesh: Mesh | None = None,
+          seeds: tuple[int, ...] | None = None) -> Trainer:
     """The trainer of a prepared fine-tuning `config` (finetune/config.py) for `task`
     (tasks.make_task) on `encoder_cfg`, over `num_steps` steps; `length`: any sequence
-    length the model accepts. `mesh`: default sharding.fixed_mesh(config.mesh.shape)."""
+    length the model accepts. `mesh`: default sharding.fixed_mesh(config.mesh.shape).
+
+    `seeds`: a seed group's trainer (seed_group.py), which trains one run per seed as one
+    program: its state has a leading runs axis (stacked_state_setup), its train step takes
+    batches stacked the same way (Trainer.stacked_on_mesh) and its eval step returns every
+    run's outputs ([runs, B, ...]) for one batch. None: the single run of config.seed.
+    """
     mesh = mesh if mesh is not None else sharding.fixed_mesh(config.mesh.shape)
     rules = sharding.rules_from_config(config.sharding_rules)
     model = task.model(encoder_cfg)
     tx, schedule = optimizer_lib.make_optimizer(optimizer_config(config.train, num_steps))
     options = {"xla_backend_optimization_level": 0} if config.fast_compile else None
-    setup = state_setup(model, tx, config.seed, length, mesh, rules, options)
-    train_step = steps.jit_train_step(make_train_step(model, task, tx, schedule, config.seed),
-                                      setup, mesh, options)
-    eval_step = steps.jit_eval_step(make_eval_step(model, task), setup, mesh, options)
+    eval_one = make_eval_step(model, task)
+    if seeds is None:
+        setup = state_setup(model, tx, config.seed, length, mesh, rules, options)
+        train_step = steps.jit_train_step(
+            make_train_step(model, task, tx, schedule, config.seed), setup, mesh, options)
+        eval_step = steps.jit_eval_step(eval_one, setup, mesh, options)
+    else:
+        setup = stacked_state_setup(model, tx, tuple(seeds), length, mesh, rules, options)
+        train_step = steps.jit_train_step(
+            stacked_train_step(make_seeded_train_step(model, task, tx, schedule), tuple(seeds)),
+            setup, mesh, options, sharding.stacked_batch_sharding(mesh))
+        # One eval batch for every run: only the parameters carry the runs axis.
+        eval_step = steps.jit_eval_step(jax.vmap(eval_one, in_axes=(0, None)), setup, mesh,
+                                        options)
     return Trainer(mesh, rules, model, tx, schedule, setup, train_step, eval_step)

@@ -10,7 +10,10 @@ every seed, then the seeds are aggregated by one of two rules (`grid.aggregate`)
 
 Runs go to ``<workdir>/runs/<setting>/seed_<s>/`` (each a complete fine-tuning workdir);
 a run whose results.json and config.json match is reused and an unfinished one continues
-from its last resume checkpoint (train.py), so an interrupted sweep resumes. The summary
+from its last resume checkpoint (train.py), so an interrupted sweep resumes. With
+``grid.seeds_per_program`` = K > 1 the seeds of a setting train K at a time as one program
+(seed_group.py; the group's own workdir is ``runs/<setting>/seeds_<a>_<b>.../``), each
+still writing its own config.json and results.json to ``seed_<s>/``. The summary
 is ``<workdir>/sweep.json`` and the table ``<workdir>/sweep.md``.
 
 `run_sweep` is main.py's entry when ``config.sweep`` is set; `train.run` is the single run.
@@ -29,7 +32,7 @@ from absl import logging
 from maelm_jax import config as pretrain_config
 from maelm_jax import distributed, layout, paths, schema
 from maelm_jax.finetune import config as config_lib
-from maelm_jax.finetune import train
+from maelm_jax.finetune import seed_group, train
 from maelm_jax.training import workdir as workdir_lib
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
@@ -72,6 +75,25 @@ def _finished(run_dir: paths.Path, c: ml_collections.ConfigDict) -> dict | None:
     return None
 
 
+def _run_group(config: ml_collections.ConfigDict, setting: dict, seeds: tuple[int, ...],
+               setting_dir: paths.Path) -> list[dict]:
+    """The results of `setting` with each of `seeds`, in order: reused where every one is
+    finished; else run, alone (one seed) or as one program (seed_group.py)."""
+    configs = [run_config(config, setting, seed) for seed in seeds]
+    run_dirs = [setting_dir / f"seed_{seed}" for seed in seeds]
+    finished = [distributed.leader_says_ok(_finished(d, c) is not None)
+                for d, c in zip(run_dirs, configs, strict=True)]
+    if all(finished):
+        for run_dir in run_dirs:
+            logging.info("sweep: reusing %s", run_dir)
+        return [json.loads(paths.read_text(d / layout.RESULTS_FILE)) for d in run_dirs]
+    if len(seeds) == 1:
+        return [train.run(configs[0], str(run_dirs[0]))]
+    # A group's runs depend on one another (seed_group.py): all of them run again.
+    return seed_group.run(configs[0], seeds, str(setting_dir / seed_group.group_name(seeds)),
+                          [str(d) for d in run_dirs])
+
+
 def _median(values: list[float]) -> float:
     return float(np.median(values))
 
@@ -95,20 +117,14 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
     grid, seeds = settings(config), tuple(config.grid.seeds)
     logging.info("sweep: %d settings x %d seeds = %d runs", len(grid), len(seeds),
                  len(grid) * len(seeds))
+    size = config.grid.seeds_per_program
+    groups = [seeds[i:i + size] for i in range(0, len(seeds), size)]
     rows = []
     for setting in grid:
         name = setting_name(setting)
         per_seed = []
-        for seed in seeds:
-            c = run_config(config, setting, seed)
-            run_dir = workdir / layout.SWEEP_RUNS_DIR / name / f"seed_{seed}"
-            finished = distributed.leader_says_ok(_finished(run_dir, c) is not None)
-            if finished:
-                logging.info("sweep: reusing %s", run_dir)
-                results = json.loads(paths.read_text(run_dir / layout.RESULTS_FILE))
-            else:
-                results = train.run(c, str(run_dir))
-            per_seed.append(results)
+        for group in groups:
+            per_seed += _run_group(config, setting, group, workdir / layout.SWEEP_RUNS_DIR / name)
         primary = per_seed[0]["primary_metric"]
         metric_names = [k for k in per_seed[0]["dev"] if k not in ("step", "epoch")]
         rows.append({

@@ -131,7 +131,7 @@ def train_batches(train: tasks.Split, batch_size: int, buckets, seed: int, num_e
             yield epoch, batch
 
 
-def _evaluator(trainer: setup_lib.Trainer, batch_size: int, buckets: tuple[int, ...]
+def evaluator(trainer: setup_lib.Trainer, batch_size: int, buckets: tuple[int, ...]
                ) -> Callable[[Any], tasks.RunEval]:
     """run_eval_with(params) -> the task's run_eval: the eval step over static-shape
     batches of the sequences it is given, outputs on the host."""
@@ -192,15 +192,32 @@ class FineTuning:
                         time.perf_counter() - self.started)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """One fine-tuning run; returns the results (also written to results.json).
+@dataclasses.dataclass
+class Prepared:
+    """What a run (or a seed group, seed_group.py) has once its inputs are checked and its
+    workdir is ready: the encoder to start from, the tokenizer, the task's encoded data
+    and whether the workdir holds an unfinished run to continue."""
 
-    An unfinished run of the same config in `workdir` continues from its latest resume
-    checkpoint; anything else there is replaced (see the module docstring). On a stop
-    request (SIGTERM, the time limit), saves a resume checkpoint and raises
-    preemption.Preempted (TimeLimit).
-    """
-    started = time.perf_counter()
+    config: ml_collections.ConfigDict  # validated, paths absolute
+    workdir: paths.Path
+    encoder_cfg: encoder_lib.EncoderConfig
+    encoder_params: Any  # numpy, or None for random weights
+    tokenizer: Any
+    source: str  # where the encoder comes from, in words
+    max_len: int
+    buckets: tuple[int, ...]
+    task: Any  # tasks.make_task's
+    resume: bool
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return data.steps_per_epoch(len(self.task.train), self.config.train.batch_size)
+
+
+def prepare_run(config: ml_collections.ConfigDict, workdir: str) -> Prepared:
+    """Validates `config`, reads the encoder, tokenizer and task data (all before the
+    workdir is touched), then has process 0 prepare the workdir: an unfinished run of the
+    same config is kept to continue, anything else cleared; config.json written."""
     config, workdir = config_lib.prepare(config, workdir)
     if config.sweep:
         raise config_lib.FinetuneConfigError(
@@ -226,24 +243,63 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             loading.clear_finetuned(workdir)  # the final checkpoint is written at the end
             layout.write_config(workdir, config)
     resume = distributed.leader_says_ok(resume)
-    t = config.train
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
+    return Prepared(config, workdir, encoder_cfg, encoder_params, tok, source, max_len,
+                    buckets, task, resume)
 
-    steps_per_epoch = data.steps_per_epoch(len(task.train), t.batch_size)
+
+def results_record(p: Prepared, seed: int, evals: list[dict], best: int,
+                   files: list[str], seconds: float) -> dict:
+    """A finished run's results.json: its evaluations, the best (index `best`) and the
+    selected one, and what it ran on."""
+    t = p.config.train
+    selected = evals[best] if t.select == "best" else evals[-1]
+    return {
+        "task": p.task.name,
+        "primary_metric": p.task.primary_metric,
+        "select": t.select,
+        "dev": dict(selected),
+        "best": evals[best],
+        "final": evals[-1],
+        "evals": evals,
+        "init_from": p.source,
+        "train_examples": len(p.task.train),
+        "num_steps": p.steps_per_epoch * t.num_epochs,
+        "max_seq_len": p.max_len,
+        "seed": seed,
+        "hyperparameters": {k: t[k] for k in ("learning_rate", "batch_size", "num_epochs",
+                                              "warmup_ratio")},
+        "files": files,
+        "wall_seconds": seconds,
+    }
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """One fine-tuning run; returns the results (also written to results.json).
+
+    An unfinished run of the same config in `workdir` continues from its latest resume
+    checkpoint; anything else there is replaced (see the module docstring). On a stop
+    request (SIGTERM, the time limit), saves a resume checkpoint and raises
+    preemption.Preempted (TimeLimit).
+    """
+    started = time.perf_counter()
+    p = prepare_run(config, workdir)
+    config, workdir, t = p.config, p.workdir, p.config.train
+    steps_per_epoch = p.steps_per_epoch
     num_steps = steps_per_epoch * t.num_epochs
-    trainer = setup_lib.build(config, encoder_cfg, task, num_steps, buckets[0])
+    trainer = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0])
     sharding.check_batch(trainer.mesh, t.batch_size, 1)
     sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
-    run_eval_with = _evaluator(trainer, t.eval_batch_size, buckets)
+    run_eval_with = evaluator(trainer, t.eval_batch_size, p.buckets)
     with contextlib.closing(checkpoint_lib.Checkpointer(workdir / layout.RESUME_DIR,
                                                         resume_lib.KEEP)) as ckpt:
         start, state, best_params, progress = resume_lib.restore_or_init(
-            ckpt, trainer.state, encoder_params, t.select, resume)
+            ckpt, trainer.state, p.encoder_params, t.select, p.resume)
         writer = metrics_lib.MetricWriter(workdir, resume_step=start,
                                           enabled=distributed.is_leader())
-        run = FineTuning(config, trainer, task, run_eval_with, steps_per_epoch, started)
-        batches = (batch for _, batch in train_batches(task.train, t.batch_size, buckets,
+        run = FineTuning(config, trainer, p.task, run_eval_with, steps_per_epoch, started)
+        batches = (batch for _, batch in train_batches(p.task.train, t.batch_size, p.buckets,
                                                        config.seed, t.num_epochs, start))
         with contextlib.closing(writer), sharding.activate(trainer.mesh, trainer.rules):
             state, progress, best_params = engine.train(run, state, start, batches, ckpt,
@@ -256,34 +312,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         # Every process runs the evaluations (each is a step on the whole mesh); only
         # process 0's files are kept.
-        written = task.write_outputs(workdir if distributed.is_leader()
-                                     else paths.Path(scratch), run_eval_with(params))
+        written = p.task.write_outputs(workdir if distributed.is_leader()
+                                       else paths.Path(scratch), run_eval_with(params))
     if config.save_checkpoint:
         path = loading.save_finetuned(workdir, selected["step"], distributed.host_copy(params),
-                                      encoder_cfg, tok)
+                                      p.encoder_cfg, p.tokenizer)
         written.append(str(path))
-    results = {
-        "task": task.name,
-        "primary_metric": task.primary_metric,
-        "select": t.select,
-        "dev": dict(selected),
-        "best": best,
-        "final": progress.evals[-1],
-        "evals": progress.evals,
-        "init_from": source,
-        "train_examples": len(task.train),
-        "num_steps": num_steps,
-        "max_seq_len": max_len,
-        "seed": config.seed,
-        "hyperparameters": {k: t[k] for k in ("learning_rate", "batch_size", "num_epochs",
-                                              "warmup_ratio")},
-        "files": written,
-        "wall_seconds": progress.seconds + time.perf_counter() - started,
-    }
+    results = results_record(p, config.seed, progress.evals, progress.best, written,
+                             progress.seconds + time.perf_counter() - started)
     if distributed.is_leader():
         paths.write_text(workdir / layout.RESULTS_FILE, json.dumps(results, indent=2))
         paths.remove(workdir / layout.RESUME_DIR)  # finished: nothing to resume
-    logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", task.name, task.primary_metric,
-                 selected[task.primary_metric], t.select, selected["step"],
+    logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", p.task.name, p.task.primary_metric,
+                 selected[p.task.primary_metric], t.select, selected["step"],
                  results["wall_seconds"])
     return results
