@@ -86,18 +86,24 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
                        else f"random weights in the architecture of {p.description}")
         return cfg, p.params, p.tokenizer, description
     tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
+    return scratch_encoder(config, tok.vocab_size), None, tok, "from scratch (no init_from)"
+
+
+def scratch_encoder(config: ml_collections.ConfigDict,
+                    vocab_size: int) -> encoder_lib.EncoderConfig:
+    """The encoder config.model describes (a run from scratch), for `vocab_size` pieces."""
+    m = config.model
     if m.d_model % m.num_heads:
         raise config_lib.FinetuneConfigError(
             f"config.model.d_model: expected a multiple of model.num_heads={m.num_heads}, "
             f"got {m.d_model}")
-    arch = encoder_lib.model_architecture(m, vocab_size=tok.vocab_size,
+    arch = encoder_lib.model_architecture(m, vocab_size=vocab_size,
                                           max_positions=m.max_positions)
-    cfg = encoder_lib.from_architecture(
+    return encoder_lib.from_architecture(
         arch, where="config.model", dtype=m.dtype, dropout=m.dropout,
         attention_dropout=m.attention_dropout,
         attention_impl=config_lib.attention_impl(config, m.num_heads, m.d_model),
         pallas=config_lib.kernel_options(config))
-    return cfg, None, tok, "from scratch (no init_from)"
 
 
 def max_seq_len(config: ml_collections.ConfigDict, encoder_max_positions: int) -> int:

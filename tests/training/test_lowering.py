@@ -96,11 +96,12 @@ def lower_train_step(config, platform: str) -> str:
         return lower(trainer.train_step, platform, trainer.state.abstract, trainer.batch_spec())
 
 
-def check_kernels(text: str, impl: str, attention_layers: int, cross: bool = False) -> None:
+def check_kernels(text: str, impl: str, attention_layers: int, cross: bool = False,
+                  batch_dims: int = 1) -> None:
     """The attention implementation is in the program as itself: Triton's three kernels
     per attention layer (the forward, dK/dV, dQ; no interpreter), cuDNN's fused calls, or
     neither. cross: the program has a cross decoder, whose [MASK] queries and encoder keys
-    each layer pads to the kernel's multiple."""
+    each layer pads to the kernel's multiple. batch_dims: 2 for a seed group's [runs, B]."""
     triton = text.count(f"@{TRITON}")
     cudnn = sum(text.count(f"@{t}") for t in CUDNN)
     cudnn_backward = sum(text.count(f"@{t}") for t in CUDNN if t.endswith("Backward"))
@@ -117,7 +118,8 @@ def check_kernels(text: str, impl: str, attention_layers: int, cross: bool = Fal
         assert cudnn == 0
     # Nothing pads a [B, n, heads, head_dim] (or wider) activation: lengths are padded
     # once, on the encoder's integer inputs.
-    assert cross or not re.search(r"stablehlo\.pad .*tensor<(\d+x){3,}\d+xbf16>", text)
+    wide = r"stablehlo\.pad .*tensor<(\d+x){" + str(2 + batch_dims) + r",}\d+xbf16>"
+    assert cross or not re.search(wide, text)
 
 
 def _attention_layers(config) -> int:
@@ -155,11 +157,14 @@ def test_bert_base_train_step_lowers_for_cuda(model, impl):
         assert f"32x{length}x12x64xbf16" in text
 
 
+@pytest.mark.parametrize("runs", [None, 3])
 @pytest.mark.parametrize("platform, impl", [(p, i) for p, impls in IMPLS.items()
                                             for i in impls])
-def test_finetuning_step_lowers(platform, impl):
+def test_finetuning_step_lowers(platform, impl, runs):
     """A GLUE classifier's step on a 2 x 256 encoder, batch 32 of length 128 with padding
-    (the key mask) and dropout, as fine-tuning builds it."""
+    (the key mask) and dropout, as fine-tuning builds it; runs=3: a seed group's step
+    (finetune/seed_group.py), three runs vmapped over one stacked state, whose kernels
+    take the runs as more batch."""
     arch = {"num_layers": 2, "d_model": 256, "num_heads": 4, "d_ff": 1024, "pre_ln": False,
             "vocab_size": 8000, "max_positions": 128, "rel_pos_buckets": 32,
             "rel_pos_max_distance": 128, "rel_pos_bucket_fn": "t5"}
@@ -173,19 +178,30 @@ def test_finetuning_step_lowers(platform, impl):
     tx = optax.adamw(1e-4)
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     rules = sharding.rules_from_config(sharding.DEFAULT_RULES)
-    setup = finetune_setup.state_setup(model, tx, 0, 128, mesh, rules)
-    step = steps.jit_train_step(
-        finetune_setup.make_train_step(model, task, tx, optax.constant_schedule(1e-4), 0),
-        setup, mesh)
-    batch_sharding = sharding.batch_sharding(mesh)
-    batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+    schedule = optax.constant_schedule(1e-4)
+    if runs is None:
+        setup = finetune_setup.state_setup(model, tx, 0, 128, mesh, rules)
+        step = steps.jit_train_step(
+            finetune_setup.make_train_step(model, task, tx, schedule, 0), setup, mesh)
+        batch_sharding, lead = sharding.batch_sharding(mesh), ()
+    else:
+        seeds = tuple(range(runs))
+        setup = finetune_setup.stacked_state_setup(model, tx, seeds, 128, mesh, rules)
+        batch_sharding, lead = sharding.stacked_batch_sharding(mesh), (runs,)
+        step = steps.jit_train_step(finetune_setup.stacked_train_step(
+            finetune_setup.make_seeded_train_step(model, task, tx, schedule), seeds),
+            setup, mesh, batch_layout=batch_sharding)
+    batch = {name: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=batch_sharding)
              for name, shape, dtype in (("tokens", (32, 128), np.int32),
                                         ("key_mask", (32, 128), bool),
                                         ("labels", (32,), np.int32),
                                         ("weights", (32,), np.float32))}
     with sharding.activate(mesh, rules):
         text = lower(step, platform, setup.abstract, batch)
-    check_kernels(text, impl if platform == "cuda" else "einsum", 2)
+    check_kernels(text, impl if platform == "cuda" else "einsum", 2,
+                  batch_dims=1 + len(lead))
+    if runs:  # the parameters carry the runs axis: [3, 256, 1024] feed-forward kernels
+        assert "tensor<3x256x1024x" in text
 
 
 def test_pallas_runs_per_shard_on_a_mesh():
