@@ -34,7 +34,9 @@ RESUME_DIR = "resume"  # <step>/: the unfinished run's checkpoints, deleted once
 RESULTS_FILE = "results.json"  # the finished run's scores
 PREDICTIONS_DIR = "predictions"  # GLUE test-set TSVs; SQuAD predictions.json and friends
 ENCODER_FILE = "encoder.json"  # the encoder's architecture, beside checkpoints/
-# A sweep: sweep.json and sweep.md over runs/<setting>/seed_<n>/, each a fine-tuning run.
+# A sweep: sweep.json and sweep.md over runs/<setting>/seed_<n>/, each a fine-tuning run
+# (with grid.seeds_per_program > 1 also runs/<setting>/seeds_<a>_<b>.../, a seed group's
+# workdir, while each seed_<n>/ holds only its config.json and results.json).
 SWEEP_SUMMARY_FILE = "sweep.json"
 SWEEP_TABLE_FILE = "sweep.md"
 SWEEP_RUNS_DIR = "runs"

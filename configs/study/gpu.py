@@ -10,7 +10,9 @@ Two WikiExtractor corpora (`large`: long established articles, `wiki`: newer one
 by weight. The GLUE tasks are whichever of SST-2, CoLA, MRPC, STS-B, RTE, QNLI, MNLI and
 QQP the GLUE directory holds, 3 seeds each (medians), at most 20,000 training examples per
 task (SST-2 has 67K), so that 5 encoders x 4 to 8 tasks x 3 seeds of fine-tuning stay in
-minutes; the compilation cache (main.py, on by default) compiles each shape once.
+minutes: a task's three seeds train as one program (finetune.seeds_per_program, a seed
+group: one step for three runs), and the compilation cache (main.py, on by default)
+compiles each shape once. benchmarks/finetune_seeds.py measures what the group buys.
 
 The size is a first estimate, to be set from the step time measured on the GPU
 (`benchmarks/step_time.py --config=configs/study/gpu.py:pretrain`): a 6 x 512 encoder
@@ -79,6 +81,9 @@ def get_config(arg: str | None = None):
     c.tasks = ("SST-2", "CoLA", "MRPC", "STS-B", "RTE", "QNLI", "MNLI", "QQP")
     c.seeds = (1, 2, 3)
     f = c.finetune
+    # The three seeds of a task train as one program (finetune/seed_group.py), as in the
+    # tiny preset, so a dry run on a CPU takes the GPU's path.
+    f.seeds_per_program = 3
     if preset == "tiny":
         f.update(max_seq_len=32, max_train_examples=16, num_epochs=1, batch_size=4,
                  learning_rate=1e-3)

@@ -42,6 +42,10 @@ def study_defaults() -> ml_collections.ConfigDict:
     c.finetune.batch_size = 32
     c.finetune.learning_rate = 1e-3
     c.finetune.warmup_ratio = 0.06
+    # Seeds of a task trained together as one program (finetune/seed_group.py): 1 runs
+    # each alone; on an accelerator a group keeps it busy where one small run does not
+    # (benchmarks/finetune_seeds.py measures it).
+    c.finetune.seeds_per_program = 1
     c.rank_tokens = 0  # tokens of held-out text per run (0: 100 x d_model)
     # The control: the same encoder fine-tuned from random weights with the same settings,
     # which says whether pretraining helped at all at this scale.
@@ -85,6 +89,7 @@ FIELDS: dict[str, schema.Field] = {
     "finetune.batch_size": schema.integer(1),
     "finetune.learning_rate": schema.number(0.0, low_open=True),
     "finetune.warmup_ratio": schema.number(0.0, 1.0),
+    "finetune.seeds_per_program": schema.integer(1),
     "rank_tokens": schema.integer(0),
     "scratch": schema.boolean(),
     "reserve_seconds": schema.number(0.0),

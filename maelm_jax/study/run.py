@@ -144,6 +144,7 @@ def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigD
     c.grid.num_epochs = (f.num_epochs,)
     c.grid.warmup_ratio = (f.warmup_ratio,)
     c.grid.seeds = tuple(config.seeds)
+    c.grid.seeds_per_program = f.seeds_per_program
     c.predict_test = False
     c.save_checkpoint = False
     c.mesh.shape = (1, 1, 1)

@@ -269,3 +269,28 @@ def test_gpu_suite_bad_profile_side_is_one_line(tmp_path):
         "gpu_suite.py: --profile_sides: 'mlm/einsum:model.nope=1': no config field "
         "'model.nope'")
     assert not (tmp_path / "s").exists()
+
+
+def test_finetune_seeds_script_times_runs_alone_and_grouped():
+    """benchmarks/finetune_seeds.py at the study's tiny preset: both sides timed, the
+    speedups and the per-run cost printed; a bad flag is one line."""
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    script = str(REPO / "benchmarks" / "finetune_seeds.py")
+    tiny = f"--config={REPO / 'configs' / 'study' / 'gpu.py'}:tiny"
+    result = subprocess.run(
+        [sys.executable, script, tiny, "--steps=2", "--repeats=1", "--eval_examples=8"],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
+        check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "GFLOP/s" in out and "a group of 3 runs" in out
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
+            if line.startswith(("alone ", "group "))}
+    assert set(rows) == {"alone", "group"} and all(v > 0 for r in rows.values() for v in r)
+    # Per run, a group's step costs its step over the runs.
+    assert rows["group"][1] == pytest.approx(rows["group"][0] / 3, abs=0.01)
+    assert "speedup per run: train steps" in out and "one run of 4 steps" in out
+    bad = subprocess.run([sys.executable, script, tiny, "--runs=1"], cwd=REPO.parent, env=env,
+                         capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "--runs" in bad.stderr

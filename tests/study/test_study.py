@@ -217,7 +217,8 @@ def names_of(value):
 
 def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
     """gpu.py:tiny: two WikiExtractor corpora, the four models and the control, centred
-    ranks, a GLUE task found and one absent."""
+    ranks, a GLUE task found and one absent, each task's seeds fine-tuned as one program
+    (finetune.seeds_per_program, as the GPU preset does)."""
     from configs.study import gpu
 
     from support import made_up_documents
@@ -230,11 +231,15 @@ def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
     c.pretrain.data.sources.large.path = str(tmp_path / "large")
     c.pretrain.data.sources.wiki.path = str(tmp_path / "wiki")
     c.glue_dir = str(tmp_path / "glue")
-    c.seeds = (1,)
+    c.seeds = (1, 2)
     result = study_run.run(c, str(tmp_path / "out"))
     assert result["models"] == ["mlm", "maelm", "3ml_self", "3ml_cross"]
     assert result["controls"] == ["scratch"]
     assert set(result["glue"]["maelm"]) == {"RTE"}  # SST-2 and the others are absent
+    for name in (*result["models"], "scratch"):
+        assert list(result["glue"][name]["RTE"]["per_seed"]) == ["1", "2"]
+        [group] = (tmp_path / "out" / "finetune" / name / "RTE").glob("runs/*/seeds_1_2")
+        assert (group / "metrics.jsonl").is_file()
     for run in result["rank"]["runs"]:
         assert set(run["centred"]["last_layer"]) == {"with_mask", "without_mask", "mask_only"}
     meta = json.loads(next((tmp_path / "out" / "data").glob("*/meta.json")).read_text())
