@@ -1,5 +1,6 @@
 """Fine-tuning, top to bottom: `run(config, workdir)`, one run. (A sweep, `config.sweep`,
-is sweep.run_sweep, which calls `run` per setting and seed; main.py picks between them.)
+is sweep.run_sweep, which calls `run` per setting and seed, or seed_group.run for several
+seeds at once; main.py picks between them.)
 
 config -> encoder (+ tokenizer) from init_from, or fresh -> task data, encoded once ->
 model = encoder + new head -> epochs of shuffled static-shape batches, evaluating on dev
