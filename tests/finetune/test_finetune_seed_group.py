@@ -184,3 +184,22 @@ def test_a_group_refuses_predictions_and_checkpoints(sst2_settings, tmp_path):
                                         "expected False for a seed group"):
         _group(c, (1, 2), tmp_path / "group")
     assert not (tmp_path / "group").exists()
+
+
+def test_a_group_on_the_pallas_kernel_draws_each_runs_attention_dropout(sst2_settings,
+                                                                        tmp_path):
+    """The kernel (interpreted here) under the group's vmap: attention dropout 0.1 inside
+    it, drawn from each run's own seed, so every run's losses are its single run's. Were
+    the kernel's bits drawn from the batched grid's indices instead, they would differ."""
+    run = {**RUN, "train.num_epochs": 1, "model.attention_impl": "pallas",
+           "model.attention_dropout": 0.1, "train.log_every": 1}
+    c = tiny_finetuning(sst2_settings, **run)
+    _group(c, (1, 2), tmp_path / "group")
+    group_train = _rows(tmp_path / "group" / "seeds_1_2", "train")
+    for seed in (1, 2):
+        c.seed = seed
+        train.run(c, str(tmp_path / f"alone_{seed}"))
+        alone = [r["loss"] for r in _rows(tmp_path / f"alone_{seed}", "train")]
+        mine = [r[f"seed_{seed}/loss"] for r in group_train]
+        assert len(mine) == 6
+        np.testing.assert_allclose(mine, alone, rtol=1e-4, atol=1e-5)
