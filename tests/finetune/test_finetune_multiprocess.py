@@ -127,17 +127,23 @@ def test_a_run_stopped_in_one_process_is_finished_by_two(settings, single, tmp_p
 
 
 def test_a_sweep_runs_as_one_job_of_two_processes(settings, tmp_path):
-    """Each run of the grid is a two-process run; process 0 alone writes the sweep's files,
-    and the same command again reuses every finished run."""
+    """Each run of the grid is a two-process run, seeds 1 and 2 as one program (a seed
+    group, its state and batches split over both processes' devices) and seed 3 alone;
+    process 0 alone writes the sweep's files, and the same command again reuses every
+    finished run."""
     sweep = {"sweep": True, "grid.num_epochs": (1,), "grid.learning_rate": (1e-3,),
-             "grid.batch_size": (8,), "grid.seeds": (1, 2)}
+             "grid.batch_size": (8,), "grid.seeds": (1, 2, 3), "grid.seeds_per_program": 2}
     workdir = tmp_path / "sweep"
     logs = _two_processes({**settings, **sweep}, workdir)
     summary = json.loads((workdir / "sweep.json").read_text())
-    assert list(summary["settings"][0]["per_seed"]) == ["1", "2"]
+    assert list(summary["settings"][0]["per_seed"]) == ["1", "2", "3"]
     assert sorted(p.name for p in (workdir / "runs").iterdir()) == [
         summary["settings"][0]["setting"]]
+    runs = workdir / "runs" / summary["settings"][0]["setting"]
+    assert sorted(p.name for p in runs.iterdir()) == ["seed_1", "seed_2", "seed_3", "seeds_1_2"]
+    group_metrics = _metrics(runs / "seeds_1_2")
+    assert len(group_metrics) == len({(r["split"], r["step"]) for r in group_metrics})
     assert "sweep: reusing" not in logs[0]
     again = _two_processes({**settings, **sweep}, workdir)
-    assert all(log.count("sweep: reusing") == 2 for log in again)
+    assert all(log.count("sweep: reusing") == 3 for log in again)
     assert json.loads((workdir / "sweep.json").read_text())["score"] == summary["score"]
