@@ -153,3 +153,33 @@ def sst2_like(directory, n, seed):
         rows.append(f"the film was {word} and long\t{label}")
     return "\n".join(rows) + "\n"
 
+
+
+class Interrupt(Exception):
+    """What interrupt_batches raises in place of a step's batch."""
+
+
+def interrupt_batches(monkeypatch, starts, interrupt_at=None, how=None):
+    """Spies on finetune.train.train_batches (a run's batches, and a seed group's through
+    it): records each caller's start step in `starts`; `how` ("raise" or "sigterm")
+    interrupts the first caller that asks for step `interrupt_at`'s batch: Interrupt, or a
+    SIGTERM to this process, which the loop's StopRequest turns into a checkpoint."""
+    import os
+    import signal
+
+    from maelm_jax.finetune import train
+
+    real, pending = train.train_batches, [how]
+
+    def batches(*args):
+        starts.append(args[-1])
+        for step, item in enumerate(real(*args), start=args[-1] + 1):
+            if step == interrupt_at and pending == ["raise"]:
+                pending.clear()
+                raise Interrupt(step)
+            if step == interrupt_at and pending == ["sigterm"]:
+                pending.clear()
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield item
+
+    monkeypatch.setattr(train, "train_batches", batches)

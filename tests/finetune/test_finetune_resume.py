@@ -5,7 +5,6 @@ killed with SIGKILL); a finished run, or an unfinished one of another config, st
 """
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -21,7 +20,14 @@ from maelm_jax.finetune import tasks, train
 from maelm_jax.training import preemption
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
-from support import assert_close, finetune_flags, tiny_finetuning, write_sst2
+from support import (
+    Interrupt,
+    assert_close,
+    finetune_flags,
+    interrupt_batches,
+    tiny_finetuning,
+    write_sst2,
+)
 
 
 def _outcome(workdir):
@@ -63,29 +69,6 @@ class Scripted:
         monkeypatch.setattr(tasks.GlueTask, "score", score)
 
 
-class Interrupt(Exception):
-    pass
-
-
-def _spy(monkeypatch, starts, interrupt_at=None, how=None):
-    """Records each run's start step; `how` ("raise" or "sigterm") interrupts the first run
-    that asks for step `interrupt_at`'s batch."""
-    real, pending = train.train_batches, [how]
-
-    def batches(*args):
-        starts.append(args[-1])
-        for step, item in enumerate(real(*args), start=args[-1] + 1):
-            if step == interrupt_at and pending == ["raise"]:
-                pending.clear()
-                raise Interrupt(step)
-            if step == interrupt_at and pending == ["sigterm"]:
-                pending.clear()
-                os.kill(os.getpid(), signal.SIGTERM)  # handled by the loop's StopRequest
-            yield item
-
-    monkeypatch.setattr(train, "train_batches", batches)
-
-
 # Two epochs of 6 steps, evaluated every 3 (steps 3, 6, 9, 12), logged every 4; resume
 # checkpoints at the evaluations but the last (3, 6, 9). The scripted best is step 3's.
 RUN = {"train.num_epochs": 2, "train.evals_per_epoch": 2, "train.log_every": 4,
@@ -107,7 +90,7 @@ def test_an_interrupted_run_resumes_exactly(sst2_settings, tmp_path, monkeypatch
 
     starts, workdir = [], tmp_path / "interrupted"
     scores.calls = 0
-    _spy(monkeypatch, starts, at, how)
+    interrupt_batches(monkeypatch, starts, at, how)
     with pytest.raises(preemption.Preempted if how == "sigterm" else Interrupt):
         train.run(c, str(workdir))
     assert _resume_steps(workdir) == saved and not (workdir / "results.json").exists()
@@ -125,7 +108,7 @@ def test_an_interrupted_run_resumes_exactly(sst2_settings, tmp_path, monkeypatch
 def test_a_finished_run_or_another_configs_unfinished_run_starts_over(sst2_settings, tmp_path,
                                                                       monkeypatch):
     starts, workdir = [], tmp_path / "run"
-    _spy(monkeypatch, starts, 9, "raise")
+    interrupt_batches(monkeypatch, starts, 9, "raise")
     with pytest.raises(Interrupt):
         train.run(tiny_finetuning(sst2_settings, **RUN), str(workdir))
     assert _resume_steps(workdir) == [3, 6]

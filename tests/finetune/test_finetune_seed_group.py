@@ -12,7 +12,7 @@ import pytest
 from maelm_jax.finetune import data, seed_group, sweep, tasks, train
 from maelm_jax.training import preemption
 
-from support import assert_close, tiny_finetuning
+from support import Interrupt, assert_close, interrupt_batches, tiny_finetuning
 
 RUN = {"train.num_epochs": 2, "train.evals_per_epoch": 2, "train.log_every": 2,
        "train.checkpoint_every": 0, "save_checkpoint": False}
@@ -114,10 +114,6 @@ def test_a_sweep_runs_its_seeds_in_groups_and_reuses_them(sst2_settings, tmp_pat
     assert again["settings"][0]["per_seed"] == summary["settings"][0]["per_seed"]
 
 
-class Interrupt(Exception):
-    pass
-
-
 @pytest.mark.parametrize("select, how, at", [("best", "raise", 9), ("final", "sigterm", 7)])
 def test_an_interrupted_group_resumes_exactly(sst2_settings, tmp_path, monkeypatch, select,
                                               how, at):
@@ -127,22 +123,7 @@ def test_an_interrupted_group_resumes_exactly(sst2_settings, tmp_path, monkeypat
     seeds = (1, 2)
     whole, _ = _group(c, seeds, tmp_path / "whole")
 
-    real = train.train_batches
-    pending = [how]
-
-    def batches(*args):
-        for step, item in enumerate(real(*args), start=args[-1] + 1):
-            if step == at and pending == ["raise"]:
-                pending.clear()
-                raise Interrupt(step)
-            if step == at and pending == ["sigterm"]:
-                pending.clear()
-                import os
-                import signal
-                os.kill(os.getpid(), signal.SIGTERM)
-            yield item
-
-    monkeypatch.setattr(train, "train_batches", batches)
+    interrupt_batches(monkeypatch, [], at, how)
     with pytest.raises(preemption.Preempted if how == "sigterm" else Interrupt):
         _group(c, seeds, tmp_path / "cut")
     group_dir = tmp_path / "cut" / "seeds_1_2"
