@@ -27,7 +27,6 @@ stopped group continues exactly, as a single run does.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -38,14 +37,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths, sharding
+from maelm_jax import distributed, layout, paths
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import loading, tasks, train
 from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.finetune import setup as setup_lib
-from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine
-from maelm_jax.training import metrics as metrics_lib
 
 
 def group_name(seeds: Sequence[int]) -> str:
@@ -193,22 +189,14 @@ def run(config: ml_collections.ConfigDict, seeds: Sequence[int], workdir: str,
     num_steps = p.steps_per_epoch * t.num_epochs
     trainer = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0],
                               seeds=seeds)
-    sharding.check_batch(trainer.mesh, t.batch_size, 1)
-    sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
-    run_eval_with = train.evaluator(trainer, t.eval_batch_size, p.buckets)
-    with contextlib.closing(checkpoint_lib.Checkpointer(p.workdir / layout.RESUME_DIR,
-                                                        resume_lib.KEEP)) as ckpt:
-        start, state, best_params, progress = resume_lib.restore_or_init(
-            ckpt, trainer.state, p.encoder_params, t.select, p.resume)
-        writer = metrics_lib.MetricWriter(p.workdir, resume_step=start,
-                                          enabled=distributed.is_leader())
-        group = GroupFineTuning(config, trainer, p.task, run_eval_with, p.steps_per_epoch,
-                                started, seeds, progress.evals, best_params)
-        batches = stacked_batches(p.task.train, t.batch_size, p.buckets, seeds, t.num_epochs,
-                                  start)
-        with contextlib.closing(writer), sharding.activate(trainer.mesh, trainer.rules):
-            state, progress, _ = engine.train(group, state, start, batches, ckpt, writer,
-                                              progress)
+    # The group keeps every run's best parameters itself (GroupFineTuning).
+    _, progress, _, _ = train.train_prepared(
+        p, trainer,
+        lambda run_eval_with, progress, best_params: GroupFineTuning(
+            config, trainer, p.task, run_eval_with, p.steps_per_epoch, started, seeds,
+            progress.evals, best_params),
+        lambda start: stacked_batches(p.task.train, t.batch_size, p.buckets, seeds,
+                                      t.num_epochs, start))
 
     seconds = progress.seconds + time.perf_counter() - started
     primary = p.task.primary_metric

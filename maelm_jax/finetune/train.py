@@ -282,6 +282,32 @@ def results_record(p: Prepared, seed: int, evals: list[dict], best: int,
     }
 
 
+def train_prepared(p: Prepared, trainer: setup_lib.Trainer, make_run: Callable,
+                   make_batches: Callable[[int], Iterator]):
+    """The loop of a prepared run or seed group: its resume checkpoint restored (or a fresh
+    state), its metrics writer, then engine.train to the last step.
+
+    make_run(run_eval_with, progress, best_params) -> the engine.Run (FineTuning or a seed
+    group's), given what the checkpoint carried; make_batches(start) -> the train batches
+    after step `start`. Returns (state, progress, best params on the host or None,
+    run_eval_with)."""
+    t = p.config.train
+    sharding.check_batch(trainer.mesh, t.batch_size, 1)
+    sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
+    run_eval_with = evaluator(trainer, t.eval_batch_size, p.buckets)
+    with contextlib.closing(checkpoint_lib.Checkpointer(p.workdir / layout.RESUME_DIR,
+                                                        resume_lib.KEEP)) as ckpt:
+        start, state, best_params, progress = resume_lib.restore_or_init(
+            ckpt, trainer.state, p.encoder_params, t.select, p.resume)
+        writer = metrics_lib.MetricWriter(p.workdir, resume_step=start,
+                                          enabled=distributed.is_leader())
+        run = make_run(run_eval_with, progress, best_params)
+        with contextlib.closing(writer), sharding.activate(trainer.mesh, trainer.rules):
+            state, progress, best_params = engine.train(run, state, start, make_batches(start),
+                                                        ckpt, writer, progress, best_params)
+    return state, progress, best_params, run_eval_with
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """One fine-tuning run; returns the results (also written to results.json).
 
@@ -294,23 +320,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     p = prepare_run(config, workdir)
     config, workdir, t = p.config, p.workdir, p.config.train
     steps_per_epoch = p.steps_per_epoch
-    num_steps = steps_per_epoch * t.num_epochs
-    trainer = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0])
-    sharding.check_batch(trainer.mesh, t.batch_size, 1)
-    sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
-    run_eval_with = evaluator(trainer, t.eval_batch_size, p.buckets)
-    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / layout.RESUME_DIR,
-                                                        resume_lib.KEEP)) as ckpt:
-        start, state, best_params, progress = resume_lib.restore_or_init(
-            ckpt, trainer.state, p.encoder_params, t.select, p.resume)
-        writer = metrics_lib.MetricWriter(workdir, resume_step=start,
-                                          enabled=distributed.is_leader())
-        run = FineTuning(config, trainer, p.task, run_eval_with, steps_per_epoch, started)
-        batches = (batch for _, batch in train_batches(p.task.train, t.batch_size, p.buckets,
-                                                       config.seed, t.num_epochs, start))
-        with contextlib.closing(writer), sharding.activate(trainer.mesh, trainer.rules):
-            state, progress, best_params = engine.train(run, state, start, batches, ckpt,
-                                                        writer, progress, best_params)
+    trainer = setup_lib.build(config, p.encoder_cfg, p.task, steps_per_epoch * t.num_epochs,
+                              p.buckets[0])
+    state, progress, best_params, run_eval_with = train_prepared(
+        p, trainer,
+        lambda run_eval_with, progress, best_params: FineTuning(
+            config, trainer, p.task, run_eval_with, steps_per_epoch, started),
+        lambda start: (batch for _, batch in train_batches(
+            p.task.train, t.batch_size, p.buckets, config.seed, t.num_epochs, start)))
 
     best = progress.evals[progress.best]
     selected = best if t.select == "best" else progress.evals[-1]
