@@ -33,10 +33,11 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli, sharding, tokenizer
+from maelm_jax import cli, errors, sharding, tokenizer
 from maelm_jax.finetune import config as finetune_config_lib
 from maelm_jax.finetune import data, heads, seed_group, tasks, train
 from maelm_jax.finetune import setup as setup_lib
+from maelm_jax.study import config as study_config_lib
 
 import harness
 
@@ -88,9 +89,13 @@ def main(argv) -> None:
     del argv
     harness.start_host_memory()
     study = FLAGS.config
-    c = finetune_config(study)
-    vocab_size = study.pretrain.tokenizer.vocab_size
-    encoder_cfg = train.scratch_encoder(c, vocab_size)
+    try:  # a bad field is one line naming it, as main.py gives it
+        study_config_lib.validate(study)
+        c = finetune_config(study)
+        vocab_size = study.pretrain.tokenizer.vocab_size
+        encoder_cfg = train.scratch_encoder(c, vocab_size)
+    except errors.UserError as e:
+        cli.fail(str(e), cli.program())
     max_len = c.data.max_seq_len
     buckets = data.buckets_for(max_len, c.data.buckets)
     t = c.train

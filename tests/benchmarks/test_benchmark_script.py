@@ -290,7 +290,9 @@ def test_finetune_seeds_script_times_runs_alone_and_grouped():
     # Per run, a group's step costs its step over the runs.
     assert rows["group"][1] == pytest.approx(rows["group"][0] / 3, abs=0.01)
     assert "speedup per run: train steps" in out and "one run of 4 steps" in out
-    bad = subprocess.run([sys.executable, script, tiny, "--runs=1"], cwd=REPO.parent, env=env,
-                         capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
-    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert "--runs" in bad.stderr
+    for flag, named in (("--runs=1", "--runs"),
+                        ("--config.finetune.batch_size=0", "config.finetune.batch_size")):
+        bad = subprocess.run([sys.executable, script, tiny, flag], cwd=REPO.parent, env=env,
+                             capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
+        assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert named in bad.stderr
