@@ -127,6 +127,10 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict()
     # Sizes of the ('data', 'fsdp', 'tensor') mesh axes; -1 takes the devices left over.
     c.mesh.shape = (-1, 1, 1)
+    # A multislice TPU job: how the slices lay out along the same axes (each axis is the
+    # product of the two); -1 takes the slices left over, so data parallel across slices
+    # by default. One slice: ones. See docs/scaling.md.
+    c.mesh.dcn_shape = (-1, 1, 1)
     # Logical axis -> mesh axes; see maelm_jax/sharding.py.
     c.sharding_rules = sharding.DEFAULT_RULES
 

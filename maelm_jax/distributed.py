@@ -1,9 +1,10 @@
 """Multi-host runs through JAX's own multi-controller runtime.
 
 Every host runs the same command. `initialize` calls ``jax.distributed.initialize``:
-with explicit coordinator/process flags when given, and with no arguments when a cluster
-environment JAX recognises is detected (Cloud TPU pod slices, SLURM, Open MPI), so a
-pod or cluster job needs no extra flags. A single process needs nothing.
+with explicit coordinator/process flags when given, and with no arguments on every Cloud
+TPU VM (GCE or GKE, one host or a slice; JAX reads the slice from the VM's metadata or
+environment) and in SLURM or Open MPI jobs, so a pod or cluster job needs no extra flags.
+A single process elsewhere needs nothing.
 
 Processes wait for each other at the coordination service's barriers, and a collective
 (process 0's decision broadcast, a gather) starts only once every process has reached it:
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import glob
 import os
 
 import jax
@@ -28,32 +30,63 @@ from jax.experimental import multihost_utils
 
 from maelm_jax import errors
 
+# Device files of TPU chips on a Cloud TPU VM: /dev/accel<n> (v2-v4, v5p), VFIO groups
+# /dev/vfio/<n> (v5e, v6e and later).
+TPU_DEVICE_FILES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 
-def _cluster_detected() -> bool:
-    """True when the scheduler says this job spans several processes."""
-    env = os.environ
+
+def on_cloud_tpu_vm(device_files: tuple[str, ...] = TPU_DEVICE_FILES) -> bool:
+    """Whether this host is a Cloud TPU VM (a TPU chip's device file is present), on GCE or
+    GKE, in a single- or a multi-host slice."""
+    return any(glob.glob(pattern) for pattern in device_files)
+
+
+def cluster_detected(env: dict | None = None,
+                     device_files: tuple[str, ...] = TPU_DEVICE_FILES) -> str | None:
+    """The kind of multi-controller environment this process runs in ("slurm", "openmpi",
+    "cloud tpu"), whose launcher JAX reads the job's shape from; None for a lone process
+    that needs no runtime. Every Cloud TPU VM counts: a slice's hosts learn their peers
+    from the VM's metadata server (GCE, the `gcloud ... tpu-vm ssh --worker=all` launch)
+    or the environment (GKE), and even one host gets the coordination service that
+    preemption notices go through."""
+    env = os.environ if env is None else env
     if int(env.get("SLURM_NTASKS", "1")) > 1:
-        return True
+        return "slurm"
     if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-        return True
-    # Cloud TPU VMs of a multi-host slice list all workers' hostnames.
-    return len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+        return "openmpi"
+    if env.get("TPU_WORKER_HOSTNAMES") or on_cloud_tpu_vm(device_files):
+        return "cloud tpu"
+    return None
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 0,
                process_id: int = -1) -> None:
-    """Joins the multi-process job, if there is one."""
+    """Joins the multi-process job, if there is one; a job of several processes that has
+    no coordination service (nothing to meet at: no barrier, no preemption agreement)
+    stops with one line."""
     if coordinator_address:
         if num_processes < 1 or process_id < 0:
             raise errors.UserError("--coordinator_address needs --num_processes >= 1 and "
                                    "--process_id >= 0")
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
-    elif _cluster_detected():
-        jax.distributed.initialize()
-    else:
-        return
-    logging.info("process %d of %d; %d local / %d global devices", jax.process_index(),
-                 jax.process_count(), jax.local_device_count(), jax.device_count())
+    elif kind := cluster_detected():
+        try:
+            jax.distributed.initialize()  # JAX's own cluster detection fills in the rest
+        except (RuntimeError, ValueError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise errors.UserError(
+                f"this host looks like part of a {kind} job, but JAX could not join it "
+                f"({reason}); give --coordinator_address, --num_processes and "
+                "--process_id") from None
+    if jax.process_count() > 1 and _client() is None:
+        raise errors.UserError(
+            f"this job has {jax.process_count()} processes but no coordination service "
+            "(jax.distributed was not initialised); start every process with "
+            "--coordinator_address, --num_processes and --process_id, or on a Cloud TPU VM "
+            "with JAX's TPU support installed (jax[tpu])")
+    if jax.process_count() > 1 or _client() is not None:
+        logging.info("process %d of %d; %d local / %d global devices", jax.process_index(),
+                     jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
 # How long a process waits for the others: a week, as data preparation by process 0 alone

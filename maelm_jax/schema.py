@@ -206,6 +206,9 @@ def mesh_fields() -> dict[str, Field]:
         "mesh.shape": sequence_of(
             Field((int,), "an int", lambda v: v == -1 or v >= 1), min_len=1,
             words="a tuple of mesh axis sizes (ints >= 1, or -1 for the devices left over)"),
+        "mesh.dcn_shape": sequence_of(
+            Field((int,), "an int", lambda v: v == -1 or v >= 1), min_len=1,
+            words="a tuple of sizes across slices (ints >= 1, or -1 for the slices left over)"),
         "sharding_rules": sequence_of(
             Field((tuple, list), "pair", lambda v: len(v) == 2 and isinstance(v[0], str)),
             words="a tuple of (logical axis, mesh axes) pairs"),

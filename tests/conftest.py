@@ -17,6 +17,10 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       tempfile.mkdtemp(prefix="maelm-jax-test-compile-cache-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# The CPU alone: with libtpu installed (requirements-tpu-check.txt, for the tests that
+# compile for TPU topologies) JAX would otherwise try to start a TPU runtime in every
+# process and print pages of warnings. Topology descriptions need no runtime.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The per-user cache (maelm_jax/user_cache.py) of the session, not the user's own.
 os.environ.setdefault("MAELM_JAX_CACHE", tempfile.mkdtemp(prefix="maelm-jax-test-cache-"))
 

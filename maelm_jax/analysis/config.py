@@ -65,6 +65,7 @@ def rank_defaults() -> ml_collections.ConfigDict:
     c.dtype = "float32"  # compute dtype of the encoders; the Gram sums are always float32
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'), as in pretraining
+    c.mesh.dcn_shape = (-1, 1, 1)  # slices of a multislice TPU job, as in pretraining
     c.sharding_rules = sharding.DEFAULT_RULES
     return c
 

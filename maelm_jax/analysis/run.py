@@ -153,7 +153,8 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config = config_lib.resolve_paths(config)
     out_dir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(out_dir)
-    mesh = sharding.fixed_mesh(config.mesh.shape)  # fixed sizes: the first devices
+    # Fixed sizes: the first devices.
+    mesh = sharding.fixed_mesh(config.mesh.shape, config.mesh.dcn_shape)
     rules = sharding.rules_from_config(config.sharding_rules)
     dp = sharding.data_parallel_size(mesh)
     if config.batch_size % dp:

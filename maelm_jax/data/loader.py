@@ -9,7 +9,8 @@ means starting at step s: the data position saved in a checkpoint is the step it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Iterator, Sequence
 
 import grain
 import numpy as np
@@ -17,14 +18,18 @@ import numpy as np
 from maelm_jax.data import packing
 
 
-def _mixed_stream(
-    blocks: dict[str, np.ndarray], weights: dict[str, float], seed: int
-) -> grain.MapDataset:
+def _mixed_indices(blocks: dict[str, np.ndarray], weights: dict[str, float],
+                   seed: int) -> grain.MapDataset:
+    """The stream of (source number, block index) pairs: each source shuffled anew every
+    epoch and repeated forever, the sources mixed by weight. Indices, not blocks: a step's
+    rows are then read with one request per source (a prepared set in a bucket answers a
+    step's ranged reads at once)."""
     streams, mix_weights = [], []
     for i, name in enumerate(sorted(blocks)):
         if len(blocks[name]) == 0:
             continue
-        streams.append(grain.MapDataset.source(blocks[name]).shuffle(seed=seed + i).repeat())
+        indices = grain.MapDataset.range(len(blocks[name])).shuffle(seed=seed + i).repeat()
+        streams.append(indices.map(functools.partial(lambda i, j: (i, j), i)))
         mix_weights.append(weights[name])
     if len(streams) == 1:
         return streams[0]
@@ -36,28 +41,48 @@ def train_batches(
     batch_size: int,
     seed: int,
     start_step: int = 0,
-    row_start: int = 0,
-    row_count: int | None = None,
+    spans: Sequence[tuple[int, int]] | None = None,
     prefetch: int = 2,
 ) -> Iterator[np.ndarray]:
-    """Yields rows [row_start, row_start + row_count) of the global [batch_size, L] batch of
-    steps start_step, start_step + 1, ... forever, as int32.
+    """Yields this process's rows of the global [batch_size, L] batch of steps
+    start_step, start_step + 1, ... forever, as int32: the rows of `spans` (default: the
+    whole batch), in order.
 
-    A process reads only the rows its devices hold (see sharding.process_rows); the rows
-    of step s are blocks s * batch_size + row_start + j of the mixed stream, so every
-    process count and mesh sees the same global batch in the same order.
+    A process reads only the rows its devices hold (sharding.process_spans; on a TPU
+    mesh they need not be contiguous); row r of step s is block s * batch_size + r of the
+    mixed stream, so every process count and mesh sees the same global batch in the same
+    order, and resuming at step s is exact.
     """
-    row_count = batch_size if row_count is None else row_count
-    if batch_size % row_count or row_start % row_count:
-        raise ValueError(
-            f"rows [{row_start}, {row_start + row_count}) do not tile a batch of {batch_size}"
-        )
-    stream = _mixed_stream(data.train, data.weights, seed)
-    per_step = batch_size // row_count
-    batches = stream.batch(row_count)[row_start // row_count :: per_step][start_step:]
-    batches = batches.map(lambda b: np.asarray(b, dtype=np.int32))
+    rows = span_rows(spans, batch_size)
+    names = sorted(data.train)
+    stream = _mixed_indices(data.train, data.weights, seed)
+
+    def read(step: int) -> np.ndarray:
+        picks = [stream[step * batch_size + int(r)] for r in rows]
+        out = np.empty((len(rows), data.seq_len), np.int32)
+        for number in {i for i, _ in picks}:
+            where = [k for k, (i, _) in enumerate(picks) if i == number]
+            out[where] = data.train[names[number]][[picks[k][1] for k in where]]
+        return out
+
+    steps = grain.MapDataset.range(start_step, _NO_END).map(read)
     options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=max(prefetch, 1))
-    return iter(batches.to_iter_dataset(options))
+    return iter(steps.to_iter_dataset(options))
+
+
+# Steps are numbered without end: the loop stops the stream, not the data.
+_NO_END = 2**62
+
+
+def span_rows(spans: Sequence[tuple[int, int]] | None, batch_size: int) -> np.ndarray:
+    """The row indices of `spans` (all rows when None), checked to lie in the batch."""
+    if spans is None:
+        return np.arange(batch_size)
+    rows = np.concatenate([np.arange(a, b) for a, b in spans]) if spans else np.zeros(0, int)
+    if len(rows) == 0 or rows.min() < 0 or rows.max() >= batch_size or \
+            len(np.unique(rows)) != len(rows):
+        raise ValueError(f"rows {list(spans)} are not distinct rows of a batch of {batch_size}")
+    return rows
 
 
 def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int) -> list[np.ndarray]:

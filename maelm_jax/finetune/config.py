@@ -141,6 +141,7 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # Sizes of the ('data', 'fsdp', 'tensor') mesh axes, as in pretraining; -1 takes the
     # devices left over. Fixed sizes use the first devices (e.g. (1, 1, 1): one device).
     c.mesh.shape = (-1, 1, 1)
+    c.mesh.dcn_shape = (-1, 1, 1)  # slices of a multislice TPU job, as in pretraining
     c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
     # XLA's backend optimisation level 0: compiles take about a third of the time, steps
     # run slower. For tiny models and tests on a CPU, never for real runs.

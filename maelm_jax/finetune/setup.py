@@ -233,7 +233,8 @@ def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderCon
     batches stacked the same way (Trainer.stacked_on_mesh) and its eval step returns every
     run's outputs ([runs, B, ...]) for one batch. None: the single run of config.seed.
     """
-    mesh = mesh if mesh is not None else sharding.fixed_mesh(config.mesh.shape)
+    mesh = mesh if mesh is not None else sharding.fixed_mesh(config.mesh.shape,
+                                                             config.mesh.dcn_shape)
     rules = sharding.rules_from_config(config.sharding_rules)
     model = task.model(encoder_cfg)
     tx, schedule = optimizer_lib.make_optimizer(optimizer_config(config.train, num_steps))

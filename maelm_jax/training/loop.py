@@ -105,7 +105,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     workdir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(workdir)
     t = config.train
-    mesh = sharding.make_mesh(config.mesh.shape)
+    mesh = sharding.make_mesh(config.mesh.shape, dcn_shape=config.mesh.dcn_shape)
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
     if not config.data.prepared:  # else the corpus need not be on this machine at all
@@ -163,20 +163,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
         if len(b) >= dp
     ]
-    row_start, row_count = sharding.process_rows(mesh, t.batch_size)
-    logging.info("process %d reads rows [%d, %d) of every global batch of %d (%s)",
-                 jax.process_index(), row_start, row_start + row_count, t.batch_size,
+    spans = sharding.process_spans(mesh, t.batch_size)
+    logging.info("process %d reads rows %s of every global batch of %d (%s)",
+                 jax.process_index(), sharding.describe_spans(spans), t.batch_size,
                  f"the shards of {config.data.prepared}" if config.data.prepared
                  else "prepared in the job")
-    batches = loader.train_batches(
-        data,
-        t.batch_size,
-        config.seed,
-        start_step=start,
-        row_start=row_start,
-        row_count=row_count,
-        prefetch=config.data.prefetch,
-    )
+    batches = loader.train_batches(data, t.batch_size, config.seed, start_step=start,
+                                   spans=spans, prefetch=config.data.prefetch)
 
     run = Pretraining(config, trainer, eval_data, utilisation, unigram_accuracy,
                       resumed=restored is not None)

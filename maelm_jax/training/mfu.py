@@ -7,12 +7,14 @@ forward (so forward + backward = 3 x forward, the "6 x parameters x tokens" of d
 layers), with no credit for rematerialised recomputation. Attention and the decoder are
 counted, biases, LayerNorm and softmax are not (under 1 %).
 
-Peaks are dense matmul FLOP/s per JAX device at the compute dtype, from the vendors'
-datasheets. On TPU a float32 matmul runs at the default precision as bfloat16 passes, so
-both dtypes share the bfloat16 peak; on NVIDIA GPUs XLA runs float32 matmuls as TF32 on
-tensor cores by default, whose peak is half the bfloat16 one. A kind not in the table
-gets no MFU (TFLOP/s are still logged) unless config.train.peak_tflops_per_device names
-its peak. CPUs are not listed: benchmarks measure a matmul's speed on them instead.
+Peaks are dense matmul FLOP/s per JAX device at the compute dtype: for TPUs from JAX's
+table of chips (a v4 or v5p device is a whole megacore chip, a TPU7x device one of its two
+cores), for GPUs from the vendors' datasheets. On TPU a float32 matmul runs at the default
+precision as bfloat16 passes, so both dtypes share the bfloat16 peak; on NVIDIA GPUs XLA
+runs float32 matmuls as TF32 on tensor cores by default, whose peak is half the bfloat16
+one. A kind neither table knows gets no MFU (TFLOP/s are still logged) unless
+config.train.peak_tflops_per_device names its peak. CPUs are not listed: benchmarks
+measure a matmul's speed on them instead.
 """
 
 from __future__ import annotations
@@ -20,18 +22,14 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_collections
 
+from maelm_jax import topology
 from maelm_jax.models import layers
 from maelm_jax.training import setup as setup_lib
 
-# Substring of jax.Device.device_kind -> (bfloat16, float32) dense peak TFLOP/s per device.
-# Checked in order: more specific names first. TPU v2 and v3 expose each core as a device.
+# Substring of jax.Device.device_kind -> (bfloat16, float32) dense peak TFLOP/s per GPU.
+# Checked in order: more specific names first. TPUs come from JAX's own table of chips
+# (maelm_jax/topology.py chip_facts), which knows every generation and its kind's aliases.
 PEAK_TFLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
-    ("TPU v2", (22.5, 22.5)),
-    ("TPU v3", (61.5, 61.5)),
-    ("TPU v4", (275.0, 275.0)),
-    ("TPU v5 lite", (197.0, 197.0)),  # v5e
-    ("TPU v5", (459.0, 459.0)),  # v5p
-    ("TPU v6 lite", (918.0, 918.0)),  # v6e (Trillium)
     ("H100 PCIe", (756.0, 378.0)),
     ("H100", (989.0, 494.0)),  # SXM
     ("H200", (989.0, 494.0)),
@@ -44,9 +42,12 @@ PEAK_TFLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
 def peak_tflops(device_kind: str, dtype: str, override: float = 0.0) -> float | None:
     """The peak dense TFLOP/s of one device of `device_kind` at compute `dtype`
     ("bfloat16" and "float16" count as bfloat16), `override` if positive, None if the
-    kind is not in PEAK_TFLOPS."""
+    kind is neither a TPU JAX knows nor in PEAK_TFLOPS."""
     if override > 0:
         return override
+    tpu = topology.chip_facts(device_kind)
+    if tpu is not None:  # float32 matmuls run as bfloat16 passes at the default precision
+        return tpu.peak_bf16_tflops
     single_precision = layers.resolve_dtype(dtype) == jnp.float32
     for name, (half, single) in PEAK_TFLOPS:
         if name.lower() in device_kind.lower():

@@ -106,6 +106,18 @@ def encoder_config(config: ml_collections.ConfigDict,
     )
 
 
+def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
+    """Sets config.model's "auto" choices (compute dtype, attention kernel) to what they
+    choose on `backend`: a program compiled for a TPU slice from a CPU host
+    (maelm_jax/topology.py) must not take the host's float32."""
+    m = config.model
+    if m.dtype == "auto":
+        m.dtype = layers.resolve_dtype("auto", backend).name
+    if m.attention_impl == "auto":
+        m.attention_impl = layers.resolve_attention_impl(
+            "auto", layers.resolve_dtype(m.dtype, backend), backend)
+
+
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
     """The frozen model description the objective's Flax module takes: the objective's
     parts around the shared encoder's (`encoder_config`)."""
@@ -129,9 +141,11 @@ def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None = None,
           rules: tuple | None = None) -> Trainer:
     """The trainer a validated pretraining `config` describes, on `mesh` (default: the
-    config's mesh.shape over all devices) with `rules` (default: config.sharding_rules)."""
+    config's mesh.shape and dcn_shape over all devices) with `rules` (default:
+    config.sharding_rules)."""
     t = config.train
-    mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh.shape)
+    mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh.shape,
+                                                            dcn_shape=config.mesh.dcn_shape)
     rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
     counts = config_lib.mask_counts(config)
     objective = config_lib.objective(config)

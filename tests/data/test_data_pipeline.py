@@ -109,16 +109,22 @@ def test_loader_is_a_function_of_the_step(tmp_path):
 
 
 def test_processes_split_the_same_global_batch(tmp_path):
+    """Contiguous halves, quarters, and the interleaved spans a TPU mesh gives a host: each
+    part is the global batch's rows of its spans, in order."""
     data = _fake_data(tmp_path, {"a": 64}, {"a": 1.0})
-    whole = loader.train_batches(data, 8, seed=0, start_step=5)
-    parts = [loader.train_batches(data, 8, seed=0, start_step=5, row_start=2 * p, row_count=2)
-             for p in range(4)]
-    for _ in range(3):
-        local = [next(p) for p in parts]
-        assert all(x.shape == (2, 4) for x in local)
-        np.testing.assert_array_equal(np.concatenate(local), next(whole))
-    with pytest.raises(ValueError, match="do not tile"):
-        loader.train_batches(data, 8, seed=0, row_start=1, row_count=2)
+    for layout in ([[(2 * p, 2 * p + 2)] for p in range(4)],
+                   [[(0, 1), (4, 6), (7, 8)], [(1, 4), (6, 7)]]):
+        whole = loader.train_batches(data, 8, seed=0, start_step=5)
+        parts = [loader.train_batches(data, 8, seed=0, start_step=5, spans=spans)
+                 for spans in layout]
+        rows = np.concatenate([np.arange(a, b) for spans in layout for a, b in spans])
+        for _ in range(3):
+            local = [next(p) for p in parts]
+            assert [len(x) for x in local] == [sum(b - a for a, b in s) for s in layout]
+            np.testing.assert_array_equal(np.concatenate(local), next(whole)[rows])
+    for bad in ([(6, 9)], [(0, 2), (1, 3)], []):
+        with pytest.raises(ValueError, match="are not distinct rows of a batch of 8"):
+            loader.train_batches(data, 8, seed=0, spans=bad)
 
 
 def test_sources_are_mixed_by_weight(tmp_path):

@@ -131,7 +131,7 @@ def test_each_process_reads_only_its_rows(prepared):
               for name, blocks in data.train.items() for i, b in enumerate(blocks[:])}
     for start in (0, 4):
         own = _recording(shards.load(root / "shards", weights))
-        half = loader.train_batches(own, 8, seed=3, row_start=start, row_count=4)
+        half = loader.train_batches(own, 8, seed=3, spans=[(start, start + 4)])
         rows = [next(half) for _ in range(3)]
         for step in range(3):
             np.testing.assert_array_equal(rows[step], batches[step][start:start + 4])

@@ -174,14 +174,32 @@ def test_3ml_cross_equation_4():
         + 2 * k * (768 * 768 + 768 * vocab))
 
 
+# Every TPU kind JAX reports, under each of its names: one device's bf16 peak, which a
+# float32 matmul shares (bfloat16 passes). v4 and v5p devices are megacore chips.
+TPU_PEAKS = {
+    "TPU v2": 23.0, "TPU v3": 70.0, "TPU v4": 275.0,
+    "TPU v5 lite": 197.0, "TPU v5e": 197.0,  # v5e, not v5p's 459 by substring
+    "TPU v5": 459.0, "TPU v5p": 459.0,
+    "TPU v6 lite": 920.0, "TPU v6e": 920.0,
+    "TPU7x": 1155.0,  # one of a chip's two cores: each is a device
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TPU_PEAKS))
+def test_tpu_peaks_come_from_jax_for_every_kind(kind):
+    from maelm_jax.training import mfu
+
+    assert mfu.peak_tflops(kind, "bfloat16") == TPU_PEAKS[kind]
+    assert mfu.peak_tflops(kind, "float32") == TPU_PEAKS[kind]
+
+
 def test_peak_tflops_by_device_kind_dtype_and_override():
     from maelm_jax.training import mfu
 
-    assert mfu.peak_tflops("TPU v4", "float32") == 275.0
-    assert mfu.peak_tflops("TPU v5 lite", "bfloat16") == 197.0  # not v5p's 459
     assert mfu.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.0
     assert mfu.peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.0
     assert mfu.peak_tflops("NVIDIA A100-SXM4-40GB", "float32") == 156.0  # TF32
+    assert mfu.peak_tflops("TPU v9 imaginary", "bfloat16") is None
     assert mfu.peak_tflops("cpu", "float32") is None
     assert mfu.peak_tflops("cpu", "float32", override=0.2) == 0.2
 

@@ -222,6 +222,74 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
     assert (multi / "checkpoints" / "2").exists()
 
 
+# Each process's 4 CPU devices interleaved with the other's in the mesh, as a TPU mesh
+# orders devices for its links rather than by process: every process then holds
+# non-contiguous rows of the batch. One process of 8 devices lays them out the same way
+# (devices 0-3 standing for process 0's). Prints the spans and the losses of 3 steps.
+_INTERLEAVED = """
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, "tests")
+from maelm_jax import distributed, sharding
+from maelm_jax.data import loader, packing
+from maelm_jax.training import setup as setup_lib
+from tiny_config import TINY_VOCAB, tiny_config
+processes, pid, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if processes > 1:
+    distributed.initialize(f"127.0.0.1:{port}", processes, pid)
+devices = sorted(jax.devices(), key=lambda d: d.id)
+owner = [d.process_index for d in devices] if processes > 1 else [i // 4 for i in range(8)]
+groups = [[d for d, o in zip(devices, owner) if o == p] for p in range(2)]
+order = [d for pair in zip(*groups) for d in pair]
+mesh = sharding.make_mesh((4, 2, 1), order)
+c = tiny_config("maelm")
+c.model.d_model, c.model.num_heads, c.model.d_ff = 64, 8, 128
+c.model.decoder.d_model, c.model.decoder.num_heads, c.model.decoder.d_ff = 64, 8, 128
+c.train.batch_size = 16
+rng = np.random.default_rng(0)
+data = packing.PreparedData(None, 32, {"a": rng.integers(5, TINY_VOCAB, (64, 32))}, {},
+                            {"a": 1.0})
+spans = sharding.process_spans(mesh, 16)
+batches = loader.train_batches(data, 16, seed=0, spans=spans)
+trainer = setup_lib.build(c, TINY_VOCAB, mesh, sharding.DEFAULT_RULES)
+state, losses = trainer.init(), []
+with sharding.activate(mesh, sharding.DEFAULT_RULES):
+    for _ in range(3):
+        state, metrics = trainer.train_step(state, sharding.global_batch(next(batches), mesh))
+        losses.append(float(metrics["loss"]))
+print("RESULT", json.dumps({"spans": spans, "losses": losses}), flush=True)
+"""
+
+
+def _interleaved(processes: int) -> list[dict]:
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", _INTERLEAVED, str(processes), str(i),
+                               str(port)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=subprocess_env(8 // processes))
+             for i in range(processes)]
+    logs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log_tail(log)
+    return [json.loads(next(line for line in log.splitlines()
+                            if line.startswith("RESULT"))[len("RESULT "):]) for log in logs]
+
+
+@pytest.mark.slow
+def test_processes_feed_the_non_contiguous_rows_their_devices_hold():
+    """Two processes whose devices alternate in the mesh: each reads the rows of its own
+    devices (spans with gaps, together the whole batch, once), and the losses equal one
+    process's on the same mesh."""
+    [one] = _interleaved(1)
+    two = _interleaved(2)
+    spans = [[tuple(s) for s in r["spans"]] for r in two]
+    assert all(len(s) > 1 for s in spans)  # not one range each
+    rows = sorted(r for s in spans for a, b in s for r in range(a, b))
+    assert rows == list(range(16))
+    for r in two:
+        np.testing.assert_allclose(r["losses"], one["losses"], rtol=2e-5)
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path, tiny_tokenizer):
     """A scheduler's SIGTERM reaching only process 0 of a two-process job: JAX's preemption
