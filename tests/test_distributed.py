@@ -1,8 +1,10 @@
-"""distributed: processes of one job wait for each other and agree, however late one is."""
+"""distributed: which jobs join JAX's runtime (every Cloud TPU VM, clusters), and processes
+of one job wait for each other and agree, however late one is."""
 
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
@@ -65,3 +67,63 @@ def _job(late: float) -> list[str]:
 def test_a_process_far_behind_the_others_is_waited_for():
     stopped = ["config.x: process 0 refuses", "on", "config.x: process 1 refuses"]
     assert _job(late=32) == [f"RESULT True True True {stopped}"] * 2
+
+
+# ------------------------------------------------- which jobs join a distributed runtime
+
+def _tpu_files(tmp_path, *names: str) -> tuple[str, ...]:
+    """Device-file patterns like distributed.TPU_DEVICE_FILES under tmp_path, with `names`
+    created there (a stand-in for /dev)."""
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    return (str(tmp_path / "accel[0-9]*"), str(tmp_path / "vfio" / "[0-9]*"))
+
+
+@pytest.mark.parametrize("env, files, kind", [
+    ({}, (), None),
+    ({"SLURM_NTASKS": "1", "OMPI_COMM_WORLD_SIZE": "1"}, (), None),
+    ({"SLURM_NTASKS": "4"}, (), "slurm"),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, (), "openmpi"),
+    ({"TPU_WORKER_HOSTNAMES": "t1k-w-0,t1k-w-1"}, (), "cloud tpu"),  # GKE
+    ({}, ("accel0", "accel1"), "cloud tpu"),  # a v4 or v5p VM on GCE
+    ({}, ("vfio/0", "vfio/vfio"), "cloud tpu"),  # a v5e or v6e VM on GCE
+    ({}, ("vfio/vfio",), None),  # VFIO's control file alone: not a TPU
+])
+def test_every_cloud_tpu_vm_and_cluster_is_detected(tmp_path, env, files, kind):
+    from maelm_jax import distributed
+
+    assert distributed.cluster_detected(env, _tpu_files(tmp_path, *files)) == kind
+
+
+def test_a_tpu_vm_joins_through_jax_own_detection(monkeypatch):
+    from maelm_jax import distributed, errors
+
+    calls = []
+    monkeypatch.setattr(distributed, "cluster_detected", lambda: "cloud tpu")
+    monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+    distributed.initialize()
+    assert calls == [((), {})]  # no arguments: JAX reads the VM's metadata or environment
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Getting metadata['agent-worker-number'] failed for 6 tries\nmore")
+
+    monkeypatch.setattr(jax.distributed, "initialize", refuse)
+    with pytest.raises(errors.UserError) as e:
+        distributed.initialize()
+    assert str(e.value) == (
+        "this host looks like part of a cloud tpu job, but JAX could not join it (Getting "
+        "metadata['agent-worker-number'] failed for 6 tries); give --coordinator_address, "
+        "--num_processes and --process_id")
+
+
+def test_several_processes_without_a_coordination_service_stop_with_one_line(monkeypatch):
+    from maelm_jax import distributed, errors
+
+    monkeypatch.setattr(distributed, "cluster_detected", lambda: None)
+    monkeypatch.setattr(jax, "process_count", lambda: 4)
+    monkeypatch.setattr(distributed, "_client", lambda: None)
+    with pytest.raises(errors.UserError, match="this job has 4 processes but no coordination "
+                                               "service") as e:
+        distributed.initialize()
+    assert "\n" not in str(e.value)

@@ -32,6 +32,19 @@ def test_plan_memory_takes_config_overrides(tmp_path):
     assert out.count("activations + temporaries") == 2
 
 
+def test_plan_memory_compiles_for_a_tpu_slice(tmp_path):
+    """XLA:TPU's own figures for a v5e-8 (compile-only devices), set against its HBM."""
+    pytest.importorskip("libtpu", reason="libtpu is not installed (requirements-tpu-check.txt)")
+    result = plan_memory(tmp_path, f"--config={TINY}", "--topology=v5e:2x4",
+                         "--config.mesh.shape=(2,4,1)", "--config.train.batch_size=16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "8 devices on v5e:2x4 x 1 slices (TPU v5 lite)" in out, out
+    assert "compute bfloat16" in out  # "auto" as a TPU resolves it
+    assert "HBM per device               16.02 GiB" in out
+    assert "remat_policy=none, 2 sequences per device per micro-batch: fits:" in out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--config.model.num_layerz=1"], "--config.model.num_layerz: config.model has no field "
                                       "'num_layerz'; did you mean config.model.num_layers?"),
@@ -40,6 +53,8 @@ def test_plan_memory_takes_config_overrides(tmp_path):
     (["--remat_policies=most"], "--remat_policies: unknown most"),
     (["--config.mesh.shape=(-1,1,1)"], "config.mesh.shape has a -1; give --devices"),
     (["stray"], "unexpected arguments: stray"),
+    (["--fit"], "--fit: needs --topology"),
+    (["--topology=v9:2x2"], "--topology: expected <generation>:<chips per axis>"),
 ])
 def test_plan_memory_bad_flags_are_one_line(tmp_path, flags, message):
     if not any(f.startswith("--config=") for f in flags):

@@ -63,6 +63,10 @@ def test_mesh_shape_is_validated():
         sharding.resolve_shape((-1, 3, 1), 8)
     with pytest.raises(sharding.MeshError, match="at most one -1"):
         sharding.resolve_shape((-1, -1, 1), 8)
+    # A DCN layout without TPU slices spans processes; this job has one.
+    with pytest.raises(sharding.MeshError, match=r"config.mesh.dcn_shape=\(2, 1, 1\) needs 2 "
+                                                 "processes, but 1 are available"):
+        sharding.make_mesh((-1, 1, 1), dcn_shape=(2, 1, 1))
     mesh = sharding.make_mesh((2, 2, 2))
     with pytest.raises(sharding.MeshError, match="batch_size=6 .* data-parallel size 4"):
         sharding.check_batch(mesh, 6, 1)
@@ -189,14 +193,17 @@ def _train_losses(workdir):
 @pytest.mark.slow
 def test_two_processes_match_one(tmp_path, tiny_tokenizer):
     """Two processes on localhost (4 CPU devices each) form one 8-device mesh through
-    jax.distributed; the losses equal a single 8-device process's."""
+    jax.distributed, each a (2, 2, 1) block laid along the data axis as slices are
+    (mesh.dcn_shape, hosts as the granules); the losses equal a single 8-device process's
+    on (4, 2, 1)."""
     common = [
         sys.executable, "main.py", "--config=tests/tiny_config.py",
         f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
-        "--config.train.num_steps=2", "--config.mesh.shape=(4,2,1)",
+        "--config.train.num_steps=2",
     ]
     single = tmp_path / "single"
-    subprocess.run(common + [f"--workdir={single}"], cwd=REPO_ROOT, check=True,
+    subprocess.run(common + [f"--workdir={single}", "--config.mesh.shape=(4,2,1)"],
+                   cwd=REPO_ROOT, check=True,
                    capture_output=True, env=subprocess_env(8))
 
     multi = tmp_path / "multi"
@@ -204,7 +211,8 @@ def test_two_processes_match_one(tmp_path, tiny_tokenizer):
     procs = [
         subprocess.Popen(
             common + [f"--workdir={multi}", f"--coordinator_address=127.0.0.1:{port}",
-                      "--num_processes=2", f"--process_id={i}"],
+                      "--num_processes=2", f"--process_id={i}", "--config.mesh.shape=(2,2,1)",
+                      "--config.mesh.dcn_shape=(2,1,1)"],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=subprocess_env(4),
         )
