@@ -40,7 +40,7 @@ class ConfigError(errors.UserError):
 
 def pretrain_defaults() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    # "pretrain" trains; "prepare" writes the corpus as ArrayRecord shards into --workdir
+    # "pretrain" trains; "prepare" writes the corpus as block shards into --workdir
     # with Apache Beam (maelm_jax/data/prepare.py), for data.prepared of later runs.
     c.mode = "pretrain"
     # A registered objective (maelm_jax/objectives): "maelm" (MAE-LM, 3ML_self, 3ML_cross
@@ -68,11 +68,14 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # instead of preparing the sources in the job (the sources still name the corpus: the
     # manifest's fingerprint must be theirs).
     c.data.prepared = ""
+    # A prepared set in a bucket is read by ranges, never copied whole: the blocks read are
+    # kept in a local cache of at most this many GiB per host (0: none; user cache).
+    c.data.prepared_cache_gb = 16.0
     c.data.encoding_errors = "replace"  # non-UTF-8 bytes: "replace" (and count) or "strict"
     c.data.prefetch = 2  # batches read ahead by a background thread
 
     # mode "prepare": the Beam pipeline's runner, its local worker processes (DirectRunner),
-    # the blocks per ArrayRecord shard, and further Beam flags (another runner's project,
+    # the blocks per shard, and further Beam flags (another runner's project,
     # region, temp_location, ...).
     c.prepare = ml_collections.ConfigDict()
     c.prepare.runner = "DirectRunner"
@@ -211,6 +214,7 @@ FIELDS: dict[str, schema.Field] = {
     "prepare.beam_options": schema.sequence_of(schema.text(), words="a tuple of Beam flags"),
     "data.encoding_errors": schema.choice("replace", "strict"),
     "data.prefetch": schema.integer(0),
+    "data.prepared_cache_gb": schema.number(0.0),
     "masking.mask_ratio": schema.number(0.0, 1.0, low_open=True, high_open=True),
     "masking.mask_frac": schema.number(0.0, 1.0),
     "masking.random_frac": schema.number(0.0, 1.0),

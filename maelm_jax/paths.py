@@ -204,6 +204,13 @@ def object_info(uri: str) -> tuple[dict, str]:
     return fs.info(inner), fs.ukey(inner)
 
 
+def read_ranges(uri: str, starts: list[int], ends: list[int]) -> list[bytes]:
+    """Byte ranges [start, end) of one object in a bucket, fetched concurrently (gcsfs
+    sends the requests at once)."""
+    fs, inner, _ = _filesystem(uri)
+    return fs.cat_ranges([inner] * len(starts), starts, ends)
+
+
 def upload(local: pathlib.Path, target: Path) -> None:
     """Copies a local file to `target` (local or in a bucket), streaming it."""
     Path(local).copy(target, overwrite=True)

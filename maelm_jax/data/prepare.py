@@ -1,4 +1,4 @@
-"""`prepare` mode: tokenise and pack a corpus into ArrayRecord shards with Apache Beam.
+"""`prepare` mode: tokenise and pack a corpus into block shards with Apache Beam.
 
     python main.py --config=configs/pretrain/base.py --config.mode=prepare \
         --workdir=/data/prepared/wiki --config.data.sources.main.kind=wikiextractor \
@@ -18,7 +18,7 @@ tail dropped), computed as a data-parallel pipeline:
    the token stream (one integer per document crosses the network);
 3. each document cuts its tokens into pieces of the blocks they fall in, keyed by shard;
 4. each shard assembles its blocks (the incomplete tail left out) and writes one
-   ArrayRecord file, and a note of its block count.
+   shard file (maelm_jax/data/shards.py), and a note of its block count.
 
 The driver trains the tokenizer first (a capped sample, streamed: `tokenizer.max_sentences`
 lines) unless `tokenizer.model_path` names one, and writes `manifest.json` last
@@ -269,7 +269,7 @@ def _clean(out: paths.Path) -> None:
     """Removes what an unfinished preparation wrote: notes and shards (not the tokenizer,
     which is correct whatever happened after)."""
     paths.remove(out / NOTES)
-    for shard in out.glob("*.array_record"):
+    for shard in out.glob(f"*{shards.SUFFIX}"):
         shard.unlink()
 
 

@@ -1,13 +1,18 @@
-"""Prepared data as ArrayRecord shards: what `prepare` mode writes and training reads.
+"""Prepared data as block shards: what `prepare` mode writes and training reads.
 
 A prepared directory holds, for every source and split, the blocks of `seq_len` tokens in
-order, cut into shards of at most `blocks_per_shard` records (one record per block: its
-tokens as little-endian bytes of the manifest's dtype)::
+order, cut into shards of at most `blocks_per_shard` blocks::
 
-    manifest.json                         written last: its presence marks the set complete
-    tokenizer.model                       the tokenizer the blocks were cut with
-    train_<source>-00000-of-00004.array_record, ...
-    valid_<source>-00000-of-00001.array_record, ...
+    manifest.json                    written last: its presence marks the set complete
+    tokenizer.model                  the tokenizer the blocks were cut with
+    train_<source>-00000-of-00004.blocks, ...
+    valid_<source>-00000-of-00001.blocks, ...
+
+A shard is an array of fixed-size records, one per block: its `seq_len` tokens as
+little-endian integers of the manifest's dtype, then the CRC-32 of those bytes (4 bytes,
+little-endian). Block i of a shard is bytes [i * R, (i + 1) * R) for a record of R bytes,
+so a host reads any block with one ranged read, from a local disk (memory-mapped) or a
+bucket, and checks it by its own checksum.
 
 ``manifest.json``: the format, dtype and seq_len, the fingerprint (the same as in-job
 preparation's: sources' content, tokenizer, seq_len, validation fraction), the validation
@@ -17,41 +22,45 @@ shards in order with their block counts, sizes and SHA-256, plus the source's st
 
 Before a run trusts a prepared directory (`check_run`), the manifest must fit the run
 (seq_len, validation fraction, vocabulary), the tokenizer must be the one it records,
-and every shard must exist with its recorded size; a set of at most
-DIGEST_UP_FRONT_BYTES is also hashed whole. A larger one is checked as it is read: each
-record group carries ArrayRecord's own checksum, and a damaged one stops the run with
-one line naming its file.
+and every shard must exist with its recorded size; a local set of at most
+DIGEST_UP_FRONT_BYTES is also hashed whole. Every block is checked by its CRC-32 as it is
+read: a damaged one stops the run with one line naming its file.
 
-Reading (`load`) is random access by global block index through grain's
-`ArrayRecordDataSource`: a process reads only the blocks it is asked for, so the loader's
-(seed, step) order and exact resume are the in-job path's. Shards in a bucket are copied
-once per host to local disk (the user cache, under the fingerprint) and read from there:
-never held in memory.
+Reading (`load`) is random access by global block index: a process reads only the blocks
+it is asked for (its rows of each batch), so the loader's (seed, step) order and exact
+resume are the in-job path's. From a bucket, a host never copies a set: the blocks a
+batch needs are fetched with ranged reads, many at once, and kept in a local cache of
+sparse files (the user cache, under the fingerprint) bounded by `data.prepared_cache_gb`:
+past the bound the least recently used shards' copies are dropped. A cached block is
+trusted only if it passes its checksum (a hole reads as zeros, which never do).
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import pathlib
+import threading
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
-from absl import logging
 
 from maelm_jax import errors, layout, paths, user_cache
 from maelm_jax.data import packing
 
-FORMAT = "maelm_jax.blocks/2"
-# Formats this code reads: /1 (shards without sizes and digests in the manifest) and /2.
-READABLE = ("maelm_jax.blocks/1", FORMAT)
+FORMAT = "maelm_jax.blocks/3"
+# What earlier versions wrote (ArrayRecord shards): refused with what to do.
+FORMERLY = ("maelm_jax.blocks/1", "maelm_jax.blocks/2")
 # A prepared set of at most this many bytes is hashed whole before training (about a
 # second per GB); a larger one is checked by size up front, its records as they are read.
 DIGEST_UP_FRONT_BYTES = 2**30
 SPLITS = ("train", "valid")
 # Records of a shard: 2**16 blocks of 512 int32 tokens is 128 MB.
 BLOCKS_PER_SHARD = 65536
+SUFFIX = ".blocks"
 
 
 class PreparedDataError(errors.UserError):
@@ -59,20 +68,27 @@ class PreparedDataError(errors.UserError):
 
 
 def shard_name(split: str, source: str, index: int, count: int) -> str:
-    return f"{split}_{source}-{index:05d}-of-{count:05d}.array_record"
+    return f"{split}_{source}-{index:05d}-of-{count:05d}{SUFFIX}"
+
+
+def record_dtype(seq_len: int, dtype: str | np.dtype) -> np.dtype:
+    """One block's record: its tokens, little-endian, then their CRC-32."""
+    return np.dtype([("tokens", np.dtype(dtype).newbyteorder("<"), (seq_len,)),
+                     ("crc", "<u4")])
+
+
+def _checksums(tokens: np.ndarray) -> np.ndarray:
+    """The CRC-32 of each row's little-endian bytes: [n] uint32."""
+    rows = np.ascontiguousarray(tokens)
+    return np.fromiter((zlib.crc32(row.tobytes()) for row in rows), np.uint32, len(rows))
 
 
 def write_shard(path: pathlib.Path, blocks: np.ndarray) -> None:
-    """One local shard file: a record per block [L], in order (group_size 1: random access
-    by record)."""
-    from array_record.python import array_record_module
-
-    writer = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-    try:
-        for block in blocks:
-            writer.write(block.tobytes())
-    finally:
-        writer.close()
+    """One local shard file: a record per block [L] (tokens and their CRC-32), in order."""
+    records = np.empty(len(blocks), record_dtype(blocks.shape[1], blocks.dtype))
+    records["tokens"] = blocks
+    records["crc"] = _checksums(records["tokens"])
+    records.tofile(path)
 
 
 def read_manifest(directory: paths.Path) -> dict:
@@ -86,10 +102,14 @@ def read_manifest(directory: paths.Path) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PreparedDataError(f"config.data.prepared: {path} is not valid JSON ({e}); "
                                 "prepare again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") not in READABLE:
-        found = manifest.get("format") if isinstance(manifest, dict) else None
+    found = manifest.get("format") if isinstance(manifest, dict) else None
+    if found in FORMERLY:
+        raise PreparedDataError(f"config.data.prepared: {path} is format {found!r} "
+                                f"(ArrayRecord shards), which this version no longer reads; "
+                                f"prepare the corpus again (format {FORMAT!r})")
+    if found != FORMAT:
         raise PreparedDataError(f"config.data.prepared: {path} is format {found!r}, "
-                                f"expected one of {', '.join(READABLE)}")
+                                f"expected {FORMAT!r}")
     return manifest
 
 
@@ -150,10 +170,6 @@ def verify_shards(directory: paths.Path, manifest: dict, digests: bool | None = 
     `digests` (default: when they fit DIGEST_UP_FRONT_BYTES, for a local directory) its
     recorded SHA-256; else PreparedDataError naming the file."""
     entries = _entries(manifest)
-    if not all("bytes" in s for s in entries):
-        logging.warning("config.data.prepared: %s was prepared before shards had sizes and "
-                        "digests in the manifest; they are checked as they are read", directory)
-        return
     for s in entries:
         path = directory / s["file"]
         size = _size(path)
@@ -174,82 +190,142 @@ def verify_shards(directory: paths.Path, manifest: dict, digests: bool | None = 
                                     "prepare again")
 
 
+class BlockCache:
+    """Local sparse copies of shards that live in a bucket, holding the blocks read so far,
+    bounded by `limit_bytes` of disk: past it, the least recently used shards' copies are
+    dropped whole. A block in a copy counts only if it passes its checksum, so a copy
+    needs no index of what it holds, and one damaged on disk is fetched again."""
+
+    def __init__(self, root: pathlib.Path, limit_bytes: int):
+        self.root, self.limit = root, int(limit_bytes)
+        self._maps: collections.OrderedDict[str, np.memmap] = collections.OrderedDict()
+
+    def _copy(self, name: str, size: int, rec: np.dtype) -> np.memmap:
+        if name not in self._maps:
+            self.root.mkdir(parents=True, exist_ok=True)
+            path = self.root / name
+            with open(path, "ab") as f:  # a sparse file of the shard's size: holes read as 0
+                if f.tell() != size:
+                    f.truncate(size)
+            self._maps[name] = np.memmap(path, rec, "r+")
+        self._maps.move_to_end(name)
+        return self._maps[name]
+
+    def records(self, name: str, size: int, rec: np.dtype, keys: np.ndarray,
+                fetch) -> np.ndarray:
+        """The records `keys` of shard `name` (`size` bytes of `rec`), those the copy lacks
+        fetched by `fetch(keys) -> records` and kept."""
+        copy = self._copy(name, size, rec)
+        got = copy[keys]
+        missing = got["crc"] != _checksums(got["tokens"])
+        if missing.any():
+            fetched = fetch(keys[missing])
+            got[missing] = fetched
+            copy[keys[missing]] = fetched
+            self._bound()
+        return got
+
+    def _bound(self) -> None:
+        """Drops the least recently used copies while the copies exceed the limit."""
+        used = {name: os.stat(self.root / name).st_blocks * 512 for name in self._maps}
+        while sum(used.values()) > self.limit and len(self._maps) > 1:
+            name, copy = self._maps.popitem(last=False)
+            del copy
+            (self.root / name).unlink(missing_ok=True)
+            used.pop(name)
+
+
 class ShardedBlocks:
     """[N, L] blocks of one source and split, read from its shards on demand: len(),
     .shape, and indexing by an int, a slice or an index array, as the loader uses a numpy
-    array."""
+    array. Local shards are memory-mapped; shards in a bucket are read by ranges, through
+    `cache` when given."""
+
+    # Local shards memory-mapped at once (each mapping holds a file descriptor).
+    OPEN_LOCAL = 64
 
     def __init__(self, files: Sequence[str], counts: Sequence[int], seq_len: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype, cache: BlockCache | None = None):
         self.shape = (int(sum(counts)), seq_len)
         self.dtype = np.dtype(dtype)
+        self._rec = record_dtype(seq_len, dtype)
         self._files = list(files)
+        self._counts = list(counts)
         self._ends = np.cumsum(counts)  # the first block index after each file's
-        self._source = None  # opened lazily: nothing is read until a block is asked for
+        self._cache = cache
+        self._local: collections.OrderedDict[str, np.memmap] = collections.OrderedDict()
+        self._lock = threading.Lock()  # the loader's thread and evaluation read at once
 
     def __len__(self) -> int:
         return self.shape[0]
 
-    def _records(self):
-        if self._source is None:
-            import grain
+    def _mapped(self, file: str) -> np.memmap:
+        if file not in self._local:
+            self._local[file] = np.memmap(file, self._rec, "r")
+            while len(self._local) > self.OPEN_LOCAL:
+                self._local.popitem(last=False)
+        self._local.move_to_end(file)
+        return self._local[file]
 
-            self._source = grain.sources.ArrayRecordDataSource(self._files)
-        return self._source
+    def _fetch(self, file: str, keys: np.ndarray) -> np.ndarray:
+        """Records `keys` (sorted) of a shard in a bucket, by ranged reads (one per run of
+        consecutive blocks), all at once."""
+        size = self._rec.itemsize
+        runs = np.split(keys, np.flatnonzero(np.diff(keys) != 1) + 1)
+        pieces = paths.read_ranges(file, [int(r[0]) * size for r in runs],
+                                   [(int(r[-1]) + 1) * size for r in runs])
+        return np.frombuffer(b"".join(pieces), self._rec)
 
-    def _decode(self, records) -> np.ndarray:
-        return np.frombuffer(b"".join(records), self.dtype).reshape(len(records), -1)
+    def _records(self, number: int, keys: np.ndarray) -> np.ndarray:
+        file = self._files[number]
+        if paths.is_local(file):
+            return np.asarray(self._mapped(file)[keys])
+        if self._cache is None:
+            return self._fetch(file, keys)
+        return self._cache.records(pathlib.PurePosixPath(file).name,
+                                   self._counts[number] * self._rec.itemsize, self._rec, keys,
+                                   lambda wanted: self._fetch(file, wanted))
 
-    def _read(self, keys: list[int]) -> list[bytes]:
-        """The records of `keys`; a damaged record group is one line naming its file."""
-        try:
-            return list(self._records().__getitems__(keys))
-        except Exception as e:  # array_record reports damage as RuntimeError, among others
-            for key in keys:  # which block (and so which file) it was
-                try:
-                    self._records()[key]
-                except Exception:  # noqa: BLE001 - this one is the damaged record
-                    file = self._files[int(np.searchsorted(self._ends, key, side="right"))]
-                    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e)
-                    raise PreparedDataError(
-                        f"config.data.prepared: shard {file} is damaged (block {key}: "
-                        f"{reason}); prepare again") from None
-            raise
+    def _read(self, keys: np.ndarray) -> np.ndarray:
+        """The tokens of blocks `keys` [n] -> [n, L], each checked by its CRC-32."""
+        out = np.empty((len(keys), self.shape[1]), self.dtype)
+        numbers = np.searchsorted(self._ends, keys, side="right")
+        for number in np.unique(numbers):
+            where = np.flatnonzero(numbers == number)
+            first = self._ends[number] - self._counts[number]
+            # Each block once, in file order (ranged reads of runs of blocks).
+            local, inverse = np.unique(keys[where] - first, return_inverse=True)
+            with self._lock:
+                records = self._records(int(number), local)
+            damaged = np.flatnonzero(records["crc"] != _checksums(records["tokens"]))
+            if len(damaged):
+                raise PreparedDataError(
+                    f"config.data.prepared: shard {self._files[number]} is damaged (block "
+                    f"{int(local[damaged[0]])} fails its checksum); prepare again")
+            out[where] = records["tokens"][inverse]
+        return out
 
     def __getitem__(self, index):
         if isinstance(index, (int, np.integer)):
             i = int(index) + (len(self) if index < 0 else 0)
             if not 0 <= i < len(self):
                 raise IndexError(f"block {index} of {len(self)}")
-            return self._decode(self._read([i]))[0]
+            return self._read(np.array([i]))[0]
         keys = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index)
-        if len(keys) == 0:
-            return np.zeros((0, self.shape[1]), self.dtype)
-        return self._decode(self._read([int(k) for k in keys]))
+        return self._read(keys.astype(np.int64).reshape(-1))
 
     def __array__(self, dtype=None, copy=None):
         blocks = self[:]
         return blocks if dtype is None else blocks.astype(dtype)
 
 
-def _local_copy(directory: paths.Path, fingerprint: str, names: list[str]) -> pathlib.Path:
-    """The shards of a prepared directory in a bucket, copied once to this host's disk."""
-    local = user_cache.directory("prepared", fingerprint)
-    local.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        target = local / name
-        if not target.exists():
-            partial = local / f".{name}.partial"
-            (directory / name).copy(paths.Path(partial), overwrite=True)
-            os.replace(partial, target)
-    return local
-
-
 def load(directory: str | paths.Path, weights: dict[str, float] | None = None,
-         fingerprint: str | None = None) -> packing.PreparedData:
+         fingerprint: str | None = None,
+         cache_bytes: int = 16 * 2**30) -> packing.PreparedData:
     """The blocks of a prepared directory as `packing.PreparedData` (what in-job
     preparation gives), mixed by `weights` (every source 1.0 when None). `fingerprint`,
-    when given, must be the manifest's (the config's sources, tokenizer and lengths)."""
+    when given, must be the manifest's (the config's sources, tokenizer and lengths).
+    `cache_bytes`: the bound of this host's cache of a bucket's blocks (0: none)."""
     directory = paths.Path(directory)
     manifest = read_manifest(directory)
     if fingerprint is not None and manifest["fingerprint"] != fingerprint:
@@ -257,20 +333,16 @@ def load(directory: str | paths.Path, weights: dict[str, float] | None = None,
             f"config.data.prepared: {directory} was prepared from other sources, another "
             f"tokenizer or other lengths (fingerprint {manifest['fingerprint']}, this config "
             f"{fingerprint}); prepare again or use the config it was prepared with")
-    names = [s["file"] for source in manifest["sources"].values()
-             for split in SPLITS for s in source[split]["shards"]]
-    root = (pathlib.Path(directory) if paths.is_local(directory)
-            else _local_copy(directory, manifest["fingerprint"], names))
-    if not paths.is_local(directory):  # the copies on this host, whole
-        verify_shards(paths.Path(root), manifest)
+    cache = (BlockCache(user_cache.directory("prepared", manifest["fingerprint"]), cache_bytes)
+             if paths.is_uri(directory) and cache_bytes > 0 else None)
     dtype, seq_len = np.dtype(manifest["dtype"]), manifest["seq_len"]
 
     def split(name: str) -> dict[str, ShardedBlocks | np.ndarray]:
         out = {}
         for source, entry in manifest["sources"].items():
             shards = entry[name]["shards"]
-            out[source] = (ShardedBlocks([str(root / s["file"]) for s in shards],
-                                         [s["blocks"] for s in shards], seq_len, dtype)
+            out[source] = (ShardedBlocks([os.fspath(directory / s["file"]) for s in shards],
+                                         [s["blocks"] for s in shards], seq_len, dtype, cache)
                            if shards else np.zeros((0, seq_len), dtype))
         return out
 

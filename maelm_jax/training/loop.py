@@ -77,7 +77,8 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
                     paths.make_dirs(workdir)
                     pipeline.prepared_tokenizer(config, workdir)
         tok = pipeline.prepared_tokenizer(config, workdir)
-        return tok, shards.load(config.data.prepared, pipeline.source_weights(config))
+        return tok, shards.load(config.data.prepared, pipeline.source_weights(config),
+                                cache_bytes=int(config.data.prepared_cache_gb * 2**30))
     with distributed.as_one("prepared data"):
         if jax.process_index() == 0:
             workdir_lib.check_compatible(config, workdir, allow_config_change)

@@ -26,6 +26,7 @@ _RESUMABLE_CHANGES = (
     "train.keep_checkpoints",
     "train.nonfinite",
     "data.prefetch",
+    "data.prepared_cache_gb",
     "data.cache_dir",
     "data.encoding_errors",
     "mesh",

@@ -1,5 +1,5 @@
 """Mode "prepare": the Apache Beam pipeline writes exactly the blocks in-job preparation
-cuts, as ArrayRecord shards; training reads them by global index (each process its own
+cuts, as block shards; training reads them by global index (each process its own
 rows), resumes exactly, and reads them from a bucket."""
 
 import gzip
@@ -197,7 +197,7 @@ def _free_port() -> int:
 
 def test_shards_in_a_bucket(prepared, tmp_path, tiny_tokenizer):
     """Prepared into a bucket (the in-process runner: the fake bucket lives in this
-    process), then read from it: the same blocks, via a local copy."""
+    process), then read from it: the same blocks, by ranged reads."""
     root, c, _, in_job = prepared
     c = c.copy_and_resolve_references()
     c.prepare.num_workers = 1
@@ -277,10 +277,10 @@ def test_shards_that_do_not_fit_the_run_are_one_line(prepared, tmp_path, flag, m
 
 @pytest.mark.parametrize("damage, message", [
     (lambda path: path.write_bytes(path.read_bytes()[:-100]),
-     r"shard \S+-00000-of-\d+.array_record is \d+ bytes, its manifest says \d+"),
-    (lambda path: path.unlink(), r"shard \S+-00000-of-\d+.array_record is missing"),
+     r"shard \S+-00000-of-\d+.blocks is \d+ bytes, its manifest says \d+"),
+    (lambda path: path.unlink(), r"shard \S+-00000-of-\d+.blocks is missing"),
     (lambda path: path.write_bytes(_flipped(path.read_bytes())),
-     r"shard \S+-00000-of-\d+.array_record does not match its SHA-256"),
+     r"shard \S+-00000-of-\d+.blocks does not match its SHA-256"),
 ])
 def test_a_damaged_or_missing_shard_is_found_before_training(prepared, tmp_path, damage,
                                                              message):
@@ -299,8 +299,8 @@ def _flipped(data: bytes) -> bytes:
 
 
 def test_a_damaged_shard_of_a_large_set_is_named_when_read(prepared, tmp_path, monkeypatch):
-    """Too large to hash up front: the damaged record group stops the run with one line
-    naming its file (ArrayRecord's own checksums), not a library traceback."""
+    """Too large to hash up front: the damaged block stops the run with one line naming its
+    file (each block's own CRC-32), not a library traceback."""
     from maelm_jax import errors
 
     root, c, _, _ = prepared
