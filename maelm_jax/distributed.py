@@ -30,19 +30,28 @@ from jax.experimental import multihost_utils
 
 from maelm_jax import errors
 
-# Device files of TPU chips on a Cloud TPU VM: /dev/accel<n> (v2-v4, v5p), VFIO groups
-# /dev/vfio/<n> (v5e, v6e and later).
-TPU_DEVICE_FILES = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
+
+def tpu_chips(root: str = "/") -> int:
+    """TPU chips attached to this host, as JAX's Cloud TPU start-up counts them: PCI
+    devices with Google's vendor id and a TPU's device id (v2 to TPU7x), else the
+    /dev/accel<n> files of v2-v4 and v5p. (A VFIO group, /dev/vfio/<n>, alone is no sign:
+    any host with a passed-through device has one; a v5e or v6e VM shows its chips on the
+    PCI bus.) `root`: where the file system starts (tests)."""
+    from jax._src import hardware_utils
+
+    tpu_ids = getattr(hardware_utils, "_TPU_PCI_DEVICE_IDS", {})
+    count = 0
+    for vendor in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+        device = os.path.join(os.path.dirname(vendor), "device")
+        try:
+            with open(vendor) as v, open(device) as d:
+                count += v.read().strip() == "0x1ae0" and d.read().strip() in tpu_ids
+        except OSError:
+            continue
+    return count or len(glob.glob(os.path.join(root, "dev/accel[0-9]*")))
 
 
-def on_cloud_tpu_vm(device_files: tuple[str, ...] = TPU_DEVICE_FILES) -> bool:
-    """Whether this host is a Cloud TPU VM (a TPU chip's device file is present), on GCE or
-    GKE, in a single- or a multi-host slice."""
-    return any(glob.glob(pattern) for pattern in device_files)
-
-
-def cluster_detected(env: dict | None = None,
-                     device_files: tuple[str, ...] = TPU_DEVICE_FILES) -> str | None:
+def cluster_detected(env: dict | None = None, root: str = "/") -> str | None:
     """The kind of multi-controller environment this process runs in ("slurm", "openmpi",
     "cloud tpu"), whose launcher JAX reads the job's shape from; None for a lone process
     that needs no runtime. Every Cloud TPU VM counts: a slice's hosts learn their peers
@@ -54,7 +63,7 @@ def cluster_detected(env: dict | None = None,
         return "slurm"
     if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
         return "openmpi"
-    if env.get("TPU_WORKER_HOSTNAMES") or on_cloud_tpu_vm(device_files):
+    if env.get("TPU_WORKER_HOSTNAMES") or tpu_chips(root):
         return "cloud tpu"
     return None
 

@@ -71,13 +71,21 @@ def test_a_process_far_behind_the_others_is_waited_for():
 
 # ------------------------------------------------- which jobs join a distributed runtime
 
-def _tpu_files(tmp_path, *names: str) -> tuple[str, ...]:
-    """Device-file patterns like distributed.TPU_DEVICE_FILES under tmp_path, with `names`
-    created there (a stand-in for /dev)."""
-    for name in names:
+def _host(tmp_path, *files: str) -> str:
+    """A stand-in for / holding `files` ("path=content" or an empty "path")."""
+    for spec in files:
+        name, _, content = spec.partition("=")
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).touch()
-    return (str(tmp_path / "accel[0-9]*"), str(tmp_path / "vfio" / "[0-9]*"))
+        (tmp_path / name).write_text(content + "\n" if content else "")
+    return str(tmp_path)
+
+
+_PCI = "sys/bus/pci/devices/0000:00:{slot}.0/{what}"
+
+
+def _pci(slot: int, vendor: str, device: str) -> tuple[str, str]:
+    return (_PCI.format(slot=slot, what="vendor") + f"={vendor}",
+            _PCI.format(slot=slot, what="device") + f"={device}")
 
 
 @pytest.mark.parametrize("env, files, kind", [
@@ -86,14 +94,16 @@ def _tpu_files(tmp_path, *names: str) -> tuple[str, ...]:
     ({"SLURM_NTASKS": "4"}, (), "slurm"),
     ({"OMPI_COMM_WORLD_SIZE": "2"}, (), "openmpi"),
     ({"TPU_WORKER_HOSTNAMES": "t1k-w-0,t1k-w-1"}, (), "cloud tpu"),  # GKE
-    ({}, ("accel0", "accel1"), "cloud tpu"),  # a v4 or v5p VM on GCE
-    ({}, ("vfio/0", "vfio/vfio"), "cloud tpu"),  # a v5e or v6e VM on GCE
-    ({}, ("vfio/vfio",), None),  # VFIO's control file alone: not a TPU
+    ({}, (*_pci(4, "0x1ae0", "0x0063"), *_pci(5, "0x1ae0", "0x0063")), "cloud tpu"),  # v5e
+    ({}, _pci(4, "0x1ae0", "0x006f"), "cloud tpu"),  # v6e
+    ({}, ("dev/accel0", "dev/accel1"), "cloud tpu"),  # a v4 VM's device files
+    ({}, _pci(3, "0x1ae0", "0x0042"), None),  # Google's network card (gVNIC): no TPU
+    ({}, ("dev/vfio/0", "dev/vfio/vfio"), None),  # a VFIO group alone: no TPU
 ])
 def test_every_cloud_tpu_vm_and_cluster_is_detected(tmp_path, env, files, kind):
     from maelm_jax import distributed
 
-    assert distributed.cluster_detected(env, _tpu_files(tmp_path, *files)) == kind
+    assert distributed.cluster_detected(env, _host(tmp_path, *files)) == kind
 
 
 def test_a_tpu_vm_joins_through_jax_own_detection(monkeypatch):
