@@ -63,7 +63,9 @@ def cluster_detected(env: dict | None = None, root: str = "/") -> str | None:
         return "slurm"
     if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
         return "openmpi"
-    if env.get("TPU_WORKER_HOSTNAMES") or tpu_chips(root):
+    # GKE lists a multi-host slice's workers; any Cloud TPU VM shows its chips.
+    if len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1 or \
+            tpu_chips(root):
         return "cloud tpu"
     return None
 

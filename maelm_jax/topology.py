@@ -15,6 +15,7 @@ A topology name is ``<generation>:<chips per axis>``, as Cloud TPU spells slice 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -79,25 +80,37 @@ def parse(name: str, field: str = "--topology") -> Topology:
     return Topology(generation, chips)
 
 
-def _quiet_libtpu() -> None:
-    """On a host without TPUs: JAX's CPU platform alone, and the two facts libtpu asks the
-    (absent) TPU VM's metadata for, so that it prints no pages of warnings. Its topology
-    descriptions need no TPU runtime. A TPU VM keeps its own settings."""
+@contextlib.contextmanager
+def _libtpu_without_a_tpu():
+    """On a host without TPUs: JAX's CPU platform alone, and, while libtpu loads, the
+    facts it would ask the (absent) TPU VM's metadata for, so that it prints no pages of
+    warnings, and leave to share libtpu with other processes (tests compile in several
+    at once; compile-only devices hold no chip). Its topology descriptions need no TPU
+    runtime. The environment is restored afterwards (subprocesses must not inherit a
+    TPU VM's settings); a TPU VM keeps its own."""
     from jax._src import hardware_utils
 
     if hardware_utils.num_available_tpu_chips_and_device_id()[0]:
+        yield
         return
     if jax.config.jax_platforms is None:  # read when JAX's backends first start
         jax.config.update("jax_platforms", "cpu")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    settings = {"TPU_ACCELERATOR_TYPE": "v5litepod-1", "TPU_WORKER_HOSTNAMES": "localhost",
+                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update({k: v for k, v in settings.items() if saved[k] is None})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
 
 
 def devices(name: str, num_slices: int = 1, field: str = "--topology") -> list:
     """The compile-only devices of `num_slices` slices of topology `name`, in the order
     libtpu gives (slice by slice). TopologyError if libtpu is absent or refuses the name."""
     topo = parse(name, field)
-    _quiet_libtpu()
     try:
         import libtpu  # noqa: F401  (only to say what is missing)
     except ImportError:
@@ -107,10 +120,11 @@ def devices(name: str, num_slices: int = 1, field: str = "--topology") -> list:
 
     libtpu_name, chip_config = GENERATIONS[topo.generation]
     try:
-        description = topologies.get_topology_desc(
-            f"{libtpu_name}:{'x'.join(map(str, topo.chips))}", "tpu",
-            chip_config_name=chip_config, chips_per_host_bounds=CHIPS_PER_HOST,
-            num_slices=num_slices, wrap=topo.wrap())
+        with _libtpu_without_a_tpu():
+            description = topologies.get_topology_desc(
+                f"{libtpu_name}:{'x'.join(map(str, topo.chips))}", "tpu",
+                chip_config_name=chip_config, chips_per_host_bounds=CHIPS_PER_HOST,
+                num_slices=num_slices, wrap=topo.wrap())
     except Exception as e:  # libtpu reports an unknown or odd shape as a runtime error
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TopologyError(f"{field}: libtpu does not take {topo.name!r} "

@@ -94,6 +94,7 @@ def _pci(slot: int, vendor: str, device: str) -> tuple[str, str]:
     ({"SLURM_NTASKS": "4"}, (), "slurm"),
     ({"OMPI_COMM_WORLD_SIZE": "2"}, (), "openmpi"),
     ({"TPU_WORKER_HOSTNAMES": "t1k-w-0,t1k-w-1"}, (), "cloud tpu"),  # GKE
+    ({"TPU_WORKER_HOSTNAMES": "localhost"}, (), None),  # one name, no chip: not a TPU VM
     ({}, (*_pci(4, "0x1ae0", "0x0063"), *_pci(5, "0x1ae0", "0x0063")), "cloud tpu"),  # v5e
     ({}, _pci(4, "0x1ae0", "0x006f"), "cloud tpu"),  # v6e
     ({}, ("dev/accel0", "dev/accel1"), "cloud tpu"),  # a v4 VM's device files

@@ -272,7 +272,8 @@ def test_a_finetuned_workdir_reads_its_own_dev_set(tiny_run, tmp_path):
     (dict(source={"kind": "squad", "path": "x.json", "split": "dev"}),
      "config.source.split: unknown field for a 'squad' source"),
     (dict(source={"kind": "text"}), "config.source.path: required for a 'text' source"),
-    (dict(batch_size=3, mesh={"shape": (2, 1, 1)}), "config.batch_size: 3 sequences"),
+    (dict(batch_size=3, mesh={"shape": (2, 1, 1), "dcn_shape": (-1, 1, 1)}),
+     "config.batch_size: 3 sequences"),
 ])
 def test_bad_fields_are_named(tmp_path, fields, message):
     c = _config(str(tmp_path))
