@@ -85,8 +85,8 @@ def get_config(arg: str | None = None):
     # tiny preset, so a dry run on a CPU takes the GPU's path.
     f.seeds_per_program = 3
     if preset == "tiny":
-        f.update(max_seq_len=32, max_train_examples=16, num_epochs=1, batch_size=4,
-                 learning_rate=1e-3)
+        f.update(max_seq_len=32, max_train_examples=16, min_train_examples=8, num_epochs=1,
+                 batch_size=4, learning_rate=1e-3)
         c.rank_tokens = 256
         return c
     f.update(max_seq_len=128, max_train_examples=20_000, num_epochs=3, batch_size=32,

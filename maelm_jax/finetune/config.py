@@ -42,6 +42,8 @@ PAPER_SEEDS = (1, 2, 3, 4, 5)
 
 
 INIT_WEIGHTS = ("pretrained", "random")
+# When a run writes resume checkpoints (train.resume_saves).
+RESUME_SAVES = ("evaluations", "stop")
 
 
 def finetune_defaults() -> ml_collections.ConfigDict:
@@ -107,6 +109,11 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # Padded lengths: a batch is padded to the smallest bucket that holds its longest
     # sequence, so XLA compiles at most one train and one eval step per bucket.
     c.data.buckets = (64, 128, 256, 512)
+    # True: train and dev batches all padded to one length, the smallest bucket that holds
+    # the task's longest train or dev text (one program per step kind; for short runs on
+    # an accelerator, where compiling costs more than the padding). Longer test texts
+    # still take the larger buckets.
+    c.data.one_bucket = False
     c.data.max_train_examples = 0  # 0 = all; else the first N (quick experiments)
     c.data.max_eval_examples = 0
 
@@ -133,6 +140,10 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # last and every checkpoint_every steps (0: at evaluations only), so a run killed
     # part-way continues from the latest; they are deleted when the run finishes.
     c.train.checkpoint_every = 1000
+    # When resume checkpoints are written: "evaluations" (as above, and on a stop
+    # request) or "stop" (only on a stop request: SIGTERM, the time limit), for runs so
+    # short that saving costs more than running again would (the study's).
+    c.train.resume_saves = "evaluations"
     # A non-finite loss or gradient: its update is dropped, then "stop" (the run ends with
     # one line naming the step; the resume checkpoints stay) or "skip" (counted, logged).
     c.train.nonfinite = "stop"
@@ -222,6 +233,8 @@ COMMON_FIELDS: dict[str, schema.Field] = {
     "train.evals_per_epoch": schema.integer(1),
     "train.select": schema.choice(*SELECT),
     "train.checkpoint_every": schema.integer(0),
+    "train.resume_saves": schema.choice(*RESUME_SAVES),
+    "data.one_bucket": schema.boolean(),
     "train.nonfinite": schema.choice("stop", "skip"),
     **schema.mesh_fields(),
     "fast_compile": schema.boolean(),

@@ -72,6 +72,13 @@ def buckets_for(max_len: int, buckets: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({b for b in buckets if b < max_len} | {max_len}))
 
 
+def one_bucket(buckets: Sequence[int], longest: int) -> tuple[int, ...]:
+    """`buckets` from the smallest that holds `longest` tokens on: batches of texts up to
+    `longest` all take that one."""
+    first = bucket_length(longest, buckets)
+    return tuple(b for b in buckets if b >= first)
+
+
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
     for b in buckets:
         if length <= b:

@@ -4,7 +4,10 @@ as training/setup.py builds pretraining's.
 The run (finetune/train.py), the lowering tests and the analyses build what they run
 here, so the step they check is the step the run takes: the encoder plus the task's head,
 AdamW with warmup and linear decay over the run's steps, the state laid out on the mesh
-as pretraining's is, and the train and eval steps compiled once per bucket length.
+as pretraining's is, and the train and eval steps compiled once per bucket length. The
+learning-rate schedule is data in the state (its peak, warmup and length), not part of
+the program, so every task, learning rate and length on one encoder, head and bucket
+shares one compiled step (JAX's compilation cache finds it again across runs).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class FinetuneState:
     step: jax.Array  # int32 scalar
     params: Any  # {"encoder": ..., "head": ...}
     opt_state: Any
+    # The learning-rate schedule as data, [peak, warmup steps, total steps] float32
+    # (optimizer.learning_rate_at): one compiled step serves every task's and setting's.
+    schedule: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +49,7 @@ class Trainer:
     mesh: Mesh
     rules: tuple  # logical axis -> mesh axis rules
     model: nn.Module  # encoder + the task's head
-    tx: optax.GradientTransformation
-    schedule: optax.Schedule
+    tx: optax.GradientTransformation  # its update takes the step's learning_rate
     # init(encoder_params or None), the abstract state and its shardings (state_setup).
     state: state_lib.StateSetup
     # train_step(state, batch) -> (state, metrics): the state donated, every array of the
@@ -84,7 +89,8 @@ def optimizer_config(train: ml_collections.ConfigDict, num_steps: int
 
 
 def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, length: int,
-                mesh: Mesh, rules: tuple, compiler_options: dict | None = None
+                mesh: Mesh, rules: tuple, compiler_options: dict | None = None,
+                schedule: tuple[float, float, float] = (0.0, 0.0, 1.0)
                 ) -> state_lib.StateSetup:
     """The fine-tuning state laid out on the mesh as pretraining's is (training/state.py):
     parameters by their logical axes, Adam's moments like their parameters, the step
@@ -93,18 +99,23 @@ def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, l
 
     `init(encoder_params)`: fresh parameters from `seed` (the head's; the encoder's too
     when `encoder_params` is None), the encoder's replaced by `encoder_params` (numpy, as
-    runs.load_pretrained gives them) when given. `length` is any sequence length the
-    model accepts (the parameters do not depend on it).
+    runs.load_pretrained gives them) when given, and the learning-rate `schedule`
+    (optimizer.schedule_values). `length` is any sequence length the model accepts (the
+    parameters do not depend on it).
     """
     tokens = jnp.zeros((1, length), jnp.int32)
     key_mask = jnp.ones((1, length), bool)
     fresh = state_lib.build(
         lambda: model.init(jax.random.PRNGKey(seed), tokens, key_mask)["params"], mesh, rules,
-        make_state=lambda params: FinetuneState(jnp.int32(0), params, tx.init(params)), tx=tx,
-        compiler_options=compiler_options)
+        make_state=lambda params: FinetuneState(jnp.int32(0), params, tx.init(params),
+                                                jnp.zeros(3, jnp.float32)),
+        tx=tx, compiler_options=compiler_options)
+    # Put in after the initialisation, which then compiles once for every schedule.
+    values = np.asarray(schedule, np.float32)
 
     def init(encoder_params: Any) -> FinetuneState:
         state = fresh.init()
+        state = state.replace(schedule=jax.device_put(values, fresh.shardings.schedule))
         if encoder_params is None:
             return state
         # Adam's moments start at zero whatever the parameters' values, so swapping the
@@ -117,7 +128,9 @@ def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, l
 
 def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
                         seeds: tuple[int, ...], length: int, mesh: Mesh, rules: tuple,
-                        compiler_options: dict | None = None) -> state_lib.StateSetup:
+                        compiler_options: dict | None = None,
+                        schedule: tuple[float, float, float] = (0.0, 0.0, 1.0)
+                        ) -> state_lib.StateSetup:
     """The state of a seed group (seed_group.py): state_setup's with a leading axis of
     len(seeds) runs on every leaf, whole on every device (each device holds its shards of
     every run, as it would of one).
@@ -126,7 +139,7 @@ def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
     (the same draws: the seed is a traced int32 under vmap, which draws the same bits),
     the encoder's replaced by `encoder_params` in every run when given.
     """
-    solo = state_setup(model, tx, seeds[0], length, mesh, rules, compiler_options)
+    solo = state_setup(model, tx, seeds[0], length, mesh, rules, compiler_options, schedule)
     is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731 (a tuple: not a leaf)
     logical_specs = jax.tree.map(lambda spec: PartitionSpec(None, *spec), solo.logical_specs,
                                  is_leaf=is_spec)
@@ -139,16 +152,19 @@ def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
 
     def fresh(seed: jax.Array) -> FinetuneState:
         params = nn.meta.unbox(model.init(jax.random.PRNGKey(seed), tokens, key_mask)["params"])
-        return FinetuneState(jnp.int32(0), params, tx.init(params))
+        return FinetuneState(jnp.int32(0), params, tx.init(params), jnp.zeros(3, jnp.float32))
 
     # The seeds are constants of the program: a process-local array argument would not do
     # on a mesh spanning several processes.
     jitted = jax.jit(lambda: jax.vmap(fresh)(jnp.asarray(seeds, jnp.int32)),
                      out_shardings=shardings, compiler_options=compiler_options)
 
+    values = np.broadcast_to(np.asarray(schedule, np.float32), (len(seeds), 3))
+
     def init(encoder_params: Any) -> FinetuneState:
         with sharding.activate(mesh, rules):
             state = jitted()
+        state = state.replace(schedule=jax.device_put(values, shardings.schedule))
         if encoder_params is None:
             return state
         runs = jax.tree.map(lambda x: np.broadcast_to(x, (len(seeds), *np.shape(x))),
@@ -159,8 +175,8 @@ def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
     return state_lib.StateSetup(init, abstract, shardings, logical_specs)
 
 
-def make_seeded_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
-                           schedule: optax.Schedule) -> Callable:
+def make_seeded_train_step(model: nn.Module, task, tx: optax.GradientTransformation
+                           ) -> Callable:
     """train_step(state, batch, seed) -> (state, metrics): the step of the run with `seed`
     (a Python int, or an int32 scalar when a seed group vmaps it over its seeds: the
     dropout bits are the same either way)."""
@@ -175,9 +191,10 @@ def make_seeded_train_step(model: nn.Module, task, tx: optax.GradientTransformat
         # Dropout depends on (seed, step) only.
         dropout_key = jax.random.fold_in(jax.random.PRNGKey(seed), state.step)
         loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, dropout_key)
+        learning_rate = optimizer_lib.learning_rate_at(state.step, state.schedule)
         params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
-            tx, grads, state.opt_state, state.params, loss)
-        metrics = {"loss": loss, "grad_norm": grad_norm, "learning_rate": schedule(state.step),
+            tx, grads, state.opt_state, state.params, loss, learning_rate=learning_rate)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "learning_rate": learning_rate,
                    "nonfinite": nonfinite}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
@@ -185,9 +202,9 @@ def make_seeded_train_step(model: nn.Module, task, tx: optax.GradientTransformat
 
 
 def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, seed: int) -> Callable:
+                    seed: int) -> Callable:
     """train_step(state, batch) -> (state, metrics); batch as `data.Batch.arrays()`."""
-    seeded = make_seeded_train_step(model, task, tx, schedule)
+    seeded = make_seeded_train_step(model, task, tx)
     return lambda state, batch: seeded(state, batch, seed)
 
 
@@ -237,20 +254,24 @@ def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderCon
                                                              config.mesh.dcn_shape)
     rules = sharding.rules_from_config(config.sharding_rules)
     model = task.model(encoder_cfg)
-    tx, schedule = optimizer_lib.make_optimizer(optimizer_config(config.train, num_steps))
+    optimizer = optimizer_config(config.train, num_steps)
+    # The schedule is data in the state: programs differ only by shapes and the model.
+    tx, _ = optimizer_lib.make_optimizer(optimizer, runtime_learning_rate=True)
+    schedule = optimizer_lib.schedule_values(optimizer)
     options = {"xla_backend_optimization_level": 0} if config.fast_compile else None
     eval_one = make_eval_step(model, task)
     if seeds is None:
-        setup = state_setup(model, tx, config.seed, length, mesh, rules, options)
+        setup = state_setup(model, tx, config.seed, length, mesh, rules, options, schedule)
         train_step = steps.jit_train_step(
-            make_train_step(model, task, tx, schedule, config.seed), setup, mesh, options)
+            make_train_step(model, task, tx, config.seed), setup, mesh, options)
         eval_step = steps.jit_eval_step(eval_one, setup, mesh, options)
     else:
-        setup = stacked_state_setup(model, tx, tuple(seeds), length, mesh, rules, options)
+        setup = stacked_state_setup(model, tx, tuple(seeds), length, mesh, rules, options,
+                                    schedule)
         train_step = steps.jit_train_step(
-            stacked_train_step(make_seeded_train_step(model, task, tx, schedule), tuple(seeds)),
+            stacked_train_step(make_seeded_train_step(model, task, tx), tuple(seeds)),
             setup, mesh, options, sharding.stacked_batch_sharding(mesh))
         # One eval batch for every run: only the parameters carry the runs axis.
         eval_step = steps.jit_eval_step(jax.vmap(eval_one, in_axes=(0, None)), setup, mesh,
                                         options)
-    return Trainer(mesh, rules, model, tx, schedule, setup, train_step, eval_step)
+    return Trainer(mesh, rules, model, tx, setup, train_step, eval_step)

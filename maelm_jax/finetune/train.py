@@ -179,7 +179,10 @@ class FineTuning:
         return step in self.eval_at
 
     def checkpoint_due(self, step: int) -> bool:
-        # Not at the last step: the results follow at once, nothing to resume from.
+        # Not at the last step: the results follow at once, nothing to resume from. A stop
+        # request saves whatever this says.
+        if self.t.resume_saves == "stop":
+            return False
         return step != self.num_steps and (step in self.eval_at or bool(
             self.t.checkpoint_every and step % self.t.checkpoint_every == 0))
 
@@ -239,6 +242,9 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str) -> Prepared:
     if len(task.train) == 0:
         raise config_lib.FinetuneConfigError(f"config.data: {task.name} has no usable training "
                                              f"example")
+    if config.data.one_bucket:
+        buckets = data.one_bucket(buckets, max(
+            len(s) for split in (task.train, *task.eval_splits()) for s in split.sequences))
     # Process 0 decides and prepares the workdir; the others wait, so none reads it half
     # cleared.
     resume = False

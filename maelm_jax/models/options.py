@@ -151,6 +151,21 @@ class KernelOptions:
         """What a self-attention length must be a multiple of."""
         return math.lcm(self.query_multiple, self.key_multiple)
 
+    def fitted(self, length: int) -> KernelOptions:
+        """These options for a self-attention of `length`, padded no further than a tile
+        needs: every block shrunk to the power of two (>= 16, <= the configured block)
+        whose multiple nearest above `length` is smallest, the largest such block on ties.
+        MAE-LM's 109 kept tokens of 128 pad to 112 (blocks of 16) instead of 128; 3ML's
+        87 to 96 (32); BERT-base's 435 to 448 (64, as configured)."""
+        largest = max(self.length_multiple, 16)
+        candidates = [b for b in (2 ** i for i in range(4, largest.bit_length()))
+                      if b <= largest]
+        block = min(candidates, key=lambda b: (-(-length // b) * b, -b))
+        shrink = lambda t: dataclasses.replace(  # noqa: E731
+            t, block_q=min(t.block_q, block), block_k=min(t.block_k, block))
+        return dataclasses.replace(self, forward=shrink(self.forward), dkv=shrink(self.dkv),
+                                   dq=shrink(self.dq))
+
     def fields(self) -> dict[str, Any]:
         """The options as config fields (model.pallas.*): tiles as strings."""
         return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Tile) else v)

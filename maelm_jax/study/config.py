@@ -38,6 +38,9 @@ def study_defaults() -> ml_collections.ConfigDict:
     c.finetune = ml_collections.ConfigDict()
     c.finetune.max_seq_len = 128
     c.finetune.max_train_examples = 2000  # per task (0 = all): SST-2 alone has 67K
+    # A task with fewer training examples is left out (with a warning): a sample that
+    # small says nothing and costs a program of its own.
+    c.finetune.min_train_examples = 100
     c.finetune.num_epochs = 3
     c.finetune.batch_size = 32
     c.finetune.learning_rate = 1e-3
@@ -85,6 +88,7 @@ FIELDS: dict[str, schema.Field] = {
     "seeds": schema.sequence_of(schema.integer(0), min_len=1),
     "finetune.max_seq_len": schema.integer(8),
     "finetune.max_train_examples": schema.integer(0),
+    "finetune.min_train_examples": schema.integer(0),
     "finetune.num_epochs": schema.integer(1),
     "finetune.batch_size": schema.integer(1),
     "finetune.learning_rate": schema.number(0.0, low_open=True),

@@ -84,16 +84,25 @@ def _rank(config, names: list[str], pretrained: dict, out: paths.Path) -> dict:
 
 
 def _glue_tasks(config) -> list[str]:
+    """The study's tasks (in config.tasks' order) that the GLUE directory holds with at
+    least config.finetune.min_train_examples training examples; the others with a
+    warning."""
     if not config.glue_dir:
         return []
-    tasks = config_lib.names(config.tasks)
-    found = [t for t in tasks
-             if glue.split_available(glue.get_task(config_lib.GLUE_TASKS[t]), "train",
-                                     source="files", data_dir=config.glue_dir)]
-    for task in tasks:
-        if task not in found:
-            logging.warning("study: %s has no training data in %s, skipped", task,
+    found = []
+    for name in config_lib.names(config.tasks):
+        task = glue.get_task(config_lib.GLUE_TASKS[name])
+        if not glue.split_available(task, "train", source="files", data_dir=config.glue_dir):
+            logging.warning("study: %s has no training data in %s, skipped", name,
                             config.glue_dir)
+            continue
+        rows = len(glue.read_tsv(config.glue_dir, task, "train"))
+        if rows < config.finetune.min_train_examples:
+            logging.warning("study: %s has %d training examples in %s, fewer than "
+                            "config.finetune.min_train_examples=%d, skipped", name, rows,
+                            config.glue_dir, config.finetune.min_train_examples)
+            continue
+        found.append(name)
     return found
 
 

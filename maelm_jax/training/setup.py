@@ -79,8 +79,10 @@ def encoder_config(config: ml_collections.ConfigDict,
     dtype = layers.resolve_dtype(m.dtype)
     try:
         stacks = [m, *config_lib.objective(config).attention_stacks(config)]
+        length = config_lib.mask_counts(config).n_enc  # the encoder's, in pretraining
     except config_lib.ConfigError:  # a recorded run's objective this process lacks: the
         stacks = [m]  # encoder alone is what is rebuilt from it (fine-tuning, analyses)
+        length = config.data.seq_len
     attention_impl = layers.resolve_attention_impl(
         m.attention_impl, dtype,
         attention_dropout=max(s.attention_dropout for s in stacks),
@@ -100,7 +102,8 @@ def encoder_config(config: ml_collections.ConfigDict,
         attention_dropout=m.attention_dropout,
         activation_dropout=m.activation_dropout,
         attention_impl=attention_impl,
-        pallas=config_lib.kernel_options(config),
+        # The kernel's tiles shrunk to pad the encoder's kept tokens the least.
+        pallas=config_lib.kernel_options(config).fitted(length),
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
     )

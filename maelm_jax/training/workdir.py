@@ -23,6 +23,7 @@ _RESUMABLE_CHANGES = (
     "train.eval_every",
     "train.eval_batches",
     "train.checkpoint_every",
+    "train.resume_saves",
     "train.keep_checkpoints",
     "train.nonfinite",
     "data.prefetch",

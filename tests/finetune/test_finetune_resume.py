@@ -76,14 +76,19 @@ RUN = {"train.num_epochs": 2, "train.evals_per_epoch": 2, "train.log_every": 4,
 SCORES = [80.0, 60.0, 70.0, 65.0]
 
 
-@pytest.mark.parametrize("select, how, at, saved", [
-    ("best", "raise", 9, [3, 6]),  # resumes at 6; the best (step 3) params from the checkpoint
-    ("final", "sigterm", 7, [6, 7]),  # SIGTERM during step 7 saves step 7 and stops
+@pytest.mark.parametrize("select, how, at, saved, saves", [
+    # resumes at 6; the best (step 3) params from the checkpoint
+    ("best", "raise", 9, [3, 6], "evaluations"),
+    ("final", "sigterm", 7, [6, 7], "evaluations"),  # SIGTERM during step 7 saves step 7
+    # Saves only on a stop request: SIGTERM during step 7 saves step 7 alone, with the
+    # best (step 3) params.
+    ("best", "sigterm", 7, [7], "stop"),
 ])
 def test_an_interrupted_run_resumes_exactly(sst2_settings, tmp_path, monkeypatch, select, how, at,
-                                            saved):
+                                            saved, saves):
     scores = Scripted(monkeypatch, SCORES)
-    c = tiny_finetuning(sst2_settings, **RUN, **{"train.select": select})
+    c = tiny_finetuning(sst2_settings, **RUN, **{"train.select": select,
+                                                 "train.resume_saves": saves})
     train.run(c, str(tmp_path / "whole"))
     whole = _outcome(tmp_path / "whole")
     assert whole[0]["dev"]["step"] == (3 if select == "best" else 12)

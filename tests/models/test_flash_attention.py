@@ -106,7 +106,21 @@ VARIANTS = {
     "4 elements per hash, other tiles": fa.KernelOptions(
         forward=fa.Tile(32, 64), dkv=fa.Tile(16, 32, 2, 3), dq=fa.Tile(64, 16, 8, 1),
         hash_elements=4),
+    # MAE-LM's 109 kept tokens of 128: every block 16 (pretraining's encoder at L 128).
+    "tiles fitted to 109 tokens": fa.KernelOptions().fitted(109),
 }
+
+
+def test_tiles_fit_the_length_with_the_least_padding():
+    """The blocks shrink to the power of two that pads a length least (the largest on
+    ties), never above the configured ones."""
+    padded = {n: -(-n // fa.KernelOptions().fitted(n).length_multiple)
+              * fa.KernelOptions().fitted(n).length_multiple for n in (109, 87, 435, 512, 17)}
+    assert padded == {109: 112, 87: 96, 435: 448, 512: 512, 17: 32}
+    assert fa.KernelOptions().fitted(512) == fa.KernelOptions()
+    wide = fa.KernelOptions(forward=fa.Tile(128, 64, 8, 3))
+    assert wide.fitted(256).forward == fa.Tile(128, 64, 8, 3)  # nothing to shrink
+    assert wide.fitted(109).forward == fa.Tile(16, 16, 8, 3)  # warps and stages kept
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

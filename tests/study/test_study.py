@@ -47,6 +47,7 @@ def _config(tokenizer_path, glue_dir=""):
     c.finetune.max_seq_len = 32
     c.finetune.num_epochs = 1
     c.finetune.batch_size = 4
+    c.finetune.min_train_examples = 12  # the fixture's RTE has 12
     c.rank_tokens = 256
     return c
 
@@ -111,6 +112,18 @@ def test_every_part_holds_only_what_its_kind_writes(study):
     (out / "rank" / "stray.txt").write_text("")
     assert layout.unexpected_entries(out / "rank", "rank") == ["stray.txt"]
     (out / "rank" / "stray.txt").unlink()
+
+
+def test_tasks_too_small_or_absent_are_left_out(tiny_tokenizer, tmp_path, caplog):
+    _write_glue(tmp_path / "glue")
+    c = _config(tiny_tokenizer.model_path, tmp_path / "glue")
+    assert study_run._glue_tasks(c) == ["RTE"]
+    c.finetune.min_train_examples = 13
+    with caplog.at_level("WARNING"):
+        assert study_run._glue_tasks(c) == []
+    assert ("RTE has 12 training examples in " in caplog.text
+            and "fewer than config.finetune.min_train_examples=13, skipped" in caplog.text)
+    assert "MRPC has no training data in" in caplog.text
 
 
 def test_models_differ_only_in_what_defines_them(tiny_tokenizer):

@@ -240,12 +240,11 @@ def test_finetuning_step_compiles_for_a_v5e_8(v5e_8):
     model = heads.SequenceClassifier(encoder, 2, 0.1, "first")
     task = types.SimpleNamespace(loss_sums=lambda outputs, batch: heads.classification_loss_sums(
         outputs, batch["labels"], batch["weights"]))
-    tx, schedule = optax.adamw(1e-5), optax.constant_schedule(1e-5)
+    tx = optax.adamw(1e-5)
     mesh = sharding.make_mesh((2, 4, 1), v5e_8)
     rules = sharding.rules_from_config(sharding.DEFAULT_RULES)
     setup = finetune_setup.state_setup(model, tx, 0, 512, mesh, rules)
-    step = steps.jit_train_step(finetune_setup.make_train_step(model, task, tx, schedule, 0),
-                                setup, mesh)
+    step = steps.jit_train_step(finetune_setup.make_train_step(model, task, tx, 0), setup, mesh)
     layout = sharding.batch_sharding(mesh)
     batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=layout)
              for name, shape, dtype in (("tokens", (32, 512), np.int32),
