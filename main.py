@@ -7,9 +7,10 @@ Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning
 (configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask; the laptop-scale
 study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run, and the merge of
 a study's parts run apart (configs/study/merge.py, `mode = "study_merge"`)
-maelm_jax.study.merge; the export to Hugging Face transformers (configs/export.py,
+maelm_jax.study.merge, and the pooling of a study's calls (configs/study/pool.py, `mode =
+"study_pool"`) maelm_jax.study.pool; the export to Hugging Face transformers (configs/export.py,
 `mode = "export"`) runs maelm_jax.export.run; a pretraining config with
-`--config.mode=prepare` writes its corpus as ArrayRecord shards with Apache Beam
+`--config.mode=prepare` writes its corpus as block shards with Apache Beam
 (maelm_jax.data.prepare) for `--config.data.prepared` of later runs. Each
 mode's entry is picked here, so no module of maelm_jax has to import its caller.
 
@@ -30,6 +31,7 @@ from maelm_jax.export import run as export_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.study import merge as study_merge
+from maelm_jax.study import pool as study_pool
 from maelm_jax.study import run as study_run
 from maelm_jax.training import loop, preemption
 
@@ -126,6 +128,8 @@ def _run_mode(mode: str) -> None:
         study_run.run(FLAGS.config, FLAGS.workdir)
     elif mode == "study_merge":
         study_merge.merge(FLAGS.config, FLAGS.workdir)
+    elif mode == "study_pool":
+        study_pool.pool(FLAGS.config, FLAGS.workdir)
     elif mode == "export":
         export_run.run(FLAGS.config, FLAGS.workdir)
     elif mode == "prepare":

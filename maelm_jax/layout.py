@@ -51,6 +51,9 @@ STUDY_MARKDOWN_FILE = "study.md"
 STUDY_LOSS_PLOT = "loss_curves.png"
 STUDY_GLUE_PLOT = "glue_medians.png"
 STUDY_TIMES_FILE = "study_time.json"  # in each part: its wall seconds, over resumes
+STUDY_SIZING_FILE = "sizing.json"  # the study's plan of pretraining steps (study/sizing.py)
+POOL_JSON_FILE = "pool.json"  # calls of one study design pooled (study/pool.py)
+POOL_MARKDOWN_FILE = "pool.md"
 STUDY_PRETRAIN_DIR = "pretrain"  # <model>/: a pretraining run
 STUDY_RANK_DIR = "rank"  # the rank analysis of every model
 STUDY_FINETUNE_DIR = "finetune"  # <model>/<task>/: a sweep
@@ -82,11 +85,14 @@ KINDS: dict[str, Kind] = {k.mode: k for k in (
     # Reads the pretraining run in --workdir and prints; writes nothing there.
     Kind("fill_mask", ()),
     Kind("study", (CONFIG_FILE, TOKENIZER_FILE, DATA_DIR + "/", STUDY_JSON_FILE,
-                   STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT, STUDY_GLUE_PLOT, RANK_LAYERS_PLOT,
-                   STUDY_PRETRAIN_DIR + "/", STUDY_RANK_DIR + "/", STUDY_FINETUNE_DIR + "/")),
+                   STUDY_SIZING_FILE, STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT, STUDY_GLUE_PLOT,
+                   RANK_LAYERS_PLOT, STUDY_PRETRAIN_DIR + "/", STUDY_RANK_DIR + "/",
+                   STUDY_FINETUNE_DIR + "/")),
     # Parts of one study run apart, merged (study/merge.py): the report and rank/ only.
     Kind("study_merge", (CONFIG_FILE, STUDY_JSON_FILE, STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT,
                          STUDY_GLUE_PLOT, RANK_LAYERS_PLOT, STUDY_RANK_DIR + "/")),
+    # Study calls pooled (study/pool.py): the claims' report only.
+    Kind("study_pool", (CONFIG_FILE, POOL_JSON_FILE, POOL_MARKDOWN_FILE)),
 )}
 
 

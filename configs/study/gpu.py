@@ -1,63 +1,76 @@
 """The study at one-GPU scale: MLM, MAE-LM, 3ML_self and 3ML_cross pretrained alike on real
 Wikipedia, their effective ranks (centred and not), and GLUE against the from-scratch
-control, sized to take about 20 minutes of one H100 in all.
+control.
 
-    python main.py --config=configs/study/gpu.py --workdir=runs/study_gpu \
+    python main.py --config=configs/study/gpu.py:one_call --workdir=runs/study \
+        --time_limit_minutes=9 \
+        --config.pretrain.tokenizer.model_path=runs/study_tokenizer/tokenizer.model \
         --config.pretrain.data.sources.large.path=/data/wiki_large \
         --config.pretrain.data.sources.wiki.path=/data/wiki --config.glue_dir=/data/glue
 
 Two WikiExtractor corpora (`large`: long established articles, `wiki`: newer ones), mixed
-by weight. The GLUE tasks are whichever of SST-2, CoLA, MRPC, STS-B, RTE, QNLI, MNLI and
-QQP the GLUE directory holds, 3 seeds each (medians), at most 20,000 training examples per
-task (SST-2 has 67K), so that 5 encoders x 4 to 8 tasks x 3 seeds of fine-tuning stay in
-minutes: a task's three seeds train as one program (finetune.seeds_per_program, a seed
-group: one step for three runs), and the compilation cache (main.py, on by default)
-compiles each shape once. benchmarks/finetune_seeds.py measures what the group buys.
+by weight. Presets:
 
-The size is a first estimate, to be set from the step time measured on the GPU
-(`benchmarks/step_time.py --config=configs/study/gpu.py:pretrain`): a 6 x 512 encoder
-(8 heads, FFN 2048) on a 16,384-piece BPE of both corpora (about 30M tokens), blocks of
-128, batches of 256, 6,000 steps (197M tokens: about 6 passes over the corpus), so each
-model pretrains in about 2.5 minutes if the step reaches about 1.3M tokens/s in bfloat16.
-The first GPU figures bear that out for MLM, not yet measured on this config: on an H200
-the MLM step at 2 layers of BERT-base width, which does about as many FLOPs per token as
-this one (117M against 126M), ran at 1.45M tokens/s, and MAE-LM and 3ML at 0.83-0.88M
-(docs/performance.md), so those take about 4 minutes each here.
-MAE-LM's decoder keeps the base model's 12:4 depth ratio (2 layers at full width); the
-3ML decoders are 2 layers at half width (3ML Table 4). The model is still small, so the
-quickstart's two aids stay (the relative bias's locality prior and the decoder's own
-relative bias; see docs/plateau.md).
+* `one_call` (the papers' claims (a) and (c) in one command of a lent GPU, about 9 minutes
+  of one H100): the four models and the control; a 6 x 256 encoder (4 heads, FFN 1024) on
+  an 8,192-piece BPE trained beforehand on a CPU and given by path
+  (scripts/study_tokenizer.py), blocks of 128, batches of 256; the rank analysis; SST-2
+  (its first 8,000 examples), STS-B, MRPC and CoLA in that order (a time limit cuts the
+  least informative last), 5 seeds each as one program, texts of up to 64 tokens. The
+  pretraining steps are sized at the start of the command from step times measured there
+  (config.sizing; at most 2,000 per model, about 65M tokens), so the call ends within
+  --time_limit_minutes.
+* `seeds` (claims (b) and (d), one call per pretraining seed: --config.pretrain.seed=N):
+  MLM, MAE-LM and 3ML_self on the same pretraining design, 10 fine-tuning seeds on SST-2
+  and STS-B, no control and no rank analysis; calls pool with `one_call`'s
+  (configs/study/pool.py).
+* `gpu` (the whole study in several leases, a 6 x 512 encoder, every GLUE task found; run
+  in parts and merged, configs/study/merge.py).
 
-Where a machine is held for less than the whole study, run it in parts, a share of the
-models each (`--config.models`, `--config.scratch`), and merge them with
-configs/study/merge.py; benchmarks/gpu_study.sh shows how.
+In `one_call` and `seeds` 3ML_self pretrains 86 % of the others' steps (config.step_scale):
+its step costs 0.87x MLM's FLOPs at 6 x 256, so it trains on 0.75x MLM's FLOPs, the budget
+of the 3ML paper's claim. Option `tiny` (`one_call,tiny`, `seeds,tiny`) shrinks either to
+laptop sizes, for tests and a dry run on a CPU; `gpu.py:tiny` is the `gpu` preset's twin
+and `gpu.py:pretrain` the `gpu` preset's MLM pretraining config (what the benchmarks take).
+benchmarks/gpu_study.sh runs a call on a lent GPU.
 
-`gpu.py:tiny` is the same study with laptop sizes, for tests and a dry run on a CPU.
-`gpu.py:pretrain` is the MLM pretraining config the study's models start from (what the
-benchmarks take).
+The models are still small, so the quickstart's two aids stay (the relative bias's
+locality prior and the decoder's own relative bias; see docs/plateau.md). MAE-LM's decoder
+keeps the base model's 12:4 depth ratio at full width; the 3ML decoders are 2 layers at
+half width (3ML Table 4).
 """
 
 from configs.pretrain import quickstart
 from maelm_jax import variants
 from maelm_jax.study import config as config_lib
 
-PRESETS = ("gpu", "tiny", "pretrain")
+PRESETS = ("gpu", "one_call", "seeds", "tiny", "pretrain")
+OPTIONS = {"size": ("full", "tiny")}
+# The GLUE tasks of the one-call design, the most informative first.
+ONE_CALL_TASKS = ("SST-2", "STS-B", "MRPC", "CoLA")
 
 
-def _pretrain(preset: str):
-    """The shared pretraining config: the corpora, then the size of the preset."""
-    p = quickstart.get_config("maelm")
+def _corpora(p) -> None:
     p.data.sources = {"large": {"kind": "wikiextractor", "path": "", "weight": 1.0},
                       "wiki": {"kind": "wikiextractor", "path": "", "weight": 1.0}}
     p.data.validation_fraction = 0.01
     p.train.fill_mask_examples = 0
+
+
+def _tiny_model(p) -> None:
+    p.tokenizer.vocab_size = 512
+    p.data.seq_len = 32
+    p.model.update(num_layers=2, d_model=32, num_heads=2, d_ff=64, rel_pos_buckets=8,
+                   rel_pos_max_distance=16)
+    p.model.decoder.update(num_layers=1, d_model=32, num_heads=2, d_ff=64, rel_pos_buckets=8)
+
+
+def _pretrain(preset: str):
+    """The shared pretraining config of the `gpu` preset (or its tiny twin)."""
+    p = quickstart.get_config("maelm")
+    _corpora(p)
     if preset == "tiny":
-        p.tokenizer.vocab_size = 512
-        p.data.seq_len = 32
-        p.model.update(num_layers=2, d_model=32, num_heads=2, d_ff=64, rel_pos_buckets=8,
-                       rel_pos_max_distance=16)
-        p.model.decoder.update(num_layers=1, d_model=32, num_heads=2, d_ff=64,
-                               rel_pos_buckets=8)
+        _tiny_model(p)
         p.train.update(batch_size=8, num_steps=4, warmup_steps=1, eval_every=4,
                        checkpoint_every=4, log_every=2)
         return p
@@ -71,11 +84,68 @@ def _pretrain(preset: str):
     return p
 
 
+def _one_call_pretrain(tiny: bool):
+    """The pretraining design `one_call` and `seeds` share (steps at most; sized)."""
+    p = quickstart.get_config("maelm")
+    _corpora(p)
+    if tiny:
+        _tiny_model(p)
+        p.train.update(batch_size=8, num_steps=6, warmup_steps=1, eval_every=6,
+                       checkpoint_every=6, log_every=2, eval_batches=2)
+        return p
+    p.tokenizer.vocab_size = 8192
+    p.tokenizer.max_sentences = 1_000_000
+    p.data.seq_len = 128
+    p.model.update(num_layers=6, d_model=256, num_heads=4, d_ff=1024, scan_layers=True)
+    p.model.decoder.update(num_layers=2, d_model=256, num_heads=4, d_ff=1024)
+    p.train.update(batch_size=256, num_steps=2000, learning_rate=1e-3, warmup_steps=200,
+                   eval_every=2000, eval_batches=16, checkpoint_every=2000, log_every=100)
+    return p
+
+
+def _one_call_design(c, tiny: bool) -> None:
+    """What `one_call` and `seeds` share: pretraining, the fine-tuning recipe, sizing."""
+    c.pretrain = _one_call_pretrain(tiny)
+    c.step_scale = {"3ml_self": 0.86}
+    f = c.finetune
+    f.update(max_seq_len=64, max_train_examples=8000, min_train_examples=500, num_epochs=3,
+             batch_size=32, learning_rate=1e-4, scratch_learning_rate=3e-4, warmup_ratio=0.06)
+    c.sizing.enabled = True
+    c.reserve_seconds = 30.0
+    if tiny:  # a CPU's seconds, no time limit needed
+        f.update(max_seq_len=32, max_train_examples=16, min_train_examples=8, num_epochs=1,
+                 batch_size=4, learning_rate=1e-3, scratch_learning_rate=1e-3)
+        c.sizing.update(budget_seconds=3600.0, step_multiple=2, min_steps=2,
+                        overhead_seconds=20.0, measure_steps=2)
+        c.rank_tokens = 256
+
+
 def get_config(arg: str | None = None):
-    preset, _ = variants.parse(arg, PRESETS, "gpu")
+    preset, options = variants.parse(arg, PRESETS, "gpu", OPTIONS)
+    tiny = options["size"] == "tiny"
+    if tiny and preset not in ("one_call", "seeds"):
+        raise variants.VariantError(f"variant option tiny: for one_call and seeds (the gpu "
+                                    f"preset's twin is gpu.py:tiny), not {preset}")
     if preset == "pretrain":
         return _pretrain("gpu")
     c = config_lib.study_defaults()
+    if preset == "one_call":
+        c.title = "The papers' claims in one GPU call" + (" (tiny)" if tiny else "")
+        _one_call_design(c, tiny)
+        c.tasks = ONE_CALL_TASKS
+        c.seeds = (1, 2, 3, 4, 5)
+        c.finetune.seeds_per_program = 5
+        return c
+    if preset == "seeds":
+        c.title = "More pretraining and fine-tuning seeds" + (" (tiny)" if tiny else "")
+        _one_call_design(c, tiny)
+        c.models = ("mlm", "maelm", "3ml_self")
+        c.scratch = False
+        c.rank = False
+        c.tasks = ("SST-2", "STS-B")
+        c.seeds = tuple(range(1, 11))
+        c.finetune.seeds_per_program = 10
+        return c
     c.title = "One-GPU study" + (" (tiny preset)" if preset == "tiny" else "")
     c.pretrain = _pretrain(preset)
     c.tasks = ("SST-2", "CoLA", "MRPC", "STS-B", "RTE", "QNLI", "MNLI", "QQP")

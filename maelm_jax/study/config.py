@@ -44,12 +44,20 @@ def study_defaults() -> ml_collections.ConfigDict:
     c.finetune.num_epochs = 3
     c.finetune.batch_size = 32
     c.finetune.learning_rate = 1e-3
+    # The from-scratch control's own peak learning rate (0: the models'): random weights
+    # usually want a larger one than pretrained ones.
+    c.finetune.scratch_learning_rate = 0.0
     c.finetune.warmup_ratio = 0.06
     # Seeds of a task trained together as one program (finetune/seed_group.py): 1 runs
     # each alone; on an accelerator a group keeps it busy where one small run does not
     # (benchmarks/finetune_seeds.py measures it).
     c.finetune.seeds_per_program = 1
+    c.rank = True  # the rank analysis of the pretrained models (MAE-LM Fig. 1, Table 3)
     c.rank_tokens = 0  # tokens of held-out text per run (0: 100 x d_model)
+    # Pretraining steps per model as a fraction of config.pretrain.train.num_steps, e.g.
+    # {"3ml_self": 0.86}: 3ML_self at 0.75x MLM's training FLOPs at 6 x 256 (its step
+    # costs 0.87x MLM's); part of the study's design.
+    c.step_scale = ml_collections.ConfigDict()
     # The control: the same encoder fine-tuned from random weights with the same settings,
     # which says whether pretraining helped at all at this scale.
     c.scratch = True
@@ -57,6 +65,20 @@ def study_defaults() -> ml_collections.ConfigDict:
     # rank analysis, a model's fine-tuning on a task) starts only while this much time is
     # left; the study then stops, writes what it has, and the same command continues.
     c.reserve_seconds = 60.0
+    # Sizing the pretraining to the time there is (maelm_jax/study/sizing.py): at the start,
+    # each model's train step and the fine-tuning step are compiled and timed on this
+    # machine, and every model's steps are set (config.pretrain.train.num_steps at most,
+    # step_scale applied) so that the whole study is predicted to end within the time
+    # limit (main.py --time_limit_minutes) or budget_seconds, whichever is less.
+    c.sizing = ml_collections.ConfigDict()
+    c.sizing.enabled = False
+    c.sizing.budget_seconds = 0.0  # 0: the time limit alone
+    c.sizing.measure_steps = 3  # timed steps per program, after one that compiles
+    c.sizing.step_multiple = 50  # the pretraining steps are rounded down to a multiple
+    c.sizing.min_steps = 100  # fewer than this: the study does not fit, one line says so
+    # Seconds the timing model adds for what it does not time: start-up, reading and
+    # packing the corpus, saving, the reports.
+    c.sizing.overhead_seconds = 60.0
     return c
 
 
@@ -92,9 +114,19 @@ FIELDS: dict[str, schema.Field] = {
     "finetune.num_epochs": schema.integer(1),
     "finetune.batch_size": schema.integer(1),
     "finetune.learning_rate": schema.number(0.0, low_open=True),
+    "finetune.scratch_learning_rate": schema.number(0.0),
     "finetune.warmup_ratio": schema.number(0.0, 1.0),
     "finetune.seeds_per_program": schema.integer(1),
+    "rank": schema.boolean(),
     "rank_tokens": schema.integer(0),
+    "step_scale": schema.free_form("model name -> a fraction of the pretraining steps, "
+                                   "in (0, 1]"),
+    "sizing.enabled": schema.boolean(),
+    "sizing.budget_seconds": schema.number(0.0),
+    "sizing.measure_steps": schema.integer(1),
+    "sizing.step_multiple": schema.integer(1),
+    "sizing.min_steps": schema.integer(1),
+    "sizing.overhead_seconds": schema.number(0.0),
     "scratch": schema.boolean(),
     "reserve_seconds": schema.number(0.0),
 }
@@ -140,6 +172,14 @@ MERGE_FIELDS: dict[str, schema.Field] = {
 
 def validate(config: ml_collections.ConfigDict) -> None:
     schema.check(config, FIELDS, study_defaults(), StudyConfigError)
+    for name, scale in config.step_scale.items():
+        if name not in recipes.names():
+            raise StudyConfigError(f"config.step_scale.{name}: not a model; expected names "
+                                   f"among {', '.join(recipes.names())}")
+        if not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                and 0 < scale <= 1):
+            raise StudyConfigError(f"config.step_scale.{name}: expected a number in (0, 1], "
+                                   f"got {scale!r}")
     for name in names(config.models):
         try:
             pretrain_config.validate(model_config(config, name))
@@ -149,7 +189,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 def model_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
-    """The pretraining config of one model of the study."""
+    """The pretraining config of one model of the study (its steps scaled by
+    config.step_scale)."""
     c = recipes.get(name).apply(config.pretrain)
     c.train.fill_mask_examples = 0
+    c.train.num_steps = scaled_steps(config, name, c.train.num_steps)
     return c
+
+
+def scaled_steps(config: ml_collections.ConfigDict, name: str, steps: int) -> int:
+    """`steps` of the study's pretraining for model `name`: times its config.step_scale."""
+    return max(1, round(steps * config.step_scale.get(name, 1.0)))

@@ -16,6 +16,8 @@ raises preemption.TimeLimit. A preempted study (SIGTERM) writes the same and sto
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 
 import jax
@@ -30,7 +32,7 @@ from maelm_jax.data import digests, pipeline
 from maelm_jax.finetune import config as finetune_config_lib
 from maelm_jax.finetune import glue, sweep
 from maelm_jax.study import config as config_lib
-from maelm_jax.study import report
+from maelm_jax.study import report, sizing
 from maelm_jax.training import loop, preemption
 from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib
@@ -123,7 +125,20 @@ def _identity(config, shared: ml_collections.ConfigDict, tok, tasks: list[str]) 
 
 def _machine() -> dict:
     return {"device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-            "jax": jax.__version__}
+            "jax": jax.__version__, "commit": commit()}
+
+
+def commit() -> str:
+    """The project's commit: $MAELM_JAX_COMMIT (a copy of the tree without git history,
+    as on a lent machine, names it there), else git's, else "unknown"."""
+    if os.environ.get("MAELM_JAX_COMMIT"):
+        return os.environ["MAELM_JAX_COMMIT"]
+    try:
+        found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                               cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return found.stdout.strip() if found.returncode == 0 else "unknown"
 
 
 SCRATCH = "scratch"  # the control's name in study.json and under finetune/
@@ -131,9 +146,12 @@ SCRATCH = "scratch"  # the control's name in study.json and under finetune/
 
 def scratch_config(config, task: str, pretrain_workdir: str) -> ml_collections.ConfigDict:
     """The control: the study's encoder, from random weights, fine-tuned alike (the
-    architecture and tokenizer of the pretraining run in `pretrain_workdir`)."""
+    architecture and tokenizer of the pretraining run in `pretrain_workdir`), at its own
+    learning rate when config.finetune.scratch_learning_rate sets one."""
     c = finetune_config(config, task, pretrain_workdir)
     c.init_weights = "random"
+    if config.finetune.scratch_learning_rate:
+        c.grid.learning_rate = (config.finetune.scratch_learning_rate,)
     return c
 
 
@@ -156,6 +174,10 @@ def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigD
     c.grid.seeds_per_program = f.seeds_per_program
     c.predict_test = False
     c.save_checkpoint = False
+    # Runs of minutes: a resume checkpoint only when a stop request asks for one, and one
+    # padded length for every batch (fewer programs to compile).
+    c.train.resume_saves = "stop"
+    c.data.one_bucket = True
     c.mesh.shape = (1, 1, 1)
     return c
 
@@ -173,6 +195,7 @@ def _start(part: str, reserve_seconds: float) -> None:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs (or resumes) the study; returns what study.json holds. Writes the report, of
     what is done so far, also when a time limit or a preemption stops it (and re-raises)."""
+    started = time.perf_counter()
     config_lib.validate(config)
     root = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(root)
@@ -182,7 +205,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     configs = {n: config_lib.model_config(config, n) for n in names}
     tasks = _glue_tasks(config)
     controls = [SCRATCH] if config.scratch and tasks else []
-    parts = ([f"pretrain {n}" for n in names] + ["rank analysis"]
+    parts = ([f"pretrain {n}" for n in names] + (["rank analysis"] if config.rank else [])
              + [f"fine-tune {n} on {t}" for t in tasks for n in names + controls])
     result = {"title": config.title, "models": names, "controls": controls, "finished": False,
               "parts_done": [], "parts_left": list(parts),
@@ -190,6 +213,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                               for n in names},
               "rank": {"tau": None, "runs": []}, "glue": {},
               "glue_dir": config.glue_dir, "seeds": list(config.seeds),
+              "pretrain_seed": config.pretrain.seed,
               "parts": [{"workdir": str(root), "models": names, "controls": controls,
                          **_machine()}]}
 
@@ -205,6 +229,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             c.tokenizer.model_path = tok.model_path
             c.data.cache_dir = str(root / layout.DATA_DIR)
         result["identity"] = _identity(config, shared, tok, tasks)
+        if config.sizing.enabled:  # each model's steps to fit the time there is
+            result["sizing"] = sizing.plan(
+                config, configs, tasks, tok, root, len(names) + len(controls),
+                lambda task: finetune_config(config, task, ""))
         result["pretrain_config"] = {n: json.loads(pretrain_config.to_json(configs[n]))
                                      for n in names}
         for n in names:
@@ -212,9 +240,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             result["pretraining"][n] = _pretrain(n, configs[n],
                                                  root / layout.STUDY_PRETRAIN_DIR / n)
             done(f"pretrain {n}")
-        _start("the rank analysis", config.reserve_seconds)
-        result["rank"] = _rank(config, names, result["pretraining"], root / layout.STUDY_RANK_DIR)
-        done("rank analysis")
+        if config.rank:
+            _start("the rank analysis", config.reserve_seconds)
+            result["rank"] = _rank(config, names, result["pretraining"],
+                                   root / layout.STUDY_RANK_DIR)
+            done("rank analysis")
         for task in tasks:
             sweeps = {n: finetune_config(config, task, result["pretraining"][n]["workdir"])
                       for n in names}
@@ -232,6 +262,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 }
                 done(f"fine-tune {n} on {task}")
         result["finished"] = True
+        result["seconds"] = time.perf_counter() - started  # this call's, beside the sizing
     except preemption.Preempted:
         for p in result["pretraining"].values():  # what a stopped model has logged
             if "step" not in p:

@@ -75,3 +75,28 @@ def test_config_files_without_variants_refuse_one(name):
     variants.load(path)
     with pytest.raises(variants.VariantError, match="'oops': this file offers no variants"):
         variants.load(path + ":oops")
+
+
+def test_study_tokenizer_trains_the_pieces_a_study_is_then_given(tmp_path):
+    from support import made_up_documents
+
+    for name, part in (("large", slice(0, None, 2)), ("wiki", slice(1, None, 2))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "wiki_00").write_text("".join(
+            f'<doc id="{i}" url="u" title="T{i}">\nT{i}\n{text}\n</doc>\n'
+            for i, text in enumerate(made_up_documents(200)[part])))
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "study_tokenizer.py"),
+               f"--config={REPO_ROOT / 'configs' / 'study' / 'gpu.py'}:one_call,tiny",
+               f"--config.pretrain.data.sources.large.path={tmp_path / 'large'}",
+               f"--config.pretrain.data.sources.wiki.path={tmp_path / 'wiki'}"]
+    result = subprocess.run(command + [f"--out={tmp_path / 'tok'}"], cwd=tmp_path,
+                            env=subprocess_env(), capture_output=True, text=True,
+                            timeout=HANG_SECONDS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = tmp_path / "tok" / "tokenizer.model"
+    assert result.stdout.startswith(f"{model} (512 pieces) sha256 ")
+    missing = subprocess.run(command, cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                             text=True, timeout=HANG_SECONDS)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == ("study_tokenizer.py: --out: expected the directory to "
+                                      "write tokenizer.model into")

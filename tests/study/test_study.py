@@ -228,35 +228,94 @@ def names_of(value):
     return config_lib.names(value)
 
 
-def test_the_gpu_preset_in_miniature_runs_end_to_end(tmp_path):
-    """gpu.py:tiny: two WikiExtractor corpora, the four models and the control, centred
-    ranks, a GLUE task found and one absent, each task's seeds fine-tuned as one program
-    (finetune.seeds_per_program, as the GPU preset does)."""
+def _write_sst2_and_stsb(root, rows: int):
+    """SST-2 and STS-B in the GLUE layout, `rows` training examples each."""
+    from support import sst2_like
+
+    (root / "SST-2").mkdir(parents=True)
+    (root / "SST-2" / "train.tsv").write_text(sst2_like(root, rows, 0))
+    (root / "SST-2" / "dev.tsv").write_text(sst2_like(root, 16, 1))
+    rng = np.random.default_rng(0)
+    lines = ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\t"
+             "sentence2\tscore"]
+    for i in range(rows):
+        word = rng.choice(["good", "bad", "long"])
+        lines.append(f"{i}\tg\tf\t2020\t{i}\ts\ts\tthe film was good\tthe film was {word}"
+                     f"\t{rng.uniform(0, 5):.2f}")
+    (root / "STS-B").mkdir()
+    (root / "STS-B" / "train.tsv").write_text("\n".join(lines) + "\n")
+    (root / "STS-B" / "dev.tsv").write_text("\n".join(lines[:17]) + "\n")
+
+
+def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_path):
+    """gpu.py:one_call,tiny (two WikiExtractor corpora, three models and the control, the
+    rank analysis, SST-2 and STS-B with every seed as one program) sizes its pretraining
+    from step times measured at its start and predicts its wall time; a gpu.py:seeds,tiny
+    call with another pretraining seed is of the same design, and the two pool into the
+    claims' table (configs/study/pool.py through main.py)."""
+    import subprocess
+    import sys
+
     from configs.study import gpu
 
+    from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
     from support import made_up_documents
 
     documents = made_up_documents(300)
     _wikiextractor(tmp_path / "large", documents[::2])
     _wikiextractor(tmp_path / "wiki", documents[1::2])
-    _write_glue(tmp_path / "glue")
-    c = gpu.get_config("tiny")
-    c.pretrain.data.sources.large.path = str(tmp_path / "large")
-    c.pretrain.data.sources.wiki.path = str(tmp_path / "wiki")
-    c.glue_dir = str(tmp_path / "glue")
-    c.seeds = (1, 2)
-    result = study_run.run(c, str(tmp_path / "out"))
-    assert result["models"] == ["mlm", "maelm", "3ml_self", "3ml_cross"]
-    assert result["controls"] == ["scratch"]
-    assert set(result["glue"]["maelm"]) == {"RTE"}  # SST-2 and the others are absent
-    for name in (*result["models"], "scratch"):
-        assert list(result["glue"][name]["RTE"]["per_seed"]) == ["1", "2"]
-        [group] = (tmp_path / "out" / "finetune" / name / "RTE").glob("runs/*/seeds_1_2")
-        assert (group / "metrics.jsonl").is_file()
-    for run in result["rank"]["runs"]:
-        assert set(run["centred"]["last_layer"]) == {"with_mask", "without_mask", "mask_only"}
-    meta = json.loads(next((tmp_path / "out" / "data").glob("*/meta.json")).read_text())
-    assert set(meta["sources"]) == {"large", "wiki"}
+    _write_sst2_and_stsb(tmp_path / "glue", 24)
+
+    def call(preset, workdir, **changes):
+        c = gpu.get_config(preset)
+        c.pretrain.data.sources.large.path = str(tmp_path / "large")
+        c.pretrain.data.sources.wiki.path = str(tmp_path / "wiki")
+        c.glue_dir = str(tmp_path / "glue")
+        c.update(seeds=(1, 2, 3), **changes)
+        c.finetune.seeds_per_program = 3
+        return study_run.run(c, str(tmp_path / workdir))
+
+    first = call("one_call,tiny", "one", models=("mlm", "maelm", "3ml_self"))
+    assert first["controls"] == ["scratch"] and set(first["glue"]["maelm"]) == {"SST-2", "STS-B"}
+    sizing = first["sizing"]
+    # The design's 6 steps at most, 3ML_self at 0.86 of them; every model its planned steps.
+    assert sizing["steps"] == {"mlm": 6, "maelm": 6, "3ml_self": 5}
+    assert {m: p["step"] for m, p in first["pretraining"].items()} == sizing["steps"]
+    assert set(sizing["timing"]["pretrain_step"]) == {"mlm", "maelm", "3ml_self"}
+    assert sizing["timing"]["finetune_step"] > 0
+    predicted, took = sizing["predicted_seconds"]["total"], first["seconds"]
+    assert 0.4 < took / predicted < 2.5, (took, sizing["predicted_seconds"])  # the model
+    assert (tmp_path / "one" / "sizing.json").is_file()
+    for name in ("mlm", "scratch"):  # the seeds as one program, one length
+        [group] = (tmp_path / "one" / "finetune" / name / "SST-2").glob("runs/*/seeds_1_2_3")
+        config = json.loads((group.parent / "seed_1" / "config.json").read_text())
+        assert config["data"]["one_bucket"] and config["train"]["resume_saves"] == "stop"
+        assert not (group / "resume").exists()
+    assert json.loads((tmp_path / "one" / "finetune" / "scratch" / "SST-2" / "config.json")
+                      .read_text())["grid"]["learning_rate"] == [1e-3]
+    assert [r["label"] for r in first["rank"]["runs"]] == ["mlm", "maelm", "3ml_self"]
+
+    second = call("seeds,tiny", "two", models=("mlm", "maelm"), tasks=("SST-2",))
+    second_config = gpu.get_config("seeds,tiny")
+    assert second["pretrain_seed"] == second_config.pretrain.seed == 0
+    assert "rank analysis" not in second["parts_done"] and not second["rank"]["runs"]
+    records = tmp_path / "records"
+    records.mkdir()
+    for i, out in enumerate(("one", "two")):
+        record = json.loads((tmp_path / out / "study.json").read_text())
+        record["pretrain_seed"] = i  # as --config.pretrain.seed=1 would record the second
+        (records / f"{out}.json").write_text(json.dumps(record))
+    run = subprocess.run([sys.executable, "main.py", "--config=configs/study/pool.py",
+                          f"--workdir={tmp_path / 'pool'}", f"--config.inputs={records}"],
+                         cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True,
+                         timeout=HANG_SECONDS)
+    assert run.returncode == 0, run.stderr[-2000:]
+    [design] = json.loads((tmp_path / "pool" / "pool.json").read_text())
+    assert len(design["calls"]) == 2
+    b = design["claims"]["b"]["difference"]
+    assert b["over"] == "calls" and b["n"] == 2 and b["tasks"] == ["SST-2"]
+    assert design["claims"]["a"]["models"]["mlm"]["GLUE average"]["over"] == "fine-tuning seeds"
+    assert "| (a) |" in (tmp_path / "pool" / "pool.md").read_text()
 
 
 class _Ticks:
