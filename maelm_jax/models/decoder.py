@@ -103,7 +103,7 @@ class Decoder(nn.Module):
             positions = jnp.arange(L, dtype=jnp.int32)[None]
             bias = relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
-                cfg.rel_pos_bucket_fn, name="relative_bias",
+                cfg.rel_pos_bucket_fn, dtype=stack.dtype, name="relative_bias",
             )(positions, positions)  # [1, heads, L, L], broadcast over the batch
         return stack_lib.TransformerStack(stack, name="stack")(x, bias, None, deterministic)
 
@@ -174,7 +174,8 @@ class CrossDecoder(nn.Module):
         if cfg.rel_pos_buckets:
             relative = relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
-                cfg.rel_pos_bucket_fn, num_positions=cfg.seq_len, name="relative_bias",
+                cfg.rel_pos_bucket_fn, num_positions=cfg.seq_len, dtype=stack.dtype,
+                name="relative_bias",
             )
             self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)
         # Cross-attention decoders are shallow (3ML: 2 layers) and are not scanned; they

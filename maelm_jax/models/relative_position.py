@@ -4,6 +4,9 @@ encoder and decoders share across their layers."""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -96,18 +99,72 @@ def local_bias_init(max_distance: int, bucket_fn: str = "t5"):
 MAX_GRID = 1 << 26
 
 
+def first_index(positions: jax.Array, num_positions: int) -> jax.Array:
+    """[B, n] positions -> [B, P]: the index of each position's first occurrence in its
+    row, n where it does not occur (a compare and a min over [B, n, P]: no scatter)."""
+    n = positions.shape[1]
+    hit = positions[:, :, None] == jnp.arange(num_positions, dtype=positions.dtype)
+    return jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32)[None, :, None], n), axis=1)
+
+
+def _gather_grid(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array,
+                 dtype) -> jax.Array:
+    """grid [heads, P, P], q_pos [B, n], k_pos [B, m] -> [B, heads, n, m] in `dtype`."""
+    rows = jnp.take(grid.astype(dtype), q_pos, axis=1)  # [heads, B, n, P]
+    bias = jnp.take_along_axis(rows, k_pos[None, :, None, :], axis=3)  # [heads, B, n, m]
+    return jnp.transpose(bias, (1, 0, 2, 3))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def grid_bias(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array, dtype) -> jax.Array:
+    """bias[b, h, i, j] = grid[h, q_pos[b, i], k_pos[b, j]]: a per-example bias [B, heads,
+    n, m] born in the compute `dtype` from the float32 grid [heads, P, P].
+
+    Its gradient gathers instead of scattering: each cell (h, p, r) of the grid's gradient
+    is the sum over the batch of the bias's cotangent at the row where p occurs and the
+    column where r does (first_index), read back in float32. No scatter-add, so nothing
+    piles up in atomic additions on a GPU and the sum is the same on every run. Exact when
+    a row's positions are distinct but for padding appended after them, whose cotangent is
+    zero (the encoder's padded keys are masked and its padded rows dropped): a padding
+    entry repeating a real token's position comes after it, and the first is the real one.
+    """
+    return _gather_grid(grid, q_pos, k_pos, dtype)
+
+
+def _grid_bias_forward(grid, q_pos, k_pos, dtype):
+    return _gather_grid(grid, q_pos, k_pos, dtype), (q_pos, k_pos, grid.shape[1])
+
+
+def _grid_bias_backward(dtype, residuals, cotangent):
+    q_pos, k_pos, num_positions = residuals
+    n, m = q_pos.shape[1], k_pos.shape[1]
+    at_q, at_k = first_index(q_pos, num_positions), first_index(k_pos, num_positions)
+    rows = jnp.take_along_axis(cotangent, jnp.minimum(at_q, n - 1)[:, None, :, None],
+                               axis=2)  # [B, heads, P, m]
+    cells = jnp.take_along_axis(rows, jnp.minimum(at_k, m - 1)[:, None, None, :],
+                                axis=3)  # [B, heads, P, P]
+    present = (at_q < n)[:, None, :, None] & (at_k < m)[:, None, None, :]
+    cells = jnp.where(present, cells, jnp.zeros((), cells.dtype))
+    # Summed over the batch in float32 without a float32 copy of the cells: a dot with ones.
+    grid = jnp.einsum("bhpr,b->hpr", cells, jnp.ones(cells.shape[0], cells.dtype),
+                      preferred_element_type=jnp.float32)
+    return grid, None, None
+
+
+grid_bias.defvjp(_grid_bias_forward, _grid_bias_backward)
+
+
 class RelativePositionBias(nn.Module):
     """Relative position bias from original (aligned) positions, shared by all layers.
 
-    A bias shared by the batch (positions [1, n]) is the table looked up at each pair's
-    bucket. One per example (MAE-LM and 3ML remove the [MASK]s, so every row keeps other
-    positions) is gathered, when the positions are known to lie below `num_positions`,
-    from the shared grid [heads, P, P] of every pair of positions: the same values, but
-    the gradient then flows back through two gathers whose scatter-adds land on distinct
-    cells (rows of one example hold distinct positions; the batch overlaps at most B
-    times per cell of the grid), where the table lookup's gradient adds B x n x m x heads
-    values into num_buckets x heads cells (77M into 384 at BERT-base shapes), a pile-up
-    of atomic additions on a GPU.
+    Every bias is the table at each pair's bucket, in the compute `dtype`. A bias shared
+    by the batch (positions [1, n]) takes it through a one-hot dot over the buckets, whose
+    gradient is a dot too (a lookup's would scatter n x m x heads values into
+    num_buckets x heads cells, atomic additions piling up on a GPU). One per example
+    (MAE-LM and 3ML remove the [MASK]s, so every row keeps other positions) is gathered,
+    when the positions are known to lie below `num_positions`, from the grid [heads, P, P]
+    of every pair of positions (grid_bias: its gradient gathers and sums, no scatter);
+    beyond MAX_GRID, from the table by bucket.
     """
 
     num_buckets: int
@@ -116,10 +173,11 @@ class RelativePositionBias(nn.Module):
     table_init: str = "normal"  # one of REL_POS_INITS
     bucket_fn: str = "t5"  # one of BUCKET_FNS
     num_positions: int = 0  # positions lie in [0, num_positions); 0: unknown
+    dtype: Any = jnp.float32  # the bias's (the compute dtype); the table stays float32
 
     @nn.compact
     def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
-        """q_pos [B, n], k_pos [B, m] -> bias [B, heads, n, m] (float32)."""
+        """q_pos [B, n], k_pos [B, m] -> bias [B, heads, n, m] in `dtype`."""
         table = self.param(
             "rel_embedding",
             (local_bias_init(self.max_distance, self.bucket_fn) if self.table_init == "local"
@@ -128,20 +186,24 @@ class RelativePositionBias(nn.Module):
             jnp.float32,
         )
         P = self.num_positions
-        per_example = max(q_pos.shape[0], k_pos.shape[0]) > 1
-        if per_example and 0 < P and self.num_heads * P * P <= MAX_GRID:
+        batch = max(q_pos.shape[0], k_pos.shape[0])
+        if batch > 1 and 0 < P and self.num_heads * P * P <= MAX_GRID:
             grid = jnp.arange(P, dtype=jnp.int32)
-            shared = self._lookup(table, grid[None], grid[None])[0]  # [heads, P, P]
-            q_pos = jnp.broadcast_to(q_pos, (max(q_pos.shape[0], k_pos.shape[0]),
-                                             q_pos.shape[1]))
-            rows = jnp.take(shared, q_pos, axis=1)  # [heads, B, n, P]
-            bias = jnp.take_along_axis(rows, k_pos[None, :, None, :], axis=3)  # [heads, B, n, m]
-            return jnp.transpose(bias, (1, 0, 2, 3))
-        return self._lookup(table, q_pos, k_pos)
+            shared = self._table_dot(table, grid[None], grid[None])[0]  # [heads, P, P]
+            q_pos = jnp.broadcast_to(q_pos, (batch, q_pos.shape[1]))
+            k_pos = jnp.broadcast_to(k_pos, (batch, k_pos.shape[1]))
+            return grid_bias(shared, q_pos, k_pos, self.dtype)
+        if batch > 1:  # too many positions for a grid: the table by bucket
+            buckets = BUCKET_FNS[self.bucket_fn](
+                k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance)
+            return jnp.transpose(table.astype(self.dtype)[buckets], (0, 3, 1, 2))
+        return self._table_dot(table, q_pos, k_pos).astype(self.dtype)
 
-    def _lookup(self, table: jax.Array, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
-        """The table at every pair's bucket: q_pos [B, n], k_pos [B, m] -> [B, heads, n, m]."""
+    def _table_dot(self, table: jax.Array, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        """The table at every pair's bucket by a one-hot dot (float32): q_pos [1, n],
+        k_pos [1, m] -> [1, heads, n, m]."""
         buckets = BUCKET_FNS[self.bucket_fn](
-            k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance
-        )
-        return jnp.transpose(table[buckets], (0, 3, 1, 2))
+            k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance)
+        one_hot = jax.nn.one_hot(buckets, self.num_buckets, dtype=jnp.float32)
+        # Exact: a float32 dot would otherwise run as TF32 (GPUs) or bfloat16 passes (TPUs).
+        return jnp.einsum("bnmk,kh->bhnm", one_hot, table, precision=jax.lax.Precision.HIGHEST)

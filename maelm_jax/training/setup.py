@@ -87,6 +87,9 @@ def encoder_config(config: ml_collections.ConfigDict,
         m.attention_impl, dtype,
         attention_dropout=max(s.attention_dropout for s in stacks),
         head_dims=tuple(s.d_model // s.num_heads for s in stacks))
+    pallas = config_lib.kernel_options(config)
+    if attention_impl == "pallas":  # its tiles shrunk to pad the encoder's kept tokens least
+        pallas = pallas.fitted(length)
     if attention_impl == "pallas" and jax.default_backend() not in ("gpu", "cpu"):
         raise config_lib.ConfigError(
             "config.model.attention_impl: expected 'einsum' (or 'auto') on this backend: "
@@ -102,8 +105,7 @@ def encoder_config(config: ml_collections.ConfigDict,
         attention_dropout=m.attention_dropout,
         activation_dropout=m.activation_dropout,
         attention_impl=attention_impl,
-        # The kernel's tiles shrunk to pad the encoder's kept tokens the least.
-        pallas=config_lib.kernel_options(config).fitted(length),
+        pallas=pallas,
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
     )
@@ -117,8 +119,11 @@ def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
     if m.dtype == "auto":
         m.dtype = layers.resolve_dtype("auto", backend).name
     if m.attention_impl == "auto":
+        stacks = [m, *config_lib.objective(config).attention_stacks(config)]
         m.attention_impl = layers.resolve_attention_impl(
-            "auto", layers.resolve_dtype(m.dtype, backend), backend)
+            "auto", layers.resolve_dtype(m.dtype, backend), backend,
+            attention_dropout=max(s.attention_dropout for s in stacks),
+            head_dims=tuple(s.d_model // s.num_heads for s in stacks))
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:

@@ -231,15 +231,17 @@ def test_local_relative_bias_starts_attention_at_the_neighbours():
     assert float(jnp.abs(table["params"]["rel_embedding"]).max()) < 0.2
 
 
-def _table_scatter_sizes(module, params, q_pos, k_pos) -> list[int]:
-    """Sizes of the updates that the bias's gradient scatter-adds into the table."""
+def _scatter_sizes(module, params, q_pos, k_pos, into_table: bool = True) -> list[int]:
+    """Sizes of the updates that the bias's gradient scatter-adds (into the table, or
+    anywhere)."""
     table = params["params"]["rel_embedding"]
     grad = jax.make_jaxpr(jax.grad(lambda p: jnp.sum(module.apply(p, q_pos, k_pos))))(params)
     sizes = []
 
     def visit(jaxpr):
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "scatter-add" and eqn.outvars[0].aval.shape == table.shape:
+            if eqn.primitive.name == "scatter-add" and (
+                    not into_table or eqn.outvars[0].aval.shape == table.shape):
                 sizes.append(math.prod(eqn.invars[2].aval.shape))
             for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                 visit(sub)
@@ -252,8 +254,9 @@ def _table_scatter_sizes(module, params, q_pos, k_pos) -> list[int]:
 def test_a_per_example_bias_is_gathered_from_the_shared_position_grid(bucket_fn):
     """With one bias per example (kept positions differ by row), the module gathers from
     the [heads, P, P] grid of all position pairs: the values of the direct lookup exactly,
-    the same gradient, and no scatter-add of B x n x m x heads values into the table (a
-    pile-up of atomics on a GPU): the one into the table is P x P x heads at most."""
+    the same gradient, and no scatter-add anywhere (the grid's gradient gathers, the
+    table's is a one-hot dot), where the direct lookup's adds B x n x m x heads values into
+    the table (a pile-up of atomics on a GPU)."""
     rng = np.random.default_rng(0)
     B, n, m, P, H = 3, 7, 9, 40, 4
     q_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:n]) for _ in range(B)]))
@@ -268,19 +271,48 @@ def test_a_per_example_bias_is_gathered_from_the_shared_position_grid(bucket_fn)
                                                                              k_pos)))
     weights = jnp.asarray(rng.normal(size=bias.shape), jnp.float32)
 
-    def table_grad(module):
-        g = jax.grad(lambda p: jnp.sum(module.apply(p, q_pos, k_pos) * weights))(params)
+    def table_grad(module, q=q_pos, k=k_pos, w=weights):
+        g = jax.grad(lambda p: jnp.sum(module.apply(p, q, k) * w))(params)
         return np.asarray(g["params"]["rel_embedding"])
 
     np.testing.assert_allclose(table_grad(grid), table_grad(direct), rtol=1e-5, atol=1e-5)
-    assert max(_table_scatter_sizes(grid, params, q_pos, k_pos)) <= P * P * H
-    assert max(_table_scatter_sizes(direct, params, q_pos, k_pos)) == B * n * m * H
-    # A bias shared by the batch is looked up directly, as is any beyond the grid's bound.
+    assert _scatter_sizes(grid, params, q_pos, k_pos, into_table=False) == []
+    assert max(_scatter_sizes(direct, params, q_pos, k_pos)) == B * n * m * H
+    # A bias shared by the batch: a one-hot dot too; beyond the grid's bound, the lookup.
     shared = q_pos[:1]
-    assert max(_table_scatter_sizes(grid, params, shared, shared)) == n * n * H
+    assert _scatter_sizes(grid, params, shared, shared, into_table=False) == []
     huge = relative_position.RelativePositionBias(
         8, 16, H, bucket_fn=bucket_fn, num_positions=relative_position.MAX_GRID)
-    assert max(_table_scatter_sizes(huge, params, q_pos, k_pos)) == B * n * m * H
+    assert max(_scatter_sizes(huge, params, q_pos, k_pos)) == B * n * m * H
+    # Padding appended after a row's positions may repeat one (the encoder pads with
+    # position 0): its cotangent is zero, and the real position's gradient is kept whole.
+    padded_q = jnp.concatenate([q_pos.at[:, 0].set(0), jnp.zeros((B, 2), q_pos.dtype)], 1)
+    padded_w = jnp.asarray(rng.normal(size=(B, H, n + 2, m)), jnp.float32).at[:, :, n:].set(0)
+    np.testing.assert_allclose(table_grad(grid, padded_q, k_pos, padded_w),
+                               table_grad(direct, padded_q, k_pos, padded_w),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_bias_is_born_in_the_compute_dtype():
+    """A bfloat16 bias is the float32 one rounded, made without a float32 copy of its size;
+    the table and its gradient stay float32."""
+    rng = np.random.default_rng(1)
+    B, n, P, H = 2, 6, 12, 3
+    q_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:n]) for _ in range(B)]))
+    half = relative_position.RelativePositionBias(8, 16, H, num_positions=P, dtype=jnp.bfloat16)
+    full = relative_position.RelativePositionBias(8, 16, H, num_positions=P)
+    params = nn.meta.unbox(half.init(jax.random.PRNGKey(0), q_pos, q_pos))
+    bias = half.apply(params, q_pos, q_pos)
+    assert bias.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(bias), np.asarray(
+        full.apply(params, q_pos, q_pos).astype(jnp.bfloat16)))
+    jaxpr = jax.make_jaxpr(lambda p: half.apply(p, q_pos, q_pos))(params)
+    shapes = [tuple(v.aval.shape) for e in jaxpr.jaxpr.eqns for v in e.outvars
+              if v.aval.dtype == jnp.float32]
+    assert (H, P, P) in shapes  # the grid is float32; the bias, [B, H, n, n], is not
+    assert not [s for s in shapes if len(s) == 4 and s[0] == B]
+    grad = jax.grad(lambda p: jnp.sum(half.apply(p, q_pos, q_pos).astype(jnp.float32)))(params)
+    assert grad["params"]["rel_embedding"].dtype == jnp.float32
 
 
 @pytest.mark.parametrize("objective", ["mlm", "maelm"])

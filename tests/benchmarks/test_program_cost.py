@@ -1,0 +1,97 @@
+"""benchmarks/program_cost.py reads exported programs right (loops' trip counts, calls,
+region ops), and the properties it guards hold on the train steps exported for CUDA: what
+MAE-LM's per-example relative bias costs, beside MLM's step."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs.benchmark import peer
+from maelm_jax import config as config_lib
+from maelm_jax.objectives import recipes
+from maelm_jax.training import setup as setup_lib
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import program_cost  # noqa: E402
+
+_MODULE = """module @jit_step {
+  func.func public @main(%arg0: tensor<4x8xf32>) -> (tensor<4x8xf32>) {
+    %c = stablehlo.constant dense<3> : tensor<i32>
+    %0:2 = stablehlo.while(%iterArg = %c0, %iterArg_1 = %arg0) : tensor<i32>, tensor<4x8xf32>
+    cond {
+      %1 = stablehlo.compare LT, %iterArg, %c, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %1 : tensor<i1>
+    } do {
+      %2 = func.call @body(%iterArg_1) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+      %3 = stablehlo.convert %2 : (tensor<4x8xf32>) -> tensor<4x8xbf16>
+      stablehlo.return %iterArg, %2 : tensor<i32>, tensor<4x8xf32>
+    }
+    %4 = "stablehlo.scatter"(%arg0, %idx, %upd) <{unique_indices = true}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      stablehlo.return %b : tensor<f32>
+    }) : (tensor<4x8xf32>, tensor<2x1xi32>, tensor<2x8xf32>) -> tensor<4x8xf32>
+    return %0#1 : tensor<4x8xf32>
+  }
+  func.func private @body(%arg0: tensor<4x8xf32>) -> tensor<4x8xf32> {
+    %0 = stablehlo.add %arg0, %arg0 : tensor<4x8xf32>
+    %1 = stablehlo.dot_general %arg0, %arg0, contracting_dims = [1] x [1] : DOT_TYPES
+    return %0 : tensor<4x8xf32>
+  }
+}
+""".replace("DOT_TYPES", "(tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>")
+
+
+def test_loops_calls_and_regions_are_counted():
+    ops = program_cost.parse(_MODULE)
+    by_kind = {op.kind: op for op in ops}
+    assert by_kind["add"].times == 3 and by_kind["dot_general"].times == 3  # through a call
+    assert by_kind["convert"].times == 3
+    assert [str(t) for t in by_kind["convert"].results] == ["4x8xbf16"]
+    assert by_kind["add"].bytes == 3 * 4 * 8 * 4  # two operands and the result
+    scatter = by_kind["scatter"]
+    assert scatter.times == 1 and scatter.unique  # its types close its region
+    assert scatter.bytes == 2 * 2 * 8 * 4 + 2 * 4  # updates read and written, indices read
+    summary = program_cost.summarize(ops)
+    assert summary["classes"]["dot_general:f32xf32"]["ops"] == 3
+    assert summary["movement_bytes"] == 3 * (4 * 8 * 4 + 4 * 8 * 2) + scatter.bytes
+
+
+def _config(model: str, scan: bool, **changes):
+    c = recipes.MODELS[model].apply(peer.get_config("small,layers=2"))
+    c.model.scan_layers = scan
+    for name, value in changes.items():
+        c.model[name] = value
+    setup_lib.resolve_auto(c, "gpu")
+    config_lib.validate(c)
+    return c
+
+
+def test_scanned_layers_count_as_many_as_unrolled_ones():
+    """The scan's trip count applied: a 2-layer encoder's matmuls are the same per step
+    scanned or not."""
+    dots = {}
+    for scan in (False, True):
+        summary = program_cost.summarize(program_cost.parse(
+            program_cost.export_train_step(_config("mlm", scan), "cuda")))
+        dots[scan] = sum(e["ops"] for k, e in summary["classes"].items()
+                         if k.startswith("dot_general"))
+    assert dots[True] == dots[False] > 0
+
+
+@pytest.fixture(scope="module")
+def maelm_ops():
+    """MAE-LM's train step at the small peer size (2 x 256, 4 heads, L 128, batch 32,
+    dropout 0.1), bfloat16 with the Pallas kernel, exported for CUDA."""
+    return program_cost.parse(program_cost.export_train_step(_config("maelm", False), "cuda"))
+
+
+def test_the_per_example_bias_costs_what_a_bias_costs(maelm_ops):
+    """The bias [B, heads, n, n] (32 x 4 x 112 x 112 at n_enc 109 padded to 112): born in
+    bfloat16, no float32 copy of it anywhere, and its gradient made without scatters
+    (deterministic: no atomic additions)."""
+    bias = 32 * 4 * 112 * 112
+    assert program_cost.largest_f32(maelm_ops, rank=4) < bias
+    targets = {op.operands[0].shape for op in maelm_ops if op.kind == "scatter"}
+    # Into the bias, the position grid [heads, P, P] or the bucket table [buckets, heads]:
+    assert not [t for t in targets if len(t) == 4 or t == (4, 128, 128) or t == (32, 4)]
