@@ -114,6 +114,10 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # (it drops inside the kernel) and cuDNN's fused attention when neither has; our
     # einsums elsewhere.
     c.model.attention_impl = "auto"
+    # The masked-LM output layer's three dots (logits and their two gradients): "float32"
+    # (TF32 on GPUs, as the papers' fp16 training keeps logits in float32), or "compute"
+    # (bfloat16 operands where the model computes in it, float32 accumulation and logits).
+    c.model.output_dtype = "float32"
     # The Pallas kernel's tiles ("block_qxblock_k:warps:stages" for the forward, dK/dV and
     # dQ kernels), how a bias shared by the batch gets its gradient ("batch": summed inside
     # the kernel by bias_grad_groups groups of rows; "rows": per row, summed by XLA) and
@@ -222,6 +226,7 @@ FIELDS: dict[str, schema.Field] = {
     **schema.encoder_fields("model"),
     "model.activation_dropout": schema.rate(),
     "model.attention_impl": schema.choice(*options.ATTENTION_IMPLS),
+    "model.output_dtype": schema.choice(*options.OUTPUT_DTYPES),
     **schema.pallas_fields("model.pallas"),
     "model.scan_layers": schema.boolean(),
     "model.remat_policy": schema.choice(*options.REMAT_POLICIES),

@@ -123,10 +123,13 @@ def _gather(x: jax.Array, index: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, index, axis=1)
 
 
-def _scatter_set(x: jax.Array, index: jax.Array, values: jax.Array) -> jax.Array:
-    """x[b, index[b, j]] = values[b, j] (values broadcast over j)."""
+def _scatter_set(x: jax.Array, index: jax.Array, values: jax.Array,
+                 ascending: bool = False) -> jax.Array:
+    """x[b, index[b, j]] = values[b, j] (values broadcast over j); a row's indices are
+    distinct (and `ascending`), which XLA is told: a plain scatter, not JAX's path for
+    repeated indices (a buffer of ids and a scatter-add)."""
     rows = jnp.arange(x.shape[0])[:, None]
-    return x.at[rows, index].set(values)
+    return x.at[rows, index].set(values, unique_indices=True, indices_are_sorted=ascending)
 
 
 def apply_mask(
@@ -189,5 +192,6 @@ def gather_tokens(x: jax.Array, index: jax.Array) -> jax.Array:
 
 
 def scatter_tokens(buffer: jax.Array, index: jax.Array, values: jax.Array) -> jax.Array:
-    """buffer [B, L, D] with values [B, n, D] written at positions index [B, n]."""
-    return _scatter_set(buffer, index, values)
+    """buffer [B, L, D] with values [B, n, D] written at positions index [B, n], distinct
+    and ascending in each row (the encoder's kept positions)."""
+    return _scatter_set(buffer, index, values, ascending=True)

@@ -116,6 +116,8 @@ def _position_table(module: nn.Module, cfg: DecoderConfig,
         if encoder_positions is None:
             raise ValueError("share_positions needs the encoder's position table")
         return encoder_positions[:L].astype(stack.dtype)
+    # The whole table as it is (every position in order): no lookup, whose gradient would
+    # be a scatter-add of L rows.
     return nn.Embed(
         L,
         stack.d_model,
@@ -123,7 +125,7 @@ def _position_table(module: nn.Module, cfg: DecoderConfig,
         name="position_embeddings",
         embedding_init=layers.normal_init(("positions", "dec_embed")),
         parent=module,
-    )(jnp.arange(L))
+    ).embedding.astype(stack.dtype)
 
 
 def _projection(module: nn.Module, d_enc: int, stack: layers.StackConfig) -> nn.Dense | None:

@@ -35,6 +35,9 @@ class EncoderConfig:
     rel_pos_max_distance: int = 128
     rel_pos_init: str = "normal"  # relative_position.REL_POS_INITS; only matters before training
     rel_pos_bucket_fn: str = "t5"  # relative_position.BUCKET_FNS
+    # The masked-LM output layer's dot against the tied table (options.OUTPUT_DTYPES):
+    # "float32" (TF32 on GPUs), or "compute" (the stack's dtype, float32 accumulation).
+    output_dtype: str = "float32"
 
 
 class ArchitectureError(errors.UserError):
@@ -85,21 +88,23 @@ def model_architecture(model: Mapping[str, Any], *, vocab_size: int,
 
 
 def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "float32",
-                      rel_pos_init: str = "normal", **run: Any) -> EncoderConfig:
+                      rel_pos_init: str = "normal", output_dtype: str = "float32",
+                      **run: Any) -> EncoderConfig:
     """The EncoderConfig an architecture record describes, with a run's own settings.
 
     arch: a record as `architecture` writes it; fields added since the first release may be
     absent (ADDED gives what such a record meant). where: names the record in the
     ArchitectureError raised for a missing, mistyped or unknown field, e.g. the file.
     dtype: the compute dtype (a layers.DTYPES name, "auto" included, or a dtype).
-    rel_pos_init: how a fresh relative bias is initialised. run: the StackConfig fields
+    rel_pos_init: how a fresh relative bias is initialised. output_dtype: the masked-LM
+    output layer's (EncoderConfig.output_dtype). run: the StackConfig fields
     outside the architecture (dropout, attention_dropout, activation_dropout,
     attention_impl, scan_layers, remat_policy); StackConfig's defaults for those not given.
     """
     arch = _checked(arch, where)
     stack = layers.StackConfig(**{k: v for k, v in arch.items() if k in _STACK_FIELDS},
                                dtype=layers.resolve_dtype(dtype), **run)
-    return EncoderConfig(stack=stack, rel_pos_init=rel_pos_init,
+    return EncoderConfig(stack=stack, rel_pos_init=rel_pos_init, output_dtype=output_dtype,
                          **{k: v for k, v in arch.items() if k not in _STACK_FIELDS})
 
 
@@ -192,7 +197,8 @@ class Encoder(nn.Module):
     def _encode(self, tokens, positions, key_mask, deterministic):
         x = layers.add_per_batch(
             self.embed(tokens),
-            layers.lookup(self.position_embeddings, positions, ("positions", None)))
+            layers.lookup(self.position_embeddings, positions, ("positions", None),
+                          distinct=True))
         x = self.ln_embed(x)
         self.sow(layers.HIDDEN_STATES, "embedding", x)  # "layer 0" of the rank analysis
         x = self.dropout(x, deterministic=deterministic)
@@ -201,8 +207,15 @@ class Encoder(nn.Module):
         return self.stack(x, bias, key_mask, deterministic)
 
     def embed(self, tokens: jax.Array) -> jax.Array:
-        """Word embeddings only (the decoder's [MASK] row comes from this shared table)."""
+        """Word embeddings only."""
         return layers.lookup(self.word_embeddings, tokens, ("vocab", None))
+
+    def embed_token(self, token: int) -> jax.Array:
+        """One token's word embedding [d_model] (the decoder's [MASK] row): a static slice of
+        the table, whose gradient XLA adds into the table's in place, not a scatter into a
+        zeroed [vocab, d_model] buffer."""
+        table = nn.with_logical_constraint(self.word_embeddings.embedding, ("vocab", None))
+        return table[token].astype(self.word_embeddings.dtype)
 
     def position_table(self) -> jax.Array:
         """The absolute position embeddings [max_positions, d_model] (shared with the decoder
@@ -210,6 +223,11 @@ class Encoder(nn.Module):
         return self.position_embeddings.embedding
 
     def attend(self, x: jax.Array) -> jax.Array:
-        """[..., d_model] -> [..., vocab] logits against the tied word embeddings (float32)."""
+        """[..., d_model] -> [..., vocab] logits against the tied word embeddings (float32):
+        a float32 dot, or with output_dtype "compute" one in the stack's dtype that
+        accumulates in float32 (half the bytes of x, the table and their gradients; a
+        numerics choice, see docs/performance.md)."""
         table = self.word_embeddings.embedding
+        if self.cfg.output_dtype == "compute":
+            return layers.logits_in(x, table, jnp.dtype(self.cfg.stack.dtype).name)
         return jnp.einsum("...d,vd->...v", x.astype(jnp.float32), table.astype(jnp.float32))

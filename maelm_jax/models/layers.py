@@ -66,15 +66,97 @@ class StackConfig:
         return self.d_model // self.num_heads
 
 
-def lookup(embed: nn.Embed, ids: jax.Array, table_axes: tuple) -> jax.Array:
+def lookup(embed: nn.Embed, ids: jax.Array, table_axes: tuple,
+           distinct: bool = False) -> jax.Array:
     """Embedding lookup from a table gathered along its FSDP-sharded width first.
 
     A gather from a table sharded along the embedding width makes XLA replicate the
     batch-sharded gradient in the backward pass; gathering the table just in time (what
-    FSDP does for every weight) keeps the lookup and its gradient local.
+    FSDP does for every weight) keeps the lookup and its gradient local. distinct: each
+    row's ids are distinct (per-example positions), and the gradient is gathered and
+    summed rather than scattered (take_distinct_rows).
     """
     table = nn.with_logical_constraint(embed.embedding, table_axes)
+    if distinct and ids.shape[0] > 1:
+        return take_distinct_rows(table, ids, jnp.dtype(embed.dtype).name)
     return jnp.take(table, ids, axis=0).astype(embed.dtype)
+
+
+def first_index(ids: jax.Array, num_ids: int) -> jax.Array:
+    """[B, n] ids -> [B, num_ids]: the index of each id's first occurrence in its row, n
+    where it does not occur (a compare and a min over [B, n, num_ids]: no scatter)."""
+    n = ids.shape[1]
+    hit = ids[:, :, None] == jnp.arange(num_ids, dtype=ids.dtype)
+    return jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32)[None, :, None], n), axis=1)
+
+
+def rows_at_first_index(cotangent: jax.Array, ids: jax.Array, num_ids: int,
+                            axis: int) -> jax.Array:
+    """For each id, the slice of `cotangent` [B, ..., n (at `axis`), ...] at the index where
+    the id first occurs in its row (zero where it does not): [B, ..., num_ids, ...] in the
+    cotangent's dtype. A gather, no scatter."""
+    at = first_index(ids, num_ids)  # [B, num_ids]
+    shape = [1] * cotangent.ndim
+    shape[0], shape[axis] = at.shape
+    index = jnp.minimum(at, ids.shape[1] - 1).reshape(shape)
+    picked = jnp.take_along_axis(cotangent, index, axis=axis)
+    return jnp.where((at < ids.shape[1]).reshape(shape), picked,
+                     jnp.zeros((), cotangent.dtype))
+
+
+def sum_over_batch(x: jax.Array) -> jax.Array:
+    """x [B, ...] summed over its leading axis in float32 (a dot with ones, which makes no
+    float32 copy of x)."""
+    return jnp.tensordot(jnp.ones(x.shape[0], x.dtype), x, axes=1,
+                         preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def take_distinct_rows(table: jax.Array, ids: jax.Array, dtype: str) -> jax.Array:
+    """table [V, D] at ids [B, n] -> [B, n, D] in `dtype` (a name), when each row's ids are distinct
+    but for padding appended after them whose cotangent is zero (the encoder's kept
+    positions). The gradient gathers each id's row of the cotangent and sums the batch
+    (deterministic, no scatter-add: B additions into each cell are atomics on a GPU)."""
+    return jnp.take(table, ids, axis=0).astype(dtype)
+
+
+def _take_distinct_rows_forward(table, ids, dtype):
+    # The table itself is kept only for its shape (a zero-size slice of it).
+    return jnp.take(table, ids, axis=0).astype(dtype), (ids, table[:, :0])
+
+
+def _take_distinct_rows_backward(dtype, residuals, cotangent):
+    ids, empty = residuals
+    rows = rows_at_first_index(cotangent, ids, empty.shape[0], axis=1)  # [B, V, D]
+    return sum_over_batch(rows).astype(empty.dtype), None
+
+
+take_distinct_rows.defvjp(_take_distinct_rows_forward, _take_distinct_rows_backward)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def logits_in(x: jax.Array, table: jax.Array, dtype: str) -> jax.Array:
+    """x [..., D] against table [V, D] -> float32 logits [..., V], with all three dots (this
+    one and the two of its gradient) on `dtype` operands accumulating in float32: the
+    logits' cotangent enters the backward dots in `dtype` too, which the plain dot's
+    transpose would do in float32."""
+    return jnp.einsum("...d,vd->...v", x.astype(dtype), table.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def _logits_in_forward(x, table, dtype):
+    return logits_in(x, table, dtype), (x, table)
+
+
+def _logits_in_backward(dtype, residuals, cotangent):
+    x, table = residuals
+    g = cotangent.astype(dtype)
+    dx = jnp.einsum("...v,vd->...d", g, table.astype(dtype), preferred_element_type=jnp.float32)
+    dtable = jnp.einsum("...v,...d->vd", g, x.astype(dtype), preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dtable.astype(table.dtype)
+
+
+logits_in.defvjp(_logits_in_forward, _logits_in_backward)
 
 
 @jax.custom_vjp

@@ -77,7 +77,7 @@ class MaeLmModel(nn.Module):
         )
         if self.cfg.decoder.kind != "self":
             return self._cross_logits(batch, hidden, shared_positions, deterministic)
-        mask_embedding = self.encoder.embed(jnp.int32(tokenizer.MASK_ID))
+        mask_embedding = self.encoder.embed_token(tokenizer.MASK_ID)
         reset = batch.inputs == tokenizer.MASK_ID if self.cfg.decoder.reset_masks else None
         hidden = self.decoder(
             hidden, batch.enc_index, mask_embedding, shared_positions, deterministic, reset

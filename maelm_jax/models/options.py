@@ -57,6 +57,8 @@ DECODER_KINDS = ("self", "cross", "causal_cross", "cross_only")
 
 # ------------------------------------------------------------------ the Pallas kernel's
 
+# The masked-LM output layer's dot: float32, or the compute dtype with float32 accumulation.
+OUTPUT_DTYPES = ("float32", "compute")
 # How a bias shared by the batch gets its gradient (models/flash_attention.py).
 BIAS_GRADS = ("batch", "rows")
 # Elements that share one 32-bit hash of the dropout bits.

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.models import options
+from maelm_jax.models import layers, options
 from maelm_jax.models.layers import normal_init
 
 
@@ -99,14 +99,6 @@ def local_bias_init(max_distance: int, bucket_fn: str = "t5"):
 MAX_GRID = 1 << 26
 
 
-def first_index(positions: jax.Array, num_positions: int) -> jax.Array:
-    """[B, n] positions -> [B, P]: the index of each position's first occurrence in its
-    row, n where it does not occur (a compare and a min over [B, n, P]: no scatter)."""
-    n = positions.shape[1]
-    hit = positions[:, :, None] == jnp.arange(num_positions, dtype=positions.dtype)
-    return jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32)[None, :, None], n), axis=1)
-
-
 def _gather_grid(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array,
                  dtype) -> jax.Array:
     """grid [heads, P, P], q_pos [B, n], k_pos [B, m] -> [B, heads, n, m] in `dtype`."""
@@ -116,13 +108,13 @@ def _gather_grid(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def grid_bias(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array, dtype) -> jax.Array:
+def grid_bias(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array, dtype: str) -> jax.Array:
     """bias[b, h, i, j] = grid[h, q_pos[b, i], k_pos[b, j]]: a per-example bias [B, heads,
-    n, m] born in the compute `dtype` from the float32 grid [heads, P, P].
+    n, m] born in the compute `dtype` (a name) from the float32 grid [heads, P, P].
 
     Its gradient gathers instead of scattering: each cell (h, p, r) of the grid's gradient
     is the sum over the batch of the bias's cotangent at the row where p occurs and the
-    column where r does (first_index), read back in float32. No scatter-add, so nothing
+    column where r does (layers.first_index), summed in float32. No scatter-add, so nothing
     piles up in atomic additions on a GPU and the sum is the same on every run. Exact when
     a row's positions are distinct but for padding appended after them, whose cotangent is
     zero (the encoder's padded keys are masked and its padded rows dropped): a padding
@@ -132,23 +124,16 @@ def grid_bias(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array, dtype) -> jax
 
 
 def _grid_bias_forward(grid, q_pos, k_pos, dtype):
-    return _gather_grid(grid, q_pos, k_pos, dtype), (q_pos, k_pos, grid.shape[1])
+    # The grid is kept only for its size (a zero-size slice of it).
+    return _gather_grid(grid, q_pos, k_pos, dtype), (q_pos, k_pos, grid[0, :, :0])
 
 
 def _grid_bias_backward(dtype, residuals, cotangent):
-    q_pos, k_pos, num_positions = residuals
-    n, m = q_pos.shape[1], k_pos.shape[1]
-    at_q, at_k = first_index(q_pos, num_positions), first_index(k_pos, num_positions)
-    rows = jnp.take_along_axis(cotangent, jnp.minimum(at_q, n - 1)[:, None, :, None],
-                               axis=2)  # [B, heads, P, m]
-    cells = jnp.take_along_axis(rows, jnp.minimum(at_k, m - 1)[:, None, None, :],
-                                axis=3)  # [B, heads, P, P]
-    present = (at_q < n)[:, None, :, None] & (at_k < m)[:, None, None, :]
-    cells = jnp.where(present, cells, jnp.zeros((), cells.dtype))
-    # Summed over the batch in float32 without a float32 copy of the cells: a dot with ones.
-    grid = jnp.einsum("bhpr,b->hpr", cells, jnp.ones(cells.shape[0], cells.dtype),
-                      preferred_element_type=jnp.float32)
-    return grid, None, None
+    q_pos, k_pos, empty = residuals
+    num_positions = empty.shape[0]
+    rows = layers.rows_at_first_index(cotangent, q_pos, num_positions, axis=2)
+    cells = layers.rows_at_first_index(rows, k_pos, num_positions, axis=3)  # [B, h, P, P]
+    return layers.sum_over_batch(cells), None, None
 
 
 grid_bias.defvjp(_grid_bias_forward, _grid_bias_backward)
@@ -192,7 +177,7 @@ class RelativePositionBias(nn.Module):
             shared = self._table_dot(table, grid[None], grid[None])[0]  # [heads, P, P]
             q_pos = jnp.broadcast_to(q_pos, (batch, q_pos.shape[1]))
             k_pos = jnp.broadcast_to(k_pos, (batch, k_pos.shape[1]))
-            return grid_bias(shared, q_pos, k_pos, self.dtype)
+            return grid_bias(shared, q_pos, k_pos, jnp.dtype(self.dtype).name)
         if batch > 1:  # too many positions for a grid: the table by bucket
             buckets = BUCKET_FNS[self.bucket_fn](
                 k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance)

@@ -95,3 +95,32 @@ def test_the_per_example_bias_costs_what_a_bias_costs(maelm_ops):
     targets = {op.operands[0].shape for op in maelm_ops if op.kind == "scatter"}
     # Into the bias, the position grid [heads, P, P] or the bucket table [buckets, heads]:
     assert not [t for t in targets if len(t) == 4 or t == (4, 128, 128) or t == (32, 4)]
+
+
+def test_the_small_gradients_scatter_nothing_they_need_not(maelm_ops):
+    """The decoder's input is a plain scatter (unique, sorted indices: no buffer of ids and
+    no scatter-add), and neither the [MASK] row's gradient nor the position tables' is a
+    scatter into the table (the row is a static slice; the kept positions' rows are
+    gathered back; the decoder takes its whole table)."""
+    scatters = [op for op in maelm_ops if op.kind == "scatter"]
+    assert not [op for op in scatters if op.operands[0].dtype.startswith("ui")]
+    decoder_input = [op for op in scatters if op.operands[0].shape == (32, 128, 256)
+                     and op.operands[2].shape == (32, 109, 256)]
+    assert decoder_input and all(op.unique for op in decoder_input)
+    targets = {op.operands[0].shape: op.operands[2].shape for op in scatters}
+    assert (128, 256) not in targets  # the encoder's and the decoder's position tables
+    assert targets.get((8000, 256)) != (256,)  # the [MASK] row into the word table
+
+
+def test_the_output_layer_in_the_compute_dtype():
+    """model.output_dtype="compute": the output layer's dots take bfloat16 operands (float32
+    accumulation); "float32" keeps them float32 (TF32)."""
+    def f32_dots(ops):
+        return sum(op.times for op in ops if op.kind == "dot_general"
+                   and any(t.shape[-1] == 8000 or 8000 in t.shape for t in op.results)
+                   and op.operands[0].dtype == "f32")
+
+    full = program_cost.parse(program_cost.export_train_step(_config("mlm", False), "cuda"))
+    half = program_cost.parse(program_cost.export_train_step(
+        _config("mlm", False, output_dtype="compute"), "cuda"))
+    assert f32_dots(full) >= 2 and f32_dots(half) == 0

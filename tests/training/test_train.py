@@ -27,6 +27,34 @@ def _step_fn(c):
     return trainer.init(), trainer.train_step
 
 
+def _bf16_losses(output_dtype: str, seed: int, steps: int = 40) -> np.ndarray:
+    """Train losses of a bfloat16 MAE-LM on a fixed stream of a small repetitive corpus."""
+    c = tiny_config("maelm")
+    c.model.dtype, c.model.output_dtype, c.seed = "bfloat16", output_dtype, seed
+    c.train.learning_rate, c.train.warmup_steps = 3e-3, 5
+    state, step = _step_fn(c)
+    rng = np.random.default_rng(0)
+    words = rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (16, 32))
+    losses = []
+    for _ in range(steps):
+        rows = words[rng.integers(0, 16, c.train.batch_size)]
+        state, metrics = step(state, jnp.asarray(rows, jnp.int32))
+        losses.append(float(metrics["loss"]))
+    return np.asarray(losses)
+
+
+def test_the_output_layer_in_bfloat16_trains_within_the_noise_of_float32():
+    """model.output_dtype="compute" (bfloat16 operands, float32 accumulation): the loss
+    curve of a bfloat16 model stays as close to the float32 output layer's as another seed
+    of that one does."""
+    full, half, other_seed = (_bf16_losses("float32", 0), _bf16_losses("compute", 0),
+                              _bf16_losses("float32", 1))
+    assert full[-10:].mean() < full[:5].mean() - 0.15  # it learns
+    gap = abs(half[-10:].mean() - full[-10:].mean())
+    noise = abs(other_seed[-10:].mean() - full[-10:].mean())
+    assert gap <= max(2 * noise, 0.02 * full[-10:].mean()), (gap, noise)
+
+
 # The preset families' model switches (3ML, MAE-LM Table 2, the fidelity switches), two at
 # a time so that each family compiles in one of the cases below.
 ABLATIONS = {
