@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from maelm_jax import schema
-from maelm_jax.models import flash_attention, options
+from maelm_jax.models import by_position, flash_attention, options
 from maelm_jax.models.dropout import Dropout
 
 Dtype = Any
@@ -74,64 +74,12 @@ def lookup(embed: nn.Embed, ids: jax.Array, table_axes: tuple,
     batch-sharded gradient in the backward pass; gathering the table just in time (what
     FSDP does for every weight) keeps the lookup and its gradient local. distinct: each
     row's ids are distinct (per-example positions), and the gradient is gathered and
-    summed rather than scattered (take_distinct_rows).
+    summed rather than scattered (by_position.take_rows).
     """
     table = nn.with_logical_constraint(embed.embedding, table_axes)
     if distinct and ids.shape[0] > 1:
-        return take_distinct_rows(table, ids, jnp.dtype(embed.dtype).name)
+        return by_position.take_rows(table, ids, jnp.dtype(embed.dtype).name)
     return jnp.take(table, ids, axis=0).astype(embed.dtype)
-
-
-def first_index(ids: jax.Array, num_ids: int) -> jax.Array:
-    """[B, n] ids -> [B, num_ids]: the index of each id's first occurrence in its row, n
-    where it does not occur (a compare and a min over [B, n, num_ids]: no scatter)."""
-    n = ids.shape[1]
-    hit = ids[:, :, None] == jnp.arange(num_ids, dtype=ids.dtype)
-    return jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32)[None, :, None], n), axis=1)
-
-
-def rows_at_first_index(cotangent: jax.Array, ids: jax.Array, num_ids: int,
-                            axis: int) -> jax.Array:
-    """For each id, the slice of `cotangent` [B, ..., n (at `axis`), ...] at the index where
-    the id first occurs in its row (zero where it does not): [B, ..., num_ids, ...] in the
-    cotangent's dtype. A gather, no scatter."""
-    at = first_index(ids, num_ids)  # [B, num_ids]
-    shape = [1] * cotangent.ndim
-    shape[0], shape[axis] = at.shape
-    index = jnp.minimum(at, ids.shape[1] - 1).reshape(shape)
-    picked = jnp.take_along_axis(cotangent, index, axis=axis)
-    return jnp.where((at < ids.shape[1]).reshape(shape), picked,
-                     jnp.zeros((), cotangent.dtype))
-
-
-def sum_over_batch(x: jax.Array) -> jax.Array:
-    """x [B, ...] summed over its leading axis in float32 (a dot with ones, which makes no
-    float32 copy of x)."""
-    return jnp.tensordot(jnp.ones(x.shape[0], x.dtype), x, axes=1,
-                         preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def take_distinct_rows(table: jax.Array, ids: jax.Array, dtype: str) -> jax.Array:
-    """table [V, D] at ids [B, n] -> [B, n, D] in `dtype` (a name), when each row's ids are distinct
-    but for padding appended after them whose cotangent is zero (the encoder's kept
-    positions). The gradient gathers each id's row of the cotangent and sums the batch
-    (deterministic, no scatter-add: B additions into each cell are atomics on a GPU)."""
-    return jnp.take(table, ids, axis=0).astype(dtype)
-
-
-def _take_distinct_rows_forward(table, ids, dtype):
-    # The table itself is kept only for its shape (a zero-size slice of it).
-    return jnp.take(table, ids, axis=0).astype(dtype), (ids, table[:, :0])
-
-
-def _take_distinct_rows_backward(dtype, residuals, cotangent):
-    ids, empty = residuals
-    rows = rows_at_first_index(cotangent, ids, empty.shape[0], axis=1)  # [B, V, D]
-    return sum_over_batch(rows).astype(empty.dtype), None
-
-
-take_distinct_rows.defvjp(_take_distinct_rows_forward, _take_distinct_rows_backward)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

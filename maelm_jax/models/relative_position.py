@@ -4,14 +4,13 @@ encoder and decoders share across their layers."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.models import layers, options
+from maelm_jax.models import by_position, options
 from maelm_jax.models.layers import normal_init
 
 
@@ -99,46 +98,6 @@ def local_bias_init(max_distance: int, bucket_fn: str = "t5"):
 MAX_GRID = 1 << 26
 
 
-def _gather_grid(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array,
-                 dtype) -> jax.Array:
-    """grid [heads, P, P], q_pos [B, n], k_pos [B, m] -> [B, heads, n, m] in `dtype`."""
-    rows = jnp.take(grid.astype(dtype), q_pos, axis=1)  # [heads, B, n, P]
-    bias = jnp.take_along_axis(rows, k_pos[None, :, None, :], axis=3)  # [heads, B, n, m]
-    return jnp.transpose(bias, (1, 0, 2, 3))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def grid_bias(grid: jax.Array, q_pos: jax.Array, k_pos: jax.Array, dtype: str) -> jax.Array:
-    """bias[b, h, i, j] = grid[h, q_pos[b, i], k_pos[b, j]]: a per-example bias [B, heads,
-    n, m] born in the compute `dtype` (a name) from the float32 grid [heads, P, P].
-
-    Its gradient gathers instead of scattering: each cell (h, p, r) of the grid's gradient
-    is the sum over the batch of the bias's cotangent at the row where p occurs and the
-    column where r does (layers.first_index), summed in float32. No scatter-add, so nothing
-    piles up in atomic additions on a GPU and the sum is the same on every run. Exact when
-    a row's positions are distinct but for padding appended after them, whose cotangent is
-    zero (the encoder's padded keys are masked and its padded rows dropped): a padding
-    entry repeating a real token's position comes after it, and the first is the real one.
-    """
-    return _gather_grid(grid, q_pos, k_pos, dtype)
-
-
-def _grid_bias_forward(grid, q_pos, k_pos, dtype):
-    # The grid is kept only for its size (a zero-size slice of it).
-    return _gather_grid(grid, q_pos, k_pos, dtype), (q_pos, k_pos, grid[0, :, :0])
-
-
-def _grid_bias_backward(dtype, residuals, cotangent):
-    q_pos, k_pos, empty = residuals
-    num_positions = empty.shape[0]
-    rows = layers.rows_at_first_index(cotangent, q_pos, num_positions, axis=2)
-    cells = layers.rows_at_first_index(rows, k_pos, num_positions, axis=3)  # [B, h, P, P]
-    return layers.sum_over_batch(cells), None, None
-
-
-grid_bias.defvjp(_grid_bias_forward, _grid_bias_backward)
-
-
 class RelativePositionBias(nn.Module):
     """Relative position bias from original (aligned) positions, shared by all layers.
 
@@ -148,7 +107,8 @@ class RelativePositionBias(nn.Module):
     num_buckets x heads cells, atomic additions piling up on a GPU). One per example
     (MAE-LM and 3ML remove the [MASK]s, so every row keeps other positions) is gathered,
     when the positions are known to lie below `num_positions`, from the grid [heads, P, P]
-    of every pair of positions (grid_bias: its gradient gathers and sums, no scatter);
+    of every pair of positions (by_position.grid_bias: its gradient gathers and sums, no
+    scatter);
     beyond MAX_GRID, from the table by bucket.
     """
 
@@ -177,7 +137,7 @@ class RelativePositionBias(nn.Module):
             shared = self._table_dot(table, grid[None], grid[None])[0]  # [heads, P, P]
             q_pos = jnp.broadcast_to(q_pos, (batch, q_pos.shape[1]))
             k_pos = jnp.broadcast_to(k_pos, (batch, k_pos.shape[1]))
-            return grid_bias(shared, q_pos, k_pos, jnp.dtype(self.dtype).name)
+            return by_position.grid_bias(shared, q_pos, k_pos, jnp.dtype(self.dtype).name)
         if batch > 1:  # too many positions for a grid: the table by bucket
             buckets = BUCKET_FNS[self.bucket_fn](
                 k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance)
