@@ -177,7 +177,7 @@ class CrossDecoder(nn.Module):
             relative = relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads, cfg.rel_pos_init,
                 cfg.rel_pos_bucket_fn, num_positions=cfg.seq_len, dtype=stack.dtype,
-                name="relative_bias",
+                as_grid=stack.attention_impl == "pallas", name="relative_bias",
             )
             self_bias, cross_bias = relative(dec_index, dec_index), relative(dec_index, enc_index)
         # Cross-attention decoders are shallow (3ML: 2 layers) and are not scanned; they

@@ -159,7 +159,7 @@ class Encoder(nn.Module):
             relative_position.RelativePositionBias(
                 cfg.rel_pos_buckets, cfg.rel_pos_max_distance, stack.num_heads,
                 cfg.rel_pos_init, cfg.rel_pos_bucket_fn, num_positions=cfg.max_positions,
-                dtype=stack.dtype,
+                dtype=stack.dtype, as_grid=stack.attention_impl == "pallas",
             )
             if cfg.rel_pos_buckets
             else None

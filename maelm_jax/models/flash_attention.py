@@ -58,6 +58,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from maelm_jax.models import by_position
+
 # The kernel's options are plain data (models/options.py), so configs check them without
 # importing this kernel; re-exported for the kernel's callers.
 from maelm_jax.models.options import (  # noqa: F401 (re-exported)
@@ -189,21 +191,31 @@ def _dropout(x, kept, rate, elements):
     return jnp.where(kept, x * (1.0 / (1.0 - dropped_fraction(rate, elements))), 0.0)
 
 
-def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, o_ref, max_ref,
-                    logsum_ref, *, scale, rate, num_heads, key_stride, elements, block_k):
-    """Grid (query block, batch, head). q [block_q, D], k and v [m, D], bias [block_q, m],
-    valid [m]; o [block_q, D], max and logsum [block_q]."""
+def _grid_tile(grid_ref, q_positions, k_positions):
+    """A bias tile [block_q, block_k] read from the grid [P, P] at the tile's positions."""
+    return grid_ref[q_positions[:, None], k_positions[None, :]]
+
+
+def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, valid_ref,
+                    o_ref, max_ref, logsum_ref, *, scale, rate, num_heads, key_stride,
+                    elements, block_k):
+    """Grid (query block, batch, head). q [block_q, D], k and v [m, D], valid [m]; the bias
+    [block_q, m], or the grid [P, P] with qpos [block_q] and kpos [m]; o [block_q, D], max
+    and logsum [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
     stream = _stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
     queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q = q_ref[...]
+    q_positions = None if qpos_ref is None else qpos_ref[...]
 
     def body(j, carry):
         acc, row_max, row_sum = carry
         keys = pl.ds(j * block_k, block_k)
-        s = _scores(q, k_ref[keys, :], None if bias_ref is None else bias_ref[:, keys],
-                    None if valid_ref is None else valid_ref[keys], scale)
+        bias = (None if bias_ref is None else bias_ref[:, keys] if qpos_ref is None
+                else _grid_tile(bias_ref, q_positions, kpos_ref[keys]))
+        s = _scores(q, k_ref[keys, :], bias, None if valid_ref is None else valid_ref[keys],
+                    scale)
         new_max = jnp.maximum(row_max, s.max(axis=1))
         p = jnp.exp(s - new_max[:, None])
         correction = jnp.exp(row_max - new_max)
@@ -236,15 +248,17 @@ def _score_grad(p, dp, delta, valid):
     return ds if valid is None else jnp.where(valid[None, :] != 0, ds, 0.0)
 
 
-def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_ref,
-                logsum_ref, delta_ref, dk_ref, dv_ref, *dbias_refs, scale, rate, num_heads,
-                key_stride, elements, block_q, shared_bias, accumulate, barrier):
+def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, valid_ref,
+                do_ref, max_ref, logsum_ref, delta_ref, dk_ref, dv_ref, *dbias_refs, scale,
+                rate, num_heads, key_stride, elements, block_q, shared_bias, accumulate,
+                barrier):
     """Grid (key block, head, batch group) over R = B / groups rows each.
 
     q and do [R, n, D]; k, v, dk, dv [R, block_k, D]; valid [R, block_k]; max, logsum,
-    delta [R, n]; bias [R, n, block_k], or [n, block_k] when shared by the batch; dbias
-    (dbias_refs: its one output when there is a bias): [n, block_k] accumulated over the R
-    rows when `accumulate`, else [R, n, block_k] per row.
+    delta [R, n]; bias [R, n, block_k], or [n, block_k] when shared by the batch, or the
+    grid [P, P] with qpos [R, n] and kpos [R, block_k]; dbias (dbias_refs: its one output
+    when there is a bias): [n, block_k] accumulated over the R rows when `accumulate`,
+    else [R, n, block_k] per row.
     """
     dbias_ref = dbias_refs[0] if dbias_refs else None
     rows, block_k, head_dim = k_ref.shape
@@ -261,7 +275,9 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_
             queries = pl.ds(i * block_q, block_q)
             q, do = q_ref[r, queries, :], do_ref[r, queries, :]
             bias = None
-            if bias_ref is not None:
+            if qpos_ref is not None:
+                bias = _grid_tile(bias_ref, qpos_ref[r, queries], kpos_ref[r])
+            elif bias_ref is not None:
                 bias = bias_ref[queries, :] if shared_bias else bias_ref[r, queries, :]
             p = _probabilities(_scores(q, k, bias, valid, scale), max_ref[r, queries],
                                logsum_ref[r, queries])
@@ -298,23 +314,27 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_
     jax.lax.fori_loop(0, rows, row, 0)
 
 
-def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_ref,
-               logsum_ref, delta_ref, dq_ref, *, scale, rate, num_heads, key_stride,
-               elements, block_k):
+def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, valid_ref,
+               do_ref, max_ref, logsum_ref, delta_ref, dq_ref, *, scale, rate, num_heads,
+               key_stride, elements, block_k):
     """Grid (query block, batch, head). q, do, dq [block_q, D]; k, v [m, D]; bias
-    [block_q, m]; valid [m]; max, logsum, delta [block_q]."""
+    [block_q, m], or the grid [P, P] with qpos [block_q] and kpos [m]; valid [m]; max,
+    logsum, delta [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
     stream = _stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
     queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q, do = q_ref[...], do_ref[...]
     row_max, logsum, delta = max_ref[...], logsum_ref[...], delta_ref[...]
+    q_positions = None if qpos_ref is None else qpos_ref[...]
 
     def body(j, dq):
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
         valid = None if valid_ref is None else valid_ref[keys]
-        s = _scores(q, k, None if bias_ref is None else bias_ref[:, keys], valid, scale)
+        bias = (None if bias_ref is None else bias_ref[:, keys] if qpos_ref is None
+                else _grid_tile(bias_ref, q_positions, kpos_ref[keys]))
+        s = _scores(q, k, bias, valid, scale)
         p = _probabilities(s, row_max, logsum)
         dp = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
         if rate:
@@ -359,20 +379,40 @@ def _call(kernel, tile: Tile, grid, in_specs, out_specs, out_shape, name: str,
     return run
 
 
-def _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
-             interpret):
+def _parts(bias):
+    """(the dense bias or the grid, query positions, key positions) of a call's bias."""
+    if isinstance(bias, by_position.GridBias):
+        return bias.grid, bias.q_pos, bias.k_pos
+    return bias, None, None
+
+
+def _query_bias_specs(bias, qpos, bq: int, m: int) -> list:
+    """The forward's and dQ's BlockSpecs of the bias (or grid) and the positions, over the
+    grid (query block, batch, head)."""
+    if qpos is not None:
+        P = bias.shape[1]
+        return [pl.BlockSpec((None, P, P), lambda i, b, h: (h, 0, 0)),
+                pl.BlockSpec((None, bq), lambda i, b, h: (b, i)),
+                pl.BlockSpec((None, m), lambda i, b, h: (b, 0))]
+    if bias is None:
+        return [None, None, None]
+    bias_row = (lambda b: b) if bias.shape[0] > 1 else (lambda b: 0)
+    return [pl.BlockSpec((None, None, bq, m), lambda i, b, h: (bias_row(b), h, i, 0)),
+            None, None]
+
+
+def _forward(q, k, v, bias, qpos, kpos, valid, seed, scale, rate, key_stride, num_heads,
+             options, interpret):
     B, n, H, D = q.shape
     m = k.shape[1]
     tile = options.forward
     bq = tile.block_q
-    bias_row = (lambda b: b) if bias is not None and bias.shape[0] > 1 else (lambda b: 0)
     in_specs = [
         pl.BlockSpec((4,), lambda i, b, h: (0,)),
         pl.BlockSpec((None, bq, None, D), lambda i, b, h: (b, i, h, 0)),
         pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
         pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
-        None if bias is None else pl.BlockSpec((None, None, bq, m),
-                                               lambda i, b, h: (bias_row(b), h, i, 0)),
+        *_query_bias_specs(bias, qpos, bq, m),
         None if valid is None else pl.BlockSpec((None, m), lambda i, b, h: (b, 0)),
     ]
     row_spec = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
@@ -384,7 +424,7 @@ def _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, opt
          jax.ShapeDtypeStruct((B, H, n), jnp.float32)],
         "flash_attention_forward", interpret, scale=scale, rate=rate, num_heads=num_heads,
         key_stride=key_stride, elements=options.hash_elements, block_k=tile.block_k,
-    )(seed, q, k, v, bias, valid)
+    )(seed, q, k, v, bias, qpos, kpos, valid)
 
 
 def bias_grad_groups(batch: int, bias_batch: int | None, options: KernelOptions) -> int:
@@ -398,20 +438,28 @@ def bias_grad_groups(batch: int, bias_batch: int | None, options: KernelOptions)
 
 
 def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
-    seed, q, k, v, bias, valid, d_out, row_max, logsum, delta = args
+    seed, q, k, v, bias, qpos, kpos, valid, d_out, row_max, logsum, delta = args
     B, n, H, D = shapes
     m = k.shape[1]
     tile = options.dkv
     bk = tile.block_k
-    groups = bias_grad_groups(B, None if bias is None else bias.shape[0], options)
+    on_grid = qpos is not None
+    groups = bias_grad_groups(B, None if bias is None else B if on_grid else bias.shape[0],
+                              options)
     R = B // groups
-    shared = bias is not None and bias.shape[0] == 1 and B > 1
+    shared = bias is not None and not on_grid and bias.shape[0] == 1 and B > 1
     accumulate = shared and R > 1
     per_row = lambda j, h, g: (g, 0, h, 0)  # noqa: E731
     key_rows = lambda j, h, g: (g, j, h, 0)  # noqa: E731
     stats = pl.BlockSpec((R, None, n), lambda j, h, g: (g, h, 0))
+    position_specs = [None, None]
     if bias is None:
         bias_spec = None
+    elif on_grid:
+        P = bias.shape[1]
+        bias_spec = pl.BlockSpec((None, P, P), lambda j, h, g: (h, 0, 0))
+        position_specs = [pl.BlockSpec((R, n), lambda j, h, g: (g, 0)),
+                          pl.BlockSpec((R, bk), lambda j, h, g: (g, j))]
     elif shared:
         bias_spec = pl.BlockSpec((None, None, n, bk), lambda j, h, g: (0, h, 0, j))
     else:
@@ -420,7 +468,7 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
                 pl.BlockSpec((R, n, None, D), per_row),
                 pl.BlockSpec((R, bk, None, D), key_rows),
                 pl.BlockSpec((R, bk, None, D), key_rows),
-                bias_spec,
+                bias_spec, *position_specs,
                 None if valid is None else pl.BlockSpec((R, bk), lambda j, h, g: (g, j)),
                 pl.BlockSpec((R, n, None, D), per_row), stats, stats, stats]
     out_specs = [pl.BlockSpec((R, bk, None, D), key_rows)] * 2
@@ -429,10 +477,11 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
         if accumulate:  # one float32 column per group, summed over its rows
             out_specs.append(pl.BlockSpec((None, None, n, bk), lambda j, h, g: (g, h, 0, j)))
             out_shape.append(jax.ShapeDtypeStruct((groups, H, n, m), jnp.float32))
-        else:  # per row: in the bias's dtype for a per-example bias, else float32 to sum
+        else:  # per row: in the bias's dtype for a per-example bias (the compute dtype for
+            # one read from a grid), else float32 to sum
             out_specs.append(pl.BlockSpec((R, None, n, bk), lambda j, h, g: (g, h, 0, j)))
             out_shape.append(jax.ShapeDtypeStruct(
-                (B, H, n, m), jnp.float32 if shared else bias.dtype))
+                (B, H, n, m), jnp.float32 if shared else q.dtype if on_grid else bias.dtype))
     grads = _call(
         _dkv_kernel, tile, (m // bk, H, groups), in_specs, out_specs, out_shape,
         "flash_attention_dkv", interpret, scale=scale, rate=rate, num_heads=num_heads,
@@ -441,7 +490,10 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
     )(*args)
     dk, dv = grads[0], grads[1]
     dbias = None
-    if bias is not None:
+    if on_grid:  # dS of every row gathered back to the grid (by_position: no scatter)
+        dbias = by_position.grid_gradient(grads[2], qpos, kpos, bias.shape[1]).astype(
+            bias.dtype)
+    elif bias is not None:
         dbias = grads[2]
         if dbias.shape[0] != bias.shape[0]:
             dbias = dbias.sum(axis=0, keepdims=True)
@@ -450,19 +502,17 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
 
 
 def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
-    seed, q, k, v, bias, valid, d_out, row_max, logsum, delta = args
+    seed, q, k, v, bias, qpos, kpos, valid, d_out, row_max, logsum, delta = args
     B, n, H, D = shapes
     m = k.shape[1]
     tile = options.dq
     bq = tile.block_q
-    bias_row = (lambda b: b) if bias is not None and bias.shape[0] > 1 else (lambda b: 0)
     query_rows = pl.BlockSpec((None, bq, None, D), lambda i, b, h: (b, i, h, 0))
     stats = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))
     in_specs = [pl.BlockSpec((4,), lambda i, b, h: (0,)), query_rows,
                 pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
                 pl.BlockSpec((None, m, None, D), lambda i, b, h: (b, 0, h, 0)),
-                None if bias is None else pl.BlockSpec(
-                    (None, None, bq, m), lambda i, b, h: (bias_row(b), h, i, 0)),
+                *_query_bias_specs(bias, qpos, bq, m),
                 None if valid is None else pl.BlockSpec((None, m), lambda i, b, h: (b, 0)),
                 query_rows, stats, stats, stats]
     return _call(
@@ -476,14 +526,14 @@ def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
 def _attention(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
                interpret):
-    return _forward(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
-                    interpret)[0]
+    return _forward(q, k, v, *_parts(bias), valid, seed, scale, rate, key_stride, num_heads,
+                    options, interpret)[0]
 
 
 def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
                    interpret):
-    out, row_max, logsum = _forward(q, k, v, bias, valid, seed, scale, rate, key_stride,
-                                    num_heads, options, interpret)
+    out, row_max, logsum = _forward(q, k, v, *_parts(bias), valid, seed, scale, rate,
+                                    key_stride, num_heads, options, interpret)
     return out, (q, k, v, bias, valid, seed, out, row_max, logsum)
 
 
@@ -491,10 +541,13 @@ def _attention_bwd(scale, rate, key_stride, num_heads, options, interpret, resid
     q, k, v, bias, valid, seed, out, row_max, logsum = residuals
     # rowsum(dO * O) = rowsum(dP~ * P~): the softmax's backward term, [B, H, n].
     delta = jnp.einsum("bnhd,bnhd->bhn", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    args = (seed, q, k, v, bias, valid, d_out, row_max, logsum, delta)
+    args = (seed, q, k, v, *_parts(bias), valid, d_out, row_max, logsum, delta)
     static = (q.shape, scale, rate, key_stride, num_heads, options, interpret)
     dk, dv, dbias = _dkv(args, *static)
     dq = _dq(args, *static)
+    if isinstance(bias, by_position.GridBias):  # integer positions: no gradient
+        dbias = by_position.GridBias(dbias, *(np.zeros(p.shape, jax.dtypes.float0)
+                                              for p in (bias.q_pos, bias.k_pos)))
     return dq, dk, dv, dbias, None, None
 
 
@@ -516,8 +569,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
               num_heads: int | None = None) -> jax.Array:
     """softmax(scale q.k + bias, keys where key_valid), dropped out at dropout_rate, times v.
 
-    q [B, n, H, D], k and v [B, m, H, D] (D a power of two >= 16); bias [1 or B, H, n, m]
-    or None; key_valid [B, m] bool or None; seed [2] uint32, the dropout bits' seed (unused
+    q [B, n, H, D], k and v [B, m, H, D] (D a power of two >= 16); bias [1 or B, H, n, m],
+    a by_position.GridBias (each tile read from its grid by position: no [B, H, n, m]
+    operand) or None; key_valid [B, m] bool or None; seed [2] uint32, the dropout bits' seed (unused
     at rate 0). options: tiles and variants (KernelOptions). interpret: Pallas' interpreter
     (True) or Triton (False); by default the interpreter on a CPU and Triton elsewhere,
     decided when the program is lowered. Lengths that are not multiples of the tiles are
@@ -535,7 +589,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
     valid = None if key_valid is None else _pad_to(key_valid.astype(jnp.int32), 1, m_pad)
     q = _pad_to(q, 1, n_pad)
     k, v = _pad_to(k, 1, m_pad), _pad_to(v, 1, m_pad)
-    if bias is not None:
+    if isinstance(bias, by_position.GridBias):  # padding at position 0, after the others
+        bias = bias._replace(q_pos=_pad_to(bias.q_pos, 1, n_pad),
+                             k_pos=_pad_to(bias.k_pos, 1, m_pad))
+    elif bias is not None:
         bias = _pad_to(_pad_to(bias, 2, n_pad), 3, m_pad)
     words = jnp.concatenate([seed.astype(jnp.uint32).reshape(2),
                              jnp.asarray(row_offset, jnp.uint32).reshape(2)])

@@ -232,8 +232,10 @@ class MultiHeadAttention(nn.Module):
     ) -> jax.Array:
         """x [B, n, D] attends to context [B, m, D].
 
-        bias: [B, heads, n, m] or None. key_mask (True = attend) or None: [B, m] for a
-        mask per key, or [B or 1, n, m] for one per query and key (a causal mask).
+        bias: [B or 1, heads, n, m], a by_position.GridBias (read by position in the Pallas
+        kernel, made whole for the other paths) or None. key_mask (True = attend) or None:
+        [B, m] for a mask per key, or [B or 1, n, m] for one per query and key (a causal
+        mask).
         Returns [B, n, D].
         """
         cfg = self.cfg
@@ -253,9 +255,13 @@ class MultiHeadAttention(nn.Module):
         v = project("value", context)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", "kv"))
         diagnostics = self.is_mutable_collection("intermediates")
-        if cfg.attention_impl == "pallas" and not diagnostics:
+        on_grid = isinstance(bias, by_position.GridBias)
+        if cfg.attention_impl == "pallas" and not diagnostics and not (
+                on_grid and key_mask is not None and key_mask.ndim == 3):
             out = self._flash_attention(q, k, v, bias, key_mask, deterministic)
             return jnp.einsum("bqhd,hde->bqe", out, self._out_kernel()) + self._out_bias()
+        if on_grid:  # made whole here: only the Pallas kernel reads a grid by position
+            bias = bias.materialise(cfg.dtype)
         if key_mask is not None:  # [B or 1, 1 (heads), n or 1, m]
             key_mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
         fused = (cfg.attention_impl in ("xla", "cudnn")
@@ -303,8 +309,9 @@ class MultiHeadAttention(nn.Module):
             bias = blocked if bias is None else bias.astype(jnp.float32) + blocked
         call = functools.partial(flash_attention.attention, scale=1.0 / float(cfg.head_dim) ** 0.5,
                                  dropout_rate=rate, options=cfg.pallas, num_heads=cfg.num_heads)
-        return _per_shard(call, q, k, v, None if bias is None else bias.astype(q.dtype),
-                          key_valid, seed)
+        if bias is not None and not isinstance(bias, by_position.GridBias):
+            bias = bias.astype(q.dtype)
+        return _per_shard(call, q, k, v, bias, key_valid, seed)
 
     def _einsum_attention(self, q, k, v, bias, key_mask, dropout: Dropout) -> jax.Array:
         """q [B, n, H, Dh], k and v [B, m, H, Dh] -> [B, n, H, Dh]; float32 logits and softmax."""
@@ -329,7 +336,8 @@ def _per_shard(call, q, k, v, bias, key_valid, seed) -> jax.Array:
     (or the heads, by the current logical rules) the kernel runs per shard in
     jax.shard_map instead, each told where its rows and heads start so that the dropout
     bits are the same whatever the mesh. q [B, n, H, D], k and v [B, m, H, D], bias
-    [1 or B, H, n, m] or None, key_valid [B, m] or None; the lengths stay whole.
+    [1 or B, H, n, m], a by_position.GridBias or None, key_valid [B, m] or None; the
+    lengths stay whole.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
@@ -347,8 +355,12 @@ def _per_shard(call, q, k, v, bias, key_valid, seed) -> jax.Array:
     if batch is None and heads is None:
         return call(q, k, v, bias, key_valid, seed)
     P = jax.sharding.PartitionSpec
-    rows, per_head = P(batch, None, heads, None), None if bias is None else P(
-        batch if bias.shape[0] > 1 else None, heads, None, None)
+    rows = P(batch, None, heads, None)
+    if isinstance(bias, by_position.GridBias):  # the grid by head, the positions by row
+        per_head = by_position.GridBias(P(heads, None, None), P(batch, None), P(batch, None))
+    else:
+        per_head = None if bias is None else P(batch if bias.shape[0] > 1 else None, heads,
+                                               None, None)
 
     def shard(q, k, v, bias, key_valid, seed):
         start = [jnp.zeros((), jnp.int32) if spec is None else

@@ -119,10 +119,14 @@ class RelativePositionBias(nn.Module):
     bucket_fn: str = "t5"  # one of BUCKET_FNS
     num_positions: int = 0  # positions lie in [0, num_positions); 0: unknown
     dtype: Any = jnp.float32  # the bias's (the compute dtype); the table stays float32
+    # A per-example bias from the grid given as by_position.GridBias, for the Pallas
+    # kernel to read by position, instead of made whole.
+    as_grid: bool = False
 
     @nn.compact
     def __call__(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
-        """q_pos [B, n], k_pos [B, m] -> bias [B, heads, n, m] in `dtype`."""
+        """q_pos [B, n], k_pos [B, m] -> bias [B, heads, n, m] in `dtype` (or its
+        by_position.GridBias, with `as_grid`)."""
         table = self.param(
             "rel_embedding",
             (local_bias_init(self.max_distance, self.bucket_fn) if self.table_init == "local"
@@ -137,7 +141,8 @@ class RelativePositionBias(nn.Module):
             shared = self._table_dot(table, grid[None], grid[None])[0]  # [heads, P, P]
             q_pos = jnp.broadcast_to(q_pos, (batch, q_pos.shape[1]))
             k_pos = jnp.broadcast_to(k_pos, (batch, k_pos.shape[1]))
-            return by_position.grid_bias(shared, q_pos, k_pos, jnp.dtype(self.dtype).name)
+            bias = by_position.GridBias(shared, q_pos, k_pos)
+            return bias if self.as_grid else bias.materialise(self.dtype)
         if batch > 1:  # too many positions for a grid: the table by bucket
             buckets = BUCKET_FNS[self.bucket_fn](
                 k_pos[:, None, :] - q_pos[:, :, None], self.num_buckets, self.max_distance)

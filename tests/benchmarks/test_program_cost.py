@@ -2,6 +2,7 @@
 region ops), and the properties it guards hold on the train steps exported for CUDA: what
 MAE-LM's per-example relative bias costs, beside MLM's step."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -87,10 +88,15 @@ def maelm_ops():
 
 
 def test_the_per_example_bias_costs_what_a_bias_costs(maelm_ops):
-    """The bias [B, heads, n, n] (32 x 4 x 112 x 112 at n_enc 109 padded to 112): born in
-    bfloat16, no float32 copy of it anywhere, and its gradient made without scatters
-    (deterministic: no atomic additions)."""
+    """The bias [B, heads, n, n] (32 x 4 x 112 x 112 at n_enc 109 padded to 112) is never
+    an operand of the kernels, which read their tiles from the grid [heads, P, P] by
+    position; no float32 tensor of its size anywhere; its gradient (the kernels' dS, in
+    bfloat16) gathered back to the grid without scatters (deterministic)."""
     bias = 32 * 4 * 112 * 112
+    kernels = [op for op in maelm_ops if op.kind.startswith("custom_call")]
+    assert kernels and not [op for op in kernels for t in op.operands
+                            if math.prod(t.shape) >= bias]
+    assert any((4, 128, 128) == t.shape for op in kernels for t in op.operands)  # the grid
     assert program_cost.largest_f32(maelm_ops, rank=4) < bias
     targets = {op.operands[0].shape for op in maelm_ops if op.kind == "scatter"}
     # Into the bias, the position grid [heads, P, P] or the bucket table [buckets, heads]:

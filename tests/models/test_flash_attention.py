@@ -294,3 +294,37 @@ def test_sharded_kernel_is_the_single_device_kernel():
     np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
     for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_a_bias_read_from_its_grid_by_position_is_the_dense_one(rate):
+    """A per-example bias given as its grid and positions (by_position.GridBias: every
+    tile read from the grid [H, P, P] inside the kernels): the outputs and gradients of q,
+    k and v of the same bias given whole, and the grid's gradient is the dense bias's
+    gathered back. Ragged lengths (70 queries, 90 keys, padded inside), keys masked, rows
+    whose padding repeats position 0 after a real 0."""
+    from maelm_jax.models import by_position
+
+    q, k, v, _ = _inputs(B=2, n=70, m=90)
+    P = 128
+    rng = np.random.default_rng(0)
+    q_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:70]) for _ in range(2)]))
+    k_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:90]) for _ in range(2)]))
+    q_pos, k_pos = q_pos.at[:, 0].set(0), k_pos.at[:, 0].set(0)
+    grid = jax.random.normal(jax.random.PRNGKey(5), (2, P, P))
+    valid = jnp.arange(90)[None] < jnp.array([[90], [77]])
+    seed = jnp.array([123, 456], jnp.uint32)
+
+    def run(q, k, v, grid, on_grid):
+        bias = (by_position.GridBias(grid, q_pos, k_pos) if on_grid
+                else by_position.grid_bias(grid, q_pos, k_pos, "float32"))
+        return fa.attention(q, k, v, bias, valid, seed, scale=SCALE, dropout_rate=rate)
+
+    np.testing.assert_allclose(run(q, k, v, grid, True), run(q, k, v, grid, False),
+                               atol=2e-5, rtol=2e-5)
+    loss = lambda *a: jnp.sum(jnp.sin(run(*a)))  # noqa: E731
+    got = jax.grad(loss, (0, 1, 2, 3))(q, k, v, grid, True)
+    want = jax.grad(loss, (0, 1, 2, 3))(q, k, v, grid, False)
+    for name, g, e in zip(("q", "k", "v", "grid"), got, want, strict=True):
+        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
+    assert float(jnp.abs(got[3]).max()) > 0
