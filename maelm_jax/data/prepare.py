@@ -65,7 +65,7 @@ def work_items(config: ml_collections.ConfigDict) -> list[tuple[str, int, dict]]
     for name, source in config.data.sources.items():
         settings = sources.source_settings(source, pipeline.source_field(name))
         if settings["kind"] in sources.FILE_KINDS:
-            files = sources.resolve_paths(settings["path"], pipeline.source_field(name) + ".path")
+            files = sources.source_files(settings, pipeline.source_field(name))
             items += [(name, i, {**settings, "path": [file]}) for i, file in enumerate(files)]
         else:
             items.append((name, 0, settings))

@@ -17,6 +17,11 @@ kind               fields (default)
 ``tfds``           ``name``; ``split`` (``"train"``); ``data_dir`` (None: the TFDS default);
                    ``feature`` (``"text"``); ``download`` (False: the dataset must already be
                    prepared in ArrayRecord format; True lets TFDS download and prepare it).
+``parquet``        ``path``; ``text_field`` (``"text"``); ``filter_field``, ``filter_value``
+                   (keep the rows whose column equals the value): Parquet files, one
+                   document per row (maelm_jax/data/columnar.py).
+``hf_disk``        ``path``: a ``datasets.save_to_disk`` directory; ``split`` (``"train"``,
+                   for a DatasetDict); ``text_field``, ``filter_field``, ``filter_value``.
 =================  ==========================================================================
 
 ``path`` is a file, a directory (all its files, recursively, hidden files skipped), a glob
@@ -56,7 +61,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from maelm_jax.data import builtin_corpus, digests
+from maelm_jax.data import builtin_corpus, columnar, digests
 
 # The file layer: SourceError is this module's error too; resolve_paths and compression
 # are part of what a source is.
@@ -71,7 +76,10 @@ from maelm_jax.data.files import (  # noqa: F401
 
 ENCODING_ERRORS = ("replace", "strict")
 DOC_SEPARATORS = ("blank_line", "line")
-FILE_KINDS = ("text", "jsonl", "wikiextractor")
+# Kinds whose documents come from files, one work item each in the Beam preparation: the
+# text kinds, read line by line, and the columnar ones (data/columnar.py).
+TEXT_KINDS = ("text", "jsonl", "wikiextractor")
+FILE_KINDS = (*TEXT_KINDS, *columnar.KINDS)
 
 # Bump when a reader changes what it yields, so fingerprints of prepared data change too.
 _READER_VERSION = 3
@@ -97,6 +105,9 @@ _KIND_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "wikiextractor": (("path",), {}),
     "tfds": (("name",), {"split": "train", "data_dir": None, "feature": "text",
                          "download": False}),
+    "parquet": (("path",), {"text_field": "text", "filter_field": "", "filter_value": None}),
+    "hf_disk": (("path",), {"split": "train", "text_field": "text", "filter_field": "",
+                            "filter_value": None}),
 }
 
 # Field types (weight is checked on its own: it must also be > 0).
@@ -109,6 +120,8 @@ _FIELD_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
     "data_dir": ((str, type(None)), "a directory or None"),
     "feature": (str, "a feature name"),
     "download": (bool, "True or False"),
+    "filter_field": (str, "a column name, or empty for no filter"),
+    "filter_value": ((str, int, float, bool, type(None)), "a column value"),
 }
 
 
@@ -126,11 +139,15 @@ class ReadStats:
     long_documents: int = 0
     # Control characters replaced by spaces.
     control_chars: int = 0
+    # Null values of a columnar source's text column, skipped.
+    nulls: int = 0
 
     def bounded_summary(self) -> str:
         """What the cleaning and the length bounds did, for the preparation log ("" when
         nothing)."""
         parts = []
+        if self.nulls:
+            parts.append(f"{self.nulls} null text value(s) skipped")
         if self.control_chars:
             parts.append(f"{self.control_chars} control character(s) (NUL, form feed, ...) "
                          "replaced by spaces")
@@ -187,10 +204,20 @@ def validate_source(source: Mapping[str, Any], field_name: str) -> None:
     """
     settings = source_settings(source, field_name)
     if settings["kind"] in FILE_KINDS:
-        for path in resolve_paths(settings["path"], f"{field_name}.path"):
+        for path in source_files(settings, field_name):
             check_readable(path, f"{field_name}.path")
+        if settings["kind"] in columnar.KINDS:
+            columnar.check(settings, field_name)
     elif settings["kind"] == "tfds":
         _tfds_builder(settings, field_name)
+
+
+def source_files(settings: dict[str, Any], field_name: str = "source") -> list[str]:
+    """The files a file kind's source reads, in order (settings as source_settings gives
+    them)."""
+    if settings["kind"] in columnar.KINDS:
+        return columnar.files(settings, field_name)
+    return resolve_paths(settings["path"], f"{field_name}.path")
 
 
 def iter_documents(source: Mapping[str, Any], encoding_errors: str = "replace",
@@ -282,7 +309,8 @@ def source_fingerprint(source: Mapping[str, Any]) -> str:
     kind = settings["kind"]
     if kind in FILE_KINDS:
         # What the files hold, in order; not where they are (a copied corpus is the same).
-        files = resolve_paths(settings.pop("path"))
+        files = source_files(settings)
+        settings.pop("path")
         payload["files"] = [digests.content_identity(file) for file in files]
     elif kind == "builtin":
         payload["python"] = platform.python_version()
@@ -304,6 +332,9 @@ def _raw_documents(settings: dict[str, Any], encoding_errors: str,
         return
     if kind == "tfds":
         yield from _tfds_documents(settings, encoding_errors, stats)
+        return
+    if kind in columnar.KINDS:
+        yield from columnar.documents(settings, stats)
         return
     for path in resolve_paths(settings["path"]):
         check_readable(path, "path")
