@@ -1,7 +1,7 @@
 r"""Preparation throughput: in-job packing against the Beam pipeline of mode "prepare".
 
     python benchmarks/prepare_throughput.py --corpus=/data/wiki_large \
-        [--kind=wikiextractor --seq_len=128 --vocab_size=8192 --workers=2]
+        [--kind=wikiextractor --seq_len=128 --vocab_size=8192 --workers=2 --parquet]
 
 Trains one tokenizer on the corpus (not timed; both paths use it), then, each in a fresh
 process so that peak memory is its own: the in-job path (maelm_jax/data/pipeline.py, one
@@ -11,6 +11,11 @@ total and per core used, and peak resident memory (the process's, and its childr
 Beam workers). Both write the same blocks (tests/data/test_prepare.py); the extrapolation to
 16 GB and 160 GB of text assumes the measured tokens per byte and linear scaling with
 cores, which the per-file work items allow and the single-process in-job path does not.
+
+With --parquet the corpus's documents (as its kind reads them) are also written as Parquet,
+one file per corpus file (zstd, --row_group rows per row group; not timed), and mode
+"prepare" runs on them too: the same documents, tokenizer and workers, so the ratio of the
+two Beam rates is the cost of reading Parquet instead of text (the token counts must agree).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ flags.DEFINE_string("kind", "wikiextractor", "Its source kind (maelm_jax/data/so
 flags.DEFINE_integer("seq_len", 128, "Block length.", lower_bound=2)
 flags.DEFINE_integer("vocab_size", 8192, "Tokenizer size.", lower_bound=262)
 flags.DEFINE_integer("workers", os.cpu_count() or 1, "Beam worker processes.", lower_bound=1)
+flags.DEFINE_bool("parquet", False, "Also time mode 'prepare' on the corpus as Parquet.")
+flags.DEFINE_integer("row_group", 8192, "Rows per Parquet row group (--parquet).",
+                     lower_bound=1)
 flags.DEFINE_string("child", "", "Internal: 'job' or 'beam', and the output directory.")
 flags.DEFINE_string("tokenizer", "", "Internal: the tokenizer both paths use.")
 flags.mark_flag_as_required("corpus")
@@ -73,6 +81,47 @@ def _child(path: str, out: str) -> None:
     print(json.dumps({"seconds": seconds, "tokens": tokens, "peak_gb": peak}))
 
 
+def _write_parquet(files: list[str], out: str) -> int:
+    """Writes each corpus file's documents to out/NNNNN.parquet; returns the bytes written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from maelm_jax.data import sources
+
+    os.makedirs(out)
+    schema = pa.schema([("text", pa.string())])
+    for i, path in enumerate(files):
+        target = os.path.join(out, f"{i:05d}.parquet")
+        with pq.ParquetWriter(target, schema, compression="zstd") as writer:
+            rows: list[str] = []
+            for document in sources.iter_documents({"kind": FLAGS.kind, "path": path}):
+                rows.append(document)
+                if len(rows) == FLAGS.row_group:
+                    writer.write_table(pa.table({"text": rows}, schema=schema))
+                    rows = []
+            if rows:
+                writer.write_table(pa.table({"text": rows}, schema=schema))
+    return sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+
+
+def _run_child(path: str, out: str, tokenizer: str, corpus: str, kind: str) -> dict:
+    argv = [sys.executable, sys.argv[0], f"--corpus={corpus}", f"--kind={kind}",
+            f"--seq_len={FLAGS.seq_len}", f"--vocab_size={FLAGS.vocab_size}",
+            f"--workers={FLAGS.workers}", f"--tokenizer={tokenizer}", f"--child={path},{out}"]
+    run = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if run.returncode:
+        cli.fail(f"the {path} path on {kind} failed: "
+                 f"{(run.stderr.strip().splitlines() or ['(no output)'])[-1]}", cli.program())
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _print_rate(label: str, r: dict, cores: int) -> None:
+    rate = r["tokens"] / r["seconds"]
+    print(f"{label:26s} {r['seconds']:7.1f} s  {rate / 1e6:6.2f}M tokens/s  "
+          f"{rate / cores / 1e6:6.2f}M tokens/s per core  peak {r['peak_gb']:.2f} GB",
+          flush=True)
+
+
 def main(argv) -> None:
     del argv
     if FLAGS.child:
@@ -96,20 +145,10 @@ def main(argv) -> None:
               f"(not timed below); {os.cpu_count()} CPUs")
         results = {}
         for path, cores in (("job", os.cpu_count() or 1), ("beam", FLAGS.workers)):
-            argv = [sys.executable, sys.argv[0], f"--corpus={FLAGS.corpus}",
-                    f"--kind={FLAGS.kind}", f"--seq_len={FLAGS.seq_len}",
-                    f"--vocab_size={FLAGS.vocab_size}", f"--workers={FLAGS.workers}",
-                    f"--tokenizer={tok.model_path}", f"--child={path},{tmp}/{path}"]
-            run = subprocess.run(argv, capture_output=True, text=True, check=False)
-            if run.returncode:
-                cli.fail(f"the {path} path failed: {run.stderr.strip().splitlines()[-1]}",
-                         cli.program())
-            r = results[path] = json.loads(run.stdout.strip().splitlines()[-1])
-            rate = r["tokens"] / r["seconds"]
-            print(f"{'in-job (1 process)' if path == 'job' else f'Beam ({cores} workers)':22s} "
-                  f"{r['seconds']:7.1f} s  {rate / 1e6:6.2f}M tokens/s  "
-                  f"{rate / cores / 1e6:6.2f}M tokens/s per core  peak {r['peak_gb']:.2f} GB",
-                  flush=True)
+            r = results[path] = _run_child(path, f"{tmp}/{path}", tok.model_path,
+                                           FLAGS.corpus, FLAGS.kind)
+            _print_rate("in-job (1 process)" if path == "job" else f"Beam ({cores} workers)",
+                        r, cores)
         print("(in-job: one process, whose sentencepiece encodes on every core, so per core "
               "is over all cores; Beam: one thread per worker. Peak: the driver's resident "
               "memory plus its largest child's.)")
@@ -121,6 +160,21 @@ def main(argv) -> None:
             print(f"{size / 1e9:.0f} GB of text ~ {tokens / 1e9:.1f}B tokens: in-job "
                   f"{job / 3600:.1f} h; Beam {tokens / per_core / 3600:.1f} core-hours "
                   f"({tokens / per_core / 3600 / 64:.2f} h on 64 cores)")
+        if FLAGS.parquet:
+            start = time.perf_counter()
+            parquet_bytes = _write_parquet(files, f"{tmp}/parquet")
+            print(f"as Parquet: {len(files)} files, {parquet_bytes / 1e6:.0f} MB (zstd, "
+                  f"{FLAGS.row_group} rows per row group), written in "
+                  f"{time.perf_counter() - start:.0f} s (not timed)")
+            r = results["parquet"] = _run_child("beam", f"{tmp}/beam-parquet", tok.model_path,
+                                                f"{tmp}/parquet", "parquet")
+            _print_rate(f"Beam on Parquet ({FLAGS.workers} w.)", r, FLAGS.workers)
+            if r["tokens"] != results["beam"]["tokens"]:
+                cli.fail(f"Parquet gave {r['tokens']} tokens, the text {results['beam']['tokens']}"
+                         ": not the same documents", cli.program())
+            ratio = ((r["tokens"] / r["seconds"])
+                     / (results["beam"]["tokens"] / results["beam"]["seconds"]))
+            print(f"Parquet / text (Beam tokens/s): {ratio:.3f} ({(ratio - 1) * 100:+.1f} %)")
 
 
 if __name__ == "__main__":
