@@ -21,7 +21,8 @@ Then times jitted forward + backward (the gradient of a sum) at the given shapes
 relative bias [1, heads, L, L] for: einsum with dropout (the materialised path), cuDNN
 without dropout (jax.nn.dot_product_attention; GPU only), and Pallas with dropout for each
 variant of --sweep (models/flash_attention.py KernelOptions: tiles, warps and stages per
-kernel, the bias-gradient scheme, dropout elements per hash), then the options' fastest
+kernel, the bias-gradient scheme, dropout elements per hash; on a TPU, or with
+--kernel=tpu, the TPU kernels' tiles and the elements per hash), then the options' fastest
 values combined greedily (`combine_greedily`: an option joins the combination only where
 it makes it faster). Medians of --repeats after a warm-up, synchronised.
 benchmarks/gpu_suite.py runs the same as its first part.
@@ -30,6 +31,7 @@ benchmarks/gpu_suite.py runs the same as its first part.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -41,6 +43,7 @@ from absl import app, flags
 
 from maelm_jax import cli
 from maelm_jax.models import flash_attention as fa
+from maelm_jax.models import flash_attention_tpu as ft
 from maelm_jax.models import layers
 
 import harness
@@ -64,6 +67,26 @@ FULL = QUICK + (
     {"bias_grad_groups": 16},
 )
 SWEEPS = {"none": (), "quick": QUICK, "full": FULL}
+# The TPU kernels' variants (models/flash_attention_tpu.py): tiles in multiples of 128, the
+# dropout bits per hash; "full" adds wider tiles.
+TPU_QUICK = (
+    {"tpu_forward": "256x128"}, {"tpu_forward": "128x256"}, {"tpu_dkv": "256x128"},
+    {"tpu_dkv": "128x256"}, {"tpu_dq": "256x128"}, {"tpu_dq": "128x256"},
+    {"hash_elements": 2}, {"hash_elements": 4},
+)
+TPU_FULL = TPU_QUICK + (
+    {"tpu_forward": "256x256"}, {"tpu_forward": "512x128"}, {"tpu_dkv": "256x256"},
+    {"tpu_dkv": "512x128"}, {"tpu_dq": "256x256"}, {"tpu_dq": "512x128"},
+)
+TPU_SWEEPS = {"none": (), "quick": TPU_QUICK, "full": TPU_FULL}
+KERNELS = ("auto", "tpu")
+
+
+def sweep_variants(name: str, kernel: str = "auto") -> tuple[dict, ...]:
+    """The variants of sweep `name` for the kernels that run: the TPU's on a TPU or with
+    kernel="tpu", else the GPU's."""
+    tpu = kernel == "tpu" or jax.default_backend() == "tpu"
+    return (TPU_SWEEPS if tpu else SWEEPS)[name]
 
 FLAGS = flags.FLAGS
 
@@ -79,6 +102,9 @@ def define_flags() -> None:
     flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype.")
     flags.DEFINE_integer("repeats", 20, "Timed calls per implementation.", lower_bound=1)
     flags.DEFINE_enum("sweep", "quick", list(SWEEPS), "Kernel variants to check and time.")
+    flags.DEFINE_enum("kernel", "auto", list(KERNELS), "The Pallas kernels: the platform's "
+                      "own (auto: Triton on GPUs, Mosaic on TPUs, the GPU's interpreted on a "
+                      "CPU) or the TPU's (interpreted on a CPU).")
 
 
 def _einsum(q, k, v, bias, key, rate, options=None):
@@ -93,10 +119,16 @@ def _einsum(q, k, v, bias, key, rate, options=None):
     return jnp.einsum("bhqk,bkhd->bqhd", p.astype(q.dtype), v)
 
 
-def _pallas(q, k, v, bias, key, rate, options=fa.KernelOptions()):  # noqa: B008 (frozen)
+def _pallas(q, k, v, bias, key, rate, options=fa.KernelOptions(),  # noqa: B008 (frozen)
+            kernel="auto"):
     seed = jax.random.bits(key, (2,), jnp.uint32)
-    return fa.attention(q, k, v, bias.astype(q.dtype), None, seed,
-                        scale=1 / np.sqrt(q.shape[-1]), dropout_rate=rate, options=options)
+    scale = 1 / np.sqrt(q.shape[-1])
+    if kernel == "tpu":
+        return ft.attention(q, k, v, bias.astype(q.dtype), None, seed, scale=scale,
+                            dropout_rate=rate, options=options,
+                            interpret=jax.default_backend() == "cpu")
+    return fa.attention(q, k, v, bias.astype(q.dtype), None, seed, scale=scale,
+                        dropout_rate=rate, options=options)
 
 
 def _cudnn(q, k, v, bias, key, rate, options=None):
@@ -124,8 +156,8 @@ def tolerance(dtype) -> float:
     return 2e-2 if jnp.dtype(dtype) == jnp.bfloat16 else 1e-4
 
 
-def check_formula(dtype, head_dim: int, options: fa.KernelOptions, shape=(4, 256, 4)
-                  ) -> list[Check]:
+def check_formula(dtype, head_dim: int, options: fa.KernelOptions, shape=(4, 256, 4),
+                  kernel: str = "auto") -> list[Check]:
     """Outputs and gradients of the kernel with `options` against einsum's, no dropout;
     shape: (batch, length, heads)."""
     B, L, H = shape
@@ -133,7 +165,7 @@ def check_formula(dtype, head_dim: int, options: fa.KernelOptions, shape=(4, 256
     keys = jax.random.split(jax.random.PRNGKey(0), 5)
     q, k, v = (jax.random.normal(key, (B, L, H, D), dtype) for key in keys[:3])
     bias = 0.5 * jax.random.normal(keys[3], (1, H, L, L), jnp.float32)
-    pallas = lambda *a: _pallas(*a, options=options)  # noqa: E731
+    pallas = lambda *a: _pallas(*a, options=options, kernel=kernel)  # noqa: E731
     loss = lambda f: lambda *a: jnp.sum(  # noqa: E731
         f(*a, keys[4], 0.0).astype(jnp.float32) * jnp.cos(jnp.arange(D)))
     got = (jax.jit(pallas, static_argnums=5)(q, k, v, bias, keys[4], 0.0),
@@ -149,13 +181,13 @@ def check_formula(dtype, head_dim: int, options: fa.KernelOptions, shape=(4, 256
 
 
 def check_dropout(dtype, head_dim: int, rate: float, options: fa.KernelOptions,
-                  shape=(4, 256, 4)) -> list[Check]:
+                  shape=(4, 256, 4), kernel: str = "auto") -> list[Check]:
     """Kept fraction, the variance of uniform attention, forward/backward agreement and
     determinism of the kernel's dropout with `options`."""
     B, L, H = shape
     D = head_dim
     keys = jax.random.split(jax.random.PRNGKey(1), 5)
-    pallas = jax.jit(lambda q, k, v, b, key: _pallas(q, k, v, b, key, rate, options))
+    pallas = jax.jit(lambda q, k, v, b, key: _pallas(q, k, v, b, key, rate, options, kernel))
     m = D  # m keys, as many as the head has dimensions
     kept_rate = 1 - fa.dropped_fraction(rate, options.hash_elements)
     one_hot = jnp.broadcast_to(jnp.eye(m, D, dtype=dtype)[None, :, None, :], (B, m, H, D))
@@ -223,14 +255,17 @@ def variant_name(changes: dict) -> str:
 
 
 def run(shape: tuple[int, int, int, int], dtype, rate: float, repeats: int,
-        sweep: tuple[dict, ...], report: Callable[[str], None] = print) -> dict:
-    """The checks, the timings and the sweep; returns a JSON-ready record (see the module
-    docstring), reporting each line as it is measured."""
+        sweep: tuple[dict, ...], report: Callable[[str], None] = print,
+        kernel: str = "auto") -> dict:
+    """The checks, the timings and the sweep of the Pallas kernels (`kernel`: KERNELS);
+    returns a JSON-ready record (see the module docstring), reporting each line as it is
+    measured."""
     B, L, H, D = shape
     defaults = fa.KernelOptions()
     small = (min(B, 4), min(L, 256), min(H, 4))
-    checks = check_formula(dtype, D, defaults, small) + check_dropout(dtype, D, rate or 0.1,
-                                                                      defaults, small)
+    checks = (check_formula(dtype, D, defaults, small, kernel)
+              + check_dropout(dtype, D, rate or 0.1, defaults, small, kernel))
+    pallas = functools.partial(_pallas, kernel=kernel)
     for c in checks:
         report(c.line())
     flops = matmul_flops(shape)
@@ -259,12 +294,12 @@ def run(shape: tuple[int, int, int, int], dtype, rate: float, repeats: int,
             return record
         try:
             found = checks if not changes else (
-                check_formula(dtype, D, options, small)
-                + check_dropout(dtype, D, rate or 0.1, options, small))
+                check_formula(dtype, D, options, small, kernel)
+                + check_dropout(dtype, D, rate or 0.1, options, small, kernel))
             record["ok"] = all(c.ok for c in found)
             record["failed"] = [c.line() for c in found if not c.ok]
             if record["ok"]:
-                record["ms"] = timed(f"pallas, dropout: {variant_name(changes)}", _pallas,
+                record["ms"] = timed(f"pallas, dropout: {variant_name(changes)}", pallas,
                                      rate, options)
         except Exception as e:  # noqa: BLE001 (a variant that does not compile is a finding)
             record.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
@@ -325,7 +360,8 @@ def main(argv) -> None:
     dtype = jnp.dtype(FLAGS.dtype)
     print(harness.device_line() + f"; layers.ATTENTION_IMPLS {layers.ATTENTION_IMPLS}")
     record = run((FLAGS.batch, FLAGS.length, FLAGS.heads, FLAGS.head_dim), dtype,
-                 FLAGS.dropout, FLAGS.repeats, SWEEPS[FLAGS.sweep])
+                 FLAGS.dropout, FLAGS.repeats, sweep_variants(FLAGS.sweep, FLAGS.kernel),
+                 kernel=FLAGS.kernel)
     if not all(c["ok"] for c in record["checks"]):
         cli.fail("a check failed (see above)", cli.program())
 

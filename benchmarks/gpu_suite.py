@@ -67,6 +67,9 @@ from maelm_jax import cli  # noqa: E402
 import harness  # noqa: E402
 
 PARTS = ("attention", "throughput", "profile", "quickstart", "compile")
+# The suite's name: its files (NAME.json, NAME.md) and its table's title
+# (benchmarks/tpu_suite.py runs this suite as "tpu_suite").
+SUITE = {"name": "gpu_suite", "title": "GPU suite"}
 IMPLS = ("einsum", "pallas", "cudnn")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Least seconds worth starting a part with.
@@ -79,9 +82,11 @@ TARGETS = {"peer": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5}
 
 FLAGS = flags.FLAGS
 harness.define_config("peer.py:base,layers=2")
-flags.DEFINE_string("out", "", "Directory for gpu_suite.json, gpu_suite.md, parts/, logs/.")
+flags.DEFINE_string("out", "", "Directory for the suite's NAME.json and NAME.md, parts/, logs/.")
 flags.DEFINE_list("parts", list(PARTS), f"Parts to run, from {', '.join(PARTS)}.")
 flags.DEFINE_enum("sweep", "quick", ["none", "quick", "full"], "Pallas variants of part 1.")
+flags.DEFINE_enum("kernel", "auto", ["auto", "tpu"], "Part 1's Pallas kernels: the platform's "
+                  "own, or the TPU's (interpreted on a CPU; benchmarks/tpu_suite.py).")
 flags.DEFINE_list("impls", [], f"Attention implementations of part 2, from {', '.join(IMPLS)} "
                   "(default: all three on a GPU, einsum elsewhere).")
 harness.define_objectives_flag(list(harness.OBJECTIVES), "Objectives of part 2 (mlm always).")
@@ -126,7 +131,9 @@ def part_attention(out: pathlib.Path) -> dict:
              m.d_model // m.num_heads)
     _log(harness.device_line())
     record = attention.run(shape, jnp.dtype(dtype), m.attention_dropout,
-                           FLAGS.attention_repeats, attention.SWEEPS[FLAGS.sweep], _log)
+                           FLAGS.attention_repeats,
+                           attention.sweep_variants(FLAGS.sweep, FLAGS.kernel), _log,
+                           kernel=FLAGS.kernel)
     record["device"] = harness.device_line()
     return record
 
@@ -138,7 +145,15 @@ def _impls() -> list[str]:
             cli.fail(f"--impls: unknown {', '.join(unknown)}; expected some of "
                      f"{', '.join(IMPLS)}", cli.program())
         return list(FLAGS.impls)
+    if jax_backend() == "tpu":  # cuDNN is a GPU library
+        return ["einsum", "pallas"]
     return list(IMPLS) if harness.on_accelerator() else ["einsum"]
+
+
+def jax_backend() -> str:
+    import jax
+
+    return jax.default_backend()
 
 
 def _side_config(config, objective: str, impl: str, pallas: dict | None):
@@ -421,7 +436,7 @@ def _heading(lines: list[str], title: str, record: dict) -> bool:
 
 def markdown(results: dict) -> str:
     """The table a person reads: every part's figures and the targets' verdicts."""
-    lines = ["# GPU suite", "", f"Command: `{results['command']}`", ""]
+    lines = [f"# {SUITE['title']}", "", f"Command: `{results['command']}`", ""]
     parts = results["parts"]
     a = parts.get("attention")
     if a:
@@ -530,7 +545,8 @@ def main(argv) -> None:
             cli.fail(message, cli.program())
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    results = {"command": " ".join(["python", "benchmarks/gpu_suite.py", *sys.argv[1:]]),
+    results = {"command": " ".join(["python", f"benchmarks/{SUITE['name']}.py",
+                                    *sys.argv[1:]]),
                "targets": TARGETS, "parts": {}}
     for part in [p for p in PARTS if p in FLAGS.parts]:
         left = FLAGS.budget_seconds - (time.perf_counter() - start)
@@ -539,9 +555,9 @@ def main(argv) -> None:
         else:
             print(f"{part}: running (up to {left:.0f} s; log in {out / 'logs'})", flush=True)
             results["parts"][part] = run_part(part, out, left)
-        _write(out / "gpu_suite.json", results)
-        (out / "gpu_suite.md").write_text(markdown(results))
-    print((out / "gpu_suite.md").read_text())
+        _write(out / f"{SUITE['name']}.json", results)
+        (out / f"{SUITE['name']}.md").write_text(markdown(results))
+    print((out / f"{SUITE['name']}.md").read_text())
 
 
 if __name__ == "__main__":

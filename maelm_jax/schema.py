@@ -185,6 +185,10 @@ def pallas_fields(prefix: str = "model.pallas") -> dict[str, Field]:
         f"{prefix}.bias_grad": choice("batch", "rows"),  # flash_attention.BIAS_GRADS
         f"{prefix}.bias_grad_groups": integer(1),
         f"{prefix}.hash_elements": choice(1, 2, 4),  # flash_attention.HASH_ELEMENTS
+        **{f"{prefix}.tpu_{kernel}": text("a TPU tile 'block_qxblock_k' in multiples of 128 "
+                                          "such as '128x128'")
+           for kernel in ("forward", "dkv", "dq")},
+        f"{prefix}.tpu_vmem_limit_mb": integer(1),
     }
 
 

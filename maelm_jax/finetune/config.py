@@ -335,8 +335,11 @@ def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: i
             f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
             f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "
             f"size >= 16), got 'pallas'")
-    if impl == "pallas" and jax.default_backend() not in ("gpu", "cpu"):
-        raise FinetuneConfigError(
-            "config.model.attention_impl: expected 'einsum' (or 'auto') on this backend: "
-            f"'pallas' is a GPU (Triton) kernel, and this is a {jax.default_backend()}")
+    if impl == "pallas" and jax.default_backend() == "tpu":
+        try:
+            length = config.data.max_seq_len or 512  # 0: at most 512 (the positions')
+            kernel_options(config).check_tpu_vmem(length, length, head_dim,
+                                                  "config.model.pallas")
+        except flash_attention.OptionsError as e:
+            raise FinetuneConfigError(str(e)) from None
     return impl

@@ -15,11 +15,12 @@ first occurrence, the real one, is the one read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def first_index(ids: jax.Array, num_ids: int) -> jax.Array:
@@ -73,15 +74,33 @@ take_rows.defvjp(_take_rows_forward, _take_rows_backward)
 
 
 
-class GridBias(NamedTuple):
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["grid", "q_pos", "k_pos"],
+                   meta_fields=["reach"])
+@dataclasses.dataclass(frozen=True)
+class GridBias:
     """A per-example bias kept as the grid it is read from: bias[b, h, i, j] =
-    grid[h, q_pos[b, i], k_pos[b, j]]. The Pallas kernel reads its tiles from the grid by
-    position (models/flash_attention.py), so the [B, heads, n, m] bias never exists;
-    elsewhere `materialise` makes it."""
+    grid[h, q_pos[b, i], k_pos[b, j]]. The Pallas kernels read its tiles by position
+    (models/flash_attention.py, models/flash_attention_tpu.py), so the [B, heads, n, m]
+    bias never exists; elsewhere `materialise` makes it.
+
+    reach (static): 0, or the grid is relative, grid[h, p, r] a function of r - p alone,
+    constant for r - p >= reach and for r - p <= -reach: then a row of 2 reach + 1 values
+    holds it whole (the TPU kernel reads that row by distance).
+    """
 
     grid: jax.Array  # [heads, P, P] float32
     q_pos: jax.Array  # [B, n] int32, distinct in each row
     k_pos: jax.Array  # [B, m] int32, distinct in each row
+    reach: int = 0
+
+    def _replace(self, **changes) -> GridBias:
+        return dataclasses.replace(self, **changes)
+
+    def cotangent(self, d_grid: jax.Array) -> GridBias:
+        """The cotangent of this bias whose grid's is `d_grid` (the positions, integers,
+        have none)."""
+        return GridBias(d_grid, *(np.zeros(p.shape, jax.dtypes.float0)
+                                  for p in (self.q_pos, self.k_pos)), reach=self.reach)
 
     def materialise(self, dtype) -> jax.Array:
         """The bias [B, heads, n, m] in `dtype`."""

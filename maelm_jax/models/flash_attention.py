@@ -34,10 +34,8 @@ its [n, block_k] column; `bias_grad_groups` groups, summed by XLA, deterministic
 atomics) or written per row in float32 and summed by XLA ("rows", the [B, heads, n, m]
 round trip, kept to measure against).
 
-Dropout bits (KernelOptions.hash_elements): one 32-bit hash per element (24 bits decide
-it), or one hash for 2 or 4 neighbouring keys (16 or 8 bits each, as FlashAttention-2
-does with Philox); the rate is then quantised to 2**-bits and the kept values are scaled
-by the kept fraction actually used, so the expectation stays exact.
+Dropout bits (KernelOptions.hash_elements): models/dropout_hash.py, shared with the TPU
+kernel (models/flash_attention_tpu.py), which draws the same mask.
 
 Lengths: n and m must be multiples of the tiles' (KernelOptions.length_multiple); the
 encoder pads its input once to that multiple (models/encoder.py). Other callers' lengths
@@ -54,11 +52,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from maelm_jax.models import by_position
+from maelm_jax.models import by_position, flash_attention_tpu
+from maelm_jax.models.dropout_hash import (  # noqa: F401 (re-exported: the kernel's bits)
+    dropped_fraction,
+    keep,
+    keep_mask,
+    row_stream,
+    shard_row_stream,
+)
 
 # The kernel's options are plain data (models/options.py), so configs check them without
 # importing this kernel; re-exported for the kernel's callers.
@@ -72,10 +76,6 @@ from maelm_jax.models.options import (  # noqa: F401 (re-exported)
 
 # The score of a masked key: large and finite, so a fully masked row has no NaN.
 MASKED = -1e30
-# lowbias32 (C. Wellons): a 32-bit integer hash with full avalanche.
-_MIX1, _MIX2, _GOLDEN = np.uint32(0x7FEB352D), np.uint32(0x846CA68B), np.uint32(0x9E3779B9)
-
-
 _DEFAULT_OPTIONS = KernelOptions()
 
 
@@ -83,90 +83,6 @@ def _compiler_params(tile: Tile) -> plgpu.CompilerParams:
     """Triton's launch parameters for `tile` (they also pin the Triton backend: without
     them jax 0.10 lowers a pallas_call for Mosaic GPU)."""
     return plgpu.CompilerParams(num_warps=tile.num_warps, num_stages=tile.num_stages)
-
-
-# ----------------------------------------------------------------------------------------
-# Dropout bits.
-
-
-def _mix(x: jax.Array) -> jax.Array:
-    x = x ^ (x >> 16)
-    x = x * _MIX1
-    x = x ^ (x >> 15)
-    x = x * _MIX2
-    return x ^ (x >> 16)
-
-
-def row_stream(seed0: jax.Array, seed1: jax.Array, batch: jax.Array, head: jax.Array,
-               num_heads: int) -> jax.Array:
-    """uint32: the hash state of one (batch, head) row of attention matrices, from the two
-    words of the call's seed; batch and head index the whole batch and all heads (a shard
-    adds its offsets), num_heads is the model's."""
-    row = (batch * num_heads + head).astype(jnp.uint32)
-    return _mix(_mix(row * _GOLDEN ^ seed0) ^ seed1)
-
-
-def _stream(seed_ref, batch, head, num_heads):
-    """row_stream of this shard's (batch, head): seed_ref holds the seed's two words and
-    the shard's first batch row and head."""
-    return row_stream(seed_ref[0], seed_ref[1], seed_ref[2] + batch.astype(jnp.uint32),
-                      seed_ref[3] + head.astype(jnp.uint32), num_heads)
-
-
-def _bits(elements: int) -> int:
-    """Bits of a hash that decide one element when `elements` share it."""
-    return min(24, 32 // elements)
-
-
-def _threshold(rate: float, elements: int) -> int:
-    return round(rate * 2 ** _bits(elements))
-
-
-def dropped_fraction(rate: float, elements: int = 1) -> float:
-    """The dropout rate the kernels really apply: `rate` quantised to the bits per element."""
-    return _threshold(rate, elements) / 2 ** _bits(elements)
-
-
-def keep(stream: jax.Array, queries: jax.Array, key_start: jax.Array, block_k: int,
-         key_stride: int, rate: float, elements: int = 1) -> jax.Array:
-    """bool [len(queries), block_k]: which elements of keys key_start .. + block_k dropout
-    keeps, a function of the row's stream and each (query, key) index alone.
-
-    Key k reads the bits [(k % e) * bits, (k % e + 1) * bits) of the hash of the counter
-    query * ceil(key_stride / e) + k // e (e = elements; key_start a multiple of e). One
-    hash is computed per e keys and its bits spread by a reshape.
-    """
-    bits, e = _bits(elements), elements
-    groups = jnp.asarray(key_start) // e + jnp.arange(block_k // e)
-    counter = (queries[:, None] * (-(-key_stride // e)) + groups[None, :]).astype(jnp.uint32)
-    hashed = _mix(counter ^ stream)
-    threshold = np.uint32(_threshold(rate, elements))
-    if e == 1:
-        return (hashed >> (32 - bits)) >= threshold
-    shifts = (jnp.arange(e) * bits).astype(jnp.uint32)
-    parts = (hashed[:, :, None] >> shifts[None, None, :]) & np.uint32(2 ** bits - 1)
-    return parts.reshape(len(queries), block_k) >= threshold
-
-
-def keep_mask(seed: jax.Array, shape: tuple[int, int, int, int], rate: float,
-              elements: int = 1) -> jax.Array:
-    """bool [B, heads, n, m]: the whole keep mask the kernels apply, for tests and checks,
-    computed element by element (no reshape), as `keep` documents it."""
-    B, H, n, m = shape
-    bits, e = _bits(elements), elements
-    threshold = np.uint32(_threshold(rate, elements))
-    keys = jnp.arange(m)
-    shift = (32 - bits) if e == 1 else (keys % e * bits)
-
-    def row(stream):
-        counter = (jnp.arange(n)[:, None] * (-(-m // e)) + keys[None, :] // e)
-        hashed = _mix(counter.astype(jnp.uint32) ^ stream)
-        return ((hashed >> jnp.asarray(shift, jnp.uint32)) & np.uint32(2 ** bits - 1)
-                ) >= threshold
-
-    streams = jax.vmap(lambda b: jax.vmap(lambda h: row_stream(seed[0], seed[1], b, h, H))(
-        jnp.arange(H)))(jnp.arange(B))
-    return jax.vmap(jax.vmap(row))(streams)
 
 
 # ----------------------------------------------------------------------------------------
@@ -204,7 +120,7 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref,
     and logsum [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    stream = _stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
+    stream = shard_row_stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
     queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q = q_ref[...]
     q_positions = None if qpos_ref is None else qpos_ref[...]
@@ -266,7 +182,7 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, val
     j, head, group = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
     def row(r, _):
-        stream = _stream(seed_ref, group * rows + r, head, num_heads)
+        stream = shard_row_stream(seed_ref, group * rows + r, head, num_heads)
         k, v = k_ref[r], v_ref[r]
         valid = None if valid_ref is None else valid_ref[r]
 
@@ -322,7 +238,7 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, vali
     logsum, delta [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
-    stream = _stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
+    stream = shard_row_stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
     queries = pl.program_id(0) * block_q + jnp.arange(block_q)
     q, do = q_ref[...], do_ref[...]
     row_max, logsum, delta = max_ref[...], logsum_ref[...], delta_ref[...]
@@ -353,30 +269,30 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, vali
 
 
 def _call(kernel, tile: Tile, grid, in_specs, out_specs, out_shape, name: str,
-          interpret: bool | None, **static):
-    """The kernel as a function of its inputs (None for an absent bias or mask): Pallas'
-    interpreter on a CPU and Triton elsewhere, chosen when the program is lowered (or as
-    `interpret` says)."""
+          interpret: bool, **static):
+    """The kernel as a function of its inputs (None for an absent bias or mask), on Triton
+    or in Pallas' interpreter."""
+    if "barrier" in static:  # Triton's barrier; the interpreter runs one thread
+        static["barrier"] = not interpret
+    return pl.pallas_call(functools.partial(kernel, **static), grid=grid, in_specs=in_specs,
+                          out_specs=out_specs, out_shape=out_shape, interpret=interpret,
+                          name=name, compiler_params=_compiler_params(tile))
 
-    def call(interpret_now: bool):
-        now = dict(static)
-        if "barrier" in now:  # Triton's barrier; the interpreter runs one thread
-            now["barrier"] = not interpret_now
-        return pl.pallas_call(functools.partial(kernel, **now), grid=grid, in_specs=in_specs,
-                              out_specs=out_specs, out_shape=out_shape,
-                              interpret=interpret_now, name=name,
-                              compiler_params=_compiler_params(tile))
 
-    def run(*args):
-        if interpret is not None:
-            return call(interpret)(*args)
-        leaves, tree = jax.tree.flatten(args)
-        # Each branch gets the leaves and rebuilds the arguments (None stays None).
-        branch = lambda interpret_now: lambda *xs: call(interpret_now)(  # noqa: E731
-            *jax.tree.unflatten(tree, xs))
-        return jax.lax.platform_dependent(*leaves, cpu=branch(True), default=branch(False))
-
-    return run
+def _by_platform(kind: str, interpret: bool | None, static: tuple, *args):
+    """The `kind` ("forward" or "backward") of the kernels on `args` (then `static`): the
+    Triton kernels, Pallas' interpreter on a CPU or the TPU kernels
+    (models/flash_attention_tpu.py), chosen when the program is lowered; `interpret`
+    (True / False) forces the GPU kernels, interpreted or not."""
+    gpu, tpu = _KERNELS[kind]
+    if interpret is not None:
+        return gpu(interpret, *args, *static)
+    leaves, tree = jax.tree.flatten(args)
+    # Each branch gets the leaves and rebuilds the arguments (None stays None).
+    branch = lambda f: lambda *xs: f(*jax.tree.unflatten(tree, xs), *static)  # noqa: E731
+    return jax.lax.platform_dependent(
+        *leaves, cpu=branch(functools.partial(gpu, True)), tpu=branch(tpu),
+        default=branch(functools.partial(gpu, False)))
 
 
 def _parts(bias):
@@ -523,31 +439,57 @@ def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
     )(*args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
-def _attention(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
-               interpret):
+def _gpu_forward(interpret, q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads,
+                 options):
+    """-> out [B, n, H, D] and the row max and log sum [B, H, n]."""
     return _forward(q, k, v, *_parts(bias), valid, seed, scale, rate, key_stride, num_heads,
-                    options, interpret)[0]
+                    options, interpret)
 
 
-def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
-                   interpret):
-    out, row_max, logsum = _forward(q, k, v, *_parts(bias), valid, seed, scale, rate,
-                                    key_stride, num_heads, options, interpret)
-    return out, (q, k, v, bias, valid, seed, out, row_max, logsum)
-
-
-def _attention_bwd(scale, rate, key_stride, num_heads, options, interpret, residuals, d_out):
-    q, k, v, bias, valid, seed, out, row_max, logsum = residuals
+def _gpu_backward(interpret, q, k, v, bias, valid, seed, out, row_max, logsum, d_out, scale,
+                  rate, key_stride, num_heads, options):
+    """-> dq, dk, dv and the bias's gradient (the grid's for a GridBias) or None."""
     # rowsum(dO * O) = rowsum(dP~ * P~): the softmax's backward term, [B, H, n].
     delta = jnp.einsum("bnhd,bnhd->bhn", d_out.astype(jnp.float32), out.astype(jnp.float32))
     args = (seed, q, k, v, *_parts(bias), valid, d_out, row_max, logsum, delta)
     static = (q.shape, scale, rate, key_stride, num_heads, options, interpret)
     dk, dv, dbias = _dkv(args, *static)
-    dq = _dq(args, *static)
+    return _dq(args, *static), dk, dv, dbias
+
+
+def _tpu_forward(*args):
+    return flash_attention_tpu.forward(*args, interpret=False)
+
+
+def _tpu_backward(*args):
+    return flash_attention_tpu.backward(*args, interpret=False)
+
+
+_KERNELS = {"forward": (_gpu_forward, _tpu_forward), "backward": (_gpu_backward, _tpu_backward)}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def _attention(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
+               interpret):
+    return _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads,
+                          options, interpret)[0]
+
+
+def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, num_heads, options,
+                   interpret):
+    out, row_max, logsum = _by_platform(
+        "forward", interpret, (scale, rate, key_stride, num_heads, options), q, k, v, bias,
+        valid, seed)
+    return out, (q, k, v, bias, valid, seed, out, row_max, logsum)
+
+
+def _attention_bwd(scale, rate, key_stride, num_heads, options, interpret, residuals, d_out):
+    bias = residuals[3]
+    dq, dk, dv, dbias = _by_platform(
+        "backward", interpret, (scale, rate, key_stride, num_heads, options), *residuals,
+        d_out)
     if isinstance(bias, by_position.GridBias):  # integer positions: no gradient
-        dbias = by_position.GridBias(dbias, *(np.zeros(p.shape, jax.dtypes.float0)
-                                              for p in (bias.q_pos, bias.k_pos)))
+        dbias = bias.cotangent(dbias)
     return dq, dk, dv, dbias, None, None
 
 

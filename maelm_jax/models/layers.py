@@ -192,18 +192,20 @@ def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None, 
                            head_dims: tuple[int, ...] = ()) -> str:
     """ATTENTION_IMPLS' "auto" for this backend (jax.default_backend() unless given), a
     model whose stacks have heads of `head_dims` and the largest attention dropout
-    `attention_dropout`: on a GPU at half precision the Pallas kernel when there is
-    attention dropout (cuDNN's fused call has none, so training would take the einsum
-    path) and the kernel tiles every stack's heads, else cuDNN."""
+    `attention_dropout`. At half precision with attention dropout, where the kernels tile
+    every stack's heads: the Pallas kernels on GPUs (Triton) and TPUs (Mosaic), which keep
+    dropout inside; without dropout cuDNN's fused call on GPUs, the einsum path on TPUs
+    (XLA fuses it well enough there, and the kernels' bias reads gain nothing); the einsum
+    path elsewhere, and where the kernels cannot tile."""
     if name != "auto":
         return name
     backend = backend or jax.default_backend()
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    if backend != "gpu" or not half:
+    if backend not in ("gpu", "tpu") or not half:
         return "einsum"
     if attention_dropout > 0 and head_dims and all(map(schema.pallas_heads, head_dims)):
         return "pallas"
-    return "cudnn"
+    return "cudnn" if backend == "gpu" else "einsum"
 
 
 def length_multiple(cfg: StackConfig) -> int:
@@ -357,7 +359,8 @@ def _per_shard(call, q, k, v, bias, key_valid, seed) -> jax.Array:
     P = jax.sharding.PartitionSpec
     rows = P(batch, None, heads, None)
     if isinstance(bias, by_position.GridBias):  # the grid by head, the positions by row
-        per_head = by_position.GridBias(P(heads, None, None), P(batch, None), P(batch, None))
+        per_head = by_position.GridBias(P(heads, None, None), P(batch, None), P(batch, None),
+                                        reach=bias.reach)
     else:
         per_head = None if bias is None else P(batch if bias.shape[0] > 1 else None, heads,
                                                None, None)

@@ -109,6 +109,42 @@ class Tile:
         return f"{self.block_q}x{self.block_k}:{self.num_warps}:{self.num_stages}"
 
 
+# The TPU's vector registers: 8 sublanes x 128 lanes of 32 bits.
+LANES = 128
+_TPU_TILE = re.compile(r"^(\d+)x(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuTile:
+    """One TPU kernel's tile: queries x keys, each a multiple of 128 (the lane width: the
+    row statistics are transposed to lanes, the bias row is gathered 128 lanes at a time).
+    Written "block_qxblock_k", e.g. "128x256"."""
+
+    block_q: int = 128
+    block_k: int = 128
+
+    def __post_init__(self):
+        for name in ("block_q", "block_k"):
+            size = getattr(self, name)
+            if not (isinstance(size, int) and size >= LANES and size % LANES == 0):
+                raise OptionsError(f"{name} must be a multiple of {LANES} (the TPU's lanes), "
+                                   f"got {size}")
+
+    @classmethod
+    def parse(cls, text: str) -> TpuTile:
+        match = _TPU_TILE.match(text) if isinstance(text, str) else None
+        if not match:
+            raise OptionsError(f"expected 'block_qxblock_k' such as '128x128', got {text!r}")
+        return cls(*map(int, match.groups()))
+
+    def __str__(self) -> str:
+        return f"{self.block_q}x{self.block_k}"
+
+
+_TILES = {"forward": Tile, "dkv": Tile, "dq": Tile, "tpu_forward": TpuTile,
+          "tpu_dkv": TpuTile, "tpu_dq": TpuTile}
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelOptions:
     """How the three kernels run: each one's Tile, the bias-gradient scheme and the dropout
@@ -126,6 +162,13 @@ class KernelOptions:
     # the float32 partial sums (one per row) for XLA to add.
     bias_grad_groups: int = 8
     hash_elements: int = 1  # one of HASH_ELEMENTS
+    # The TPU kernels' tiles (models/flash_attention_tpu.py; dkv: block_k its key block,
+    # block_q the queries it streams; dq and forward: block_q theirs, block_k streamed)
+    # and the VMEM they may use (a chip's scoped default is 16 MiB on v4/v5e, 32 on v6e).
+    tpu_forward: TpuTile = TpuTile()
+    tpu_dkv: TpuTile = TpuTile()
+    tpu_dq: TpuTile = TpuTile()
+    tpu_vmem_limit_mb: int = 16
 
     def __post_init__(self):
         if self.bias_grad not in BIAS_GRADS:
@@ -137,6 +180,55 @@ class KernelOptions:
         if self.hash_elements not in HASH_ELEMENTS:
             raise OptionsError(f"hash_elements must be one of "
                                f"{', '.join(map(str, HASH_ELEMENTS))}, got {self.hash_elements!r}")
+
+        if not (isinstance(self.tpu_vmem_limit_mb, int) and 1 <= self.tpu_vmem_limit_mb <= 128):
+            raise OptionsError(f"tpu_vmem_limit_mb must be an int in [1, 128], got "
+                               f"{self.tpu_vmem_limit_mb!r}")
+
+    @property
+    def tpu_query_multiple(self) -> int:
+        """What the TPU kernels pad the number of queries to a multiple of."""
+        return math.lcm(self.tpu_forward.block_q, self.tpu_dkv.block_q, self.tpu_dq.block_q)
+
+    @property
+    def tpu_key_multiple(self) -> int:
+        """What the TPU kernels pad the number of keys to a multiple of."""
+        return math.lcm(self.tpu_forward.block_k, self.tpu_dkv.block_k, self.tpu_dq.block_k)
+
+    def tpu_vmem_bytes(self, n: int, m: int, head_dim: int, itemsize: int = 2) -> dict[str, int]:
+        """Each TPU kernel's VMEM estimate (bytes) for n queries and m keys (padded) of
+        head_dim: its blocks double-buffered (the pipeline's) plus its [block_q, block_k]
+        float32 temporaries (scores, probabilities, dropout, bias: a handful each)."""
+        n = -(-n // self.tpu_query_multiple) * self.tpu_query_multiple
+        m = -(-m // self.tpu_key_multiple) * self.tpu_key_multiple
+        words = 4
+        def tile_temps(t: TpuTile) -> int:
+            return 8 * t.block_q * t.block_k * words
+
+        f, d, q = self.tpu_forward, self.tpu_dkv, self.tpu_dq
+        # per program: q and o [bq, D], k and v [m, D], a bias tile [bq, m] (at most
+        # float32), positions [bq, 128] and [8, m], the mask [8, m], statistics [1, bq]
+        forward = 2 * ((2 * f.block_q + 2 * m) * head_dim * itemsize + f.block_q * m * words
+                       + f.block_q * LANES * words + 2 * 8 * m * words
+                       + 2 * 8 * f.block_q * words) + tile_temps(f)
+        dkv = 2 * ((2 * n + 4 * d.block_k) * head_dim * itemsize
+                   + 2 * n * d.block_k * words + n * LANES * words + 2 * 8 * d.block_k * words
+                   + 3 * 8 * n * words) + tile_temps(d)
+        dq = 2 * ((3 * q.block_q + 2 * m) * head_dim * itemsize + q.block_q * m * words
+                  + q.block_q * LANES * words + 2 * 8 * m * words
+                  + 3 * 8 * q.block_q * words) + tile_temps(q)
+        return {"tpu_forward": forward, "tpu_dkv": dkv, "tpu_dq": dq}
+
+    def check_tpu_vmem(self, n: int, m: int, head_dim: int, where: str = "options") -> None:
+        """An OptionsError naming the kernel whose estimate exceeds tpu_vmem_limit_mb."""
+        limit = self.tpu_vmem_limit_mb * 2 ** 20
+        for name, used in self.tpu_vmem_bytes(n, m, head_dim).items():
+            if used > limit:
+                raise OptionsError(
+                    f"{where}.{name}: the TPU kernel needs about {used / 2 ** 20:.1f} MiB of "
+                    f"VMEM for {n} queries, {m} keys and heads of {head_dim}, over "
+                    f"{where}.tpu_vmem_limit_mb={self.tpu_vmem_limit_mb}: use smaller tiles "
+                    f"(now {getattr(self, name)}), shorter sequences or a higher limit")
 
     @property
     def query_multiple(self) -> int:
@@ -170,7 +262,8 @@ class KernelOptions:
 
     def fields(self) -> dict[str, Any]:
         """The options as config fields (model.pallas.*): tiles as strings."""
-        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Tile) else v)
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), (Tile, TpuTile))
+                         else v)
                 for f in dataclasses.fields(self)}
 
     @classmethod
@@ -185,7 +278,7 @@ class KernelOptions:
         values = {}
         for name, value in fields.items():
             try:
-                values[name] = Tile.parse(value) if name in ("forward", "dkv", "dq") else value
+                values[name] = _TILES[name].parse(value) if name in _TILES else value
             except OptionsError as e:
                 raise OptionsError(f"{where}.{name}: {e}") from None
         try:

@@ -4,38 +4,44 @@ encoder and decoders share across their layers."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maelm_jax.models import by_position, options
 from maelm_jax.models.layers import normal_init
 
 
-def t5_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: int) -> jax.Array:
-    """T5's bidirectional bucketing of `relative` = key_pos - query_pos.
+def t5_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: int,
+                       xp: Any = jnp) -> jax.Array:
+    """T5's bidirectional bucketing of `relative` = key_pos - query_pos (xp: jax.numpy, or
+    numpy on the host).
 
     Half the buckets per sign; within a sign, exact buckets for small distances and
     log-spaced buckets up to `max_distance` (everything farther shares the last one).
     """
     half = num_buckets // 2
-    bucket = (relative > 0).astype(jnp.int32) * half
-    distance = jnp.abs(relative)
+    bucket = (relative > 0).astype(xp.int32) * half
+    distance = xp.abs(relative)
     max_exact = half // 2
     is_small = distance < max_exact
     # max(distance, 1) keeps log() finite where the small branch is chosen anyway.
-    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / jnp.log(
+    log_ratio = xp.log(xp.maximum(distance, 1).astype(xp.float32) / max_exact) / xp.log(
         max_distance / max_exact
     )
-    large = max_exact + (log_ratio * (half - max_exact)).astype(jnp.int32)
-    large = jnp.minimum(large, half - 1)
-    return bucket + jnp.where(is_small, distance, large)
+    large = max_exact + (log_ratio * (half - max_exact)).astype(xp.int32)
+    large = xp.minimum(large, half - 1)
+    return bucket + xp.where(is_small, distance, large)
 
 
-def maelm_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: int) -> jax.Array:
-    """The bucketing of the official MAE-LM code (fairseq's transformer_sentence_encoder).
+def maelm_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: int,
+                          xp: Any = jnp) -> jax.Array:
+    """The bucketing of the official MAE-LM code (fairseq's transformer_sentence_encoder);
+    xp as for t5_relative_bucket.
 
     Same number of buckets as T5's, laid out differently: a signed, symmetric bucket
     (distance 0 in the middle, num_buckets - 1 of them used), exact below num_buckets / 4,
@@ -46,15 +52,15 @@ def maelm_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: i
     max_distance (the papers' 512 vs 128).
     """
     half = num_buckets // 2
-    distance = jnp.abs(relative)
+    distance = xp.abs(relative)
     max_exact = half // 2
     is_small = distance < max_exact
-    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / jnp.log(
+    log_ratio = xp.log(xp.maximum(distance, 1).astype(xp.float32) / max_exact) / xp.log(
         (max_distance - 1) / max_exact
     )
-    large = max_exact + jnp.ceil(log_ratio * (half - 1 - max_exact)).astype(jnp.int32)
-    large = jnp.minimum(large, half - 1)
-    signed = jnp.where(is_small, distance, large) * jnp.sign(relative)
+    large = max_exact + xp.ceil(log_ratio * (half - 1 - max_exact)).astype(xp.int32)
+    large = xp.minimum(large, half - 1)
+    signed = xp.where(is_small, distance, large) * xp.sign(relative)
     return signed + half - 1
 
 
@@ -62,6 +68,23 @@ def maelm_relative_bucket(relative: jax.Array, num_buckets: int, max_distance: i
 # MAE-LM code's.
 BUCKET_FNS = {"t5": t5_relative_bucket, "maelm": maelm_relative_bucket}
 assert tuple(BUCKET_FNS) == options.BUCKET_FNS
+
+
+@functools.lru_cache(maxsize=64)
+def relative_reach(bucket_fn: str, num_buckets: int, max_distance: int,
+                   num_positions: int) -> int:
+    """The distance R from which every relative distance d (|d| < num_positions) shares
+    the bucket of +-R: the bias grid's diagonals are constant beyond, so 2 R + 1 values
+    hold it whole (by_position.GridBias.reach). Computed on the host; one position of
+    margin covers a device whose log rounds a bucket's edge the other way."""
+    P = num_positions
+    relative = np.arange(-(P - 1), P)
+    buckets = BUCKET_FNS[bucket_fn](relative, num_buckets, max_distance, xp=np)
+    changes = np.nonzero(buckets[1:] != buckets[:-1])[0]  # d = relative[i] to relative[i + 1]
+    if not len(changes):
+        return 1
+    farthest = max(abs(int(relative[changes[0]])), int(relative[changes[-1] + 1]))
+    return min(farthest + 1, P - 1)
 
 
 REL_POS_INITS = options.REL_POS_INITS  # "normal" or "local" (see local_bias_init)
@@ -141,7 +164,8 @@ class RelativePositionBias(nn.Module):
             shared = self._table_dot(table, grid[None], grid[None])[0]  # [heads, P, P]
             q_pos = jnp.broadcast_to(q_pos, (batch, q_pos.shape[1]))
             k_pos = jnp.broadcast_to(k_pos, (batch, k_pos.shape[1]))
-            bias = by_position.GridBias(shared, q_pos, k_pos)
+            bias = by_position.GridBias(shared, q_pos, k_pos, reach=relative_reach(
+                self.bucket_fn, self.num_buckets, self.max_distance, P))
             return bias if self.as_grid else bias.materialise(self.dtype)
         if batch > 1:  # too many positions for a grid: the table by bucket
             buckets = BUCKET_FNS[self.bucket_fn](

@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers
+from maelm_jax.models import layers, options
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
@@ -90,11 +90,8 @@ def encoder_config(config: ml_collections.ConfigDict,
     pallas = config_lib.kernel_options(config)
     if attention_impl == "pallas":  # its tiles shrunk to pad the encoder's kept tokens least
         pallas = pallas.fitted(length)
-    if attention_impl == "pallas" and jax.default_backend() not in ("gpu", "cpu"):
-        raise config_lib.ConfigError(
-            "config.model.attention_impl: expected 'einsum' (or 'auto') on this backend: "
-            f"'pallas' is a GPU (Triton) kernel, and this is a {jax.default_backend()}, got "
-            f"{m.attention_impl!r}")
+    if attention_impl == "pallas" and jax.default_backend() == "tpu":
+        check_tpu_vmem(pallas, length, stacks, "config.model.pallas")
     return encoder_lib.from_architecture(
         encoder_lib.model_architecture(m, vocab_size=vocab_size,
                                        max_positions=config.data.seq_len),
@@ -110,6 +107,16 @@ def encoder_config(config: ml_collections.ConfigDict,
         scan_layers=m.scan_layers,
         remat_policy=m.remat_policy,
     )
+
+
+def check_tpu_vmem(pallas: Any, length: int, stacks: list, where: str) -> None:
+    """A ConfigError where the TPU kernels' tiles would not fit their VMEM for a
+    self-attention of `length` in any of `stacks` (configs with d_model and num_heads)."""
+    try:
+        for s in stacks:
+            pallas.check_tpu_vmem(length, length, s.d_model // s.num_heads, where)
+    except options.OptionsError as e:
+        raise config_lib.ConfigError(str(e)) from None
 
 
 def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:

@@ -172,6 +172,37 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
     assert record["parts"] == {"quickstart": {"skipped": "budget: 10 s left"}}
 
 
+def test_tpu_suite_runs_tiny_with_the_tpu_kernels(tmp_path):
+    """benchmarks/tpu_suite.py on this CPU at tiny sizes: part 1 checks the TPU kernels
+    (interpreted here) against einsum, part 2 times the train step with einsum and Pallas,
+    written to tpu_suite.json and tpu_suite.md; its TPU sweep names TPU tiles."""
+    out = tmp_path / "suite"
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "tpu_suite.py"), f"--out={out}",
+         "--parts=attention,throughput", "--sweep=none", "--objectives=mlm", "--steps=1",
+         "--repeats=1", "--attention_repeats=1", *TINY],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
+        check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((out / "tpu_suite.json").read_text())
+    assert record["command"].startswith("python benchmarks/tpu_suite.py")
+    attention = record["parts"]["attention"]
+    assert all(c["ok"] for c in attention["checks"]) and len(attention["checks"]) == 9
+    sides = record["parts"]["throughput"]["sides"]
+    assert set(sides) == {"mlm / einsum", "mlm / pallas"} and record["parts"]["throughput"][
+        "peer"] is None
+    assert (out / "tpu_suite.md").read_text().startswith("# TPU suite")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import attention as attention_bench
+    finally:
+        sys.path.pop(0)
+    tpu_variants = attention_bench.sweep_variants("quick", "tpu")
+    assert tpu_variants and all(set(v) <= {"tpu_forward", "tpu_dkv", "tpu_dq", "hash_elements"}
+                                for v in tpu_variants)
+
+
 def test_the_sweep_combines_options_only_where_the_combination_gets_faster():
     """attention.combine_greedily on made-up timings: options that each beat the defaults
     join the fastest one, best first, only while the checked and timed combination gets

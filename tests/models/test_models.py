@@ -403,7 +403,10 @@ def test_attention_impl_auto_resolves_per_backend():
     assert resolve("auto", jnp.bfloat16, "gpu", head_dims=(8,), **dropout) == "cudnn"
     assert resolve("auto", jnp.bfloat16, "gpu", head_dims=(64,)) == "cudnn"
     assert resolve("auto", jnp.float32, "gpu", head_dims=(64,), **dropout) == "einsum"
-    assert resolve("auto", jnp.bfloat16, "tpu", head_dims=(64,), **dropout) == "einsum"
+    # So does a TPU (Mosaic), and without dropout it keeps the einsum path.
+    assert resolve("auto", jnp.bfloat16, "tpu", head_dims=(64,), **dropout) == "pallas"
+    assert resolve("auto", jnp.bfloat16, "tpu", head_dims=(64, 48), **dropout) == "einsum"
+    assert resolve("auto", jnp.float32, "tpu", head_dims=(64,), **dropout) == "einsum"
     assert resolve("einsum", jnp.bfloat16, "gpu", head_dims=(64,), **dropout) == "einsum"
 
 

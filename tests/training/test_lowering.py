@@ -36,9 +36,10 @@ TRITON = "__gpu$xla.gpu.triton"
 CUDNN = tuple(f"__cudnn$fmha{kind}{suffix}" for kind in (
     "Softmax", "ScaleBiasSoftmax", "SoftmaxDropout", "ScaleBiasSoftmaxDropout")
     for suffix in ("", "Backward"))
-# What each platform is offered (models/layers.py ATTENTION_IMPLS; "pallas" is a Triton
-# kernel, refused on TPU by the config).
-IMPLS = {"cuda": ("einsum", "xla", "cudnn", "pallas"), "tpu": ("einsum", "xla")}
+MOSAIC = "tpu_custom_call"
+# What each platform is offered (models/layers.py ATTENTION_IMPLS; "pallas": the Triton
+# kernels on CUDA, the Mosaic ones on TPU).
+IMPLS = {"cuda": ("einsum", "xla", "cudnn", "pallas"), "tpu": ("einsum", "xla", "pallas")}
 CASES = [(platform, impl, model) for platform, impls in IMPLS.items() for impl in impls
          for model in recipes.MODELS]
 
@@ -70,7 +71,7 @@ def h100_on_this_host(monkeypatch):
 def lower(fn, platform: str, *args) -> str:
     """The StableHLO text of `fn` exported for `platform` (Triton and cuDNN calls allowed:
     their IR carries no stability guarantee, which export otherwise insists on)."""
-    checks = [export.DisabledSafetyCheck.custom_call(t) for t in (TRITON, *CUDNN)]
+    checks = [export.DisabledSafetyCheck.custom_call(t) for t in (TRITON, *CUDNN, MOSAIC)]
     exported = export.export(fn, platforms=[platform], disabled_checks=checks)(*args)
     assert exported.platforms == (platform,)
     return exported.mlir_module()
@@ -97,11 +98,20 @@ def lower_train_step(config, platform: str) -> str:
 
 
 def check_kernels(text: str, impl: str, attention_layers: int, cross: bool = False,
-                  batch_dims: int = 1) -> None:
-    """The attention implementation is in the program as itself: Triton's three kernels
-    per attention layer (the forward, dK/dV, dQ; no interpreter), cuDNN's fused calls, or
-    neither. cross: the program has a cross decoder, whose [MASK] queries and encoder keys
-    each layer pads to the kernel's multiple. batch_dims: 2 for a seed group's [runs, B]."""
+                  batch_dims: int = 1, platform: str = "cuda") -> None:
+    """The attention implementation is in the program as itself: the Pallas kernels'
+    three calls per attention layer (the forward, dK/dV, dQ; Triton's on CUDA, Mosaic's on
+    TPU; no interpreter), cuDNN's fused calls, or neither. cross: the program has a cross
+    decoder, whose [MASK] queries and encoder keys each layer pads to the kernel's
+    multiple. batch_dims: 2 for a seed group's [runs, B]."""
+    mosaic = text.count(f"@{MOSAIC}")
+    if platform == "tpu":
+        assert text.count(f"@{TRITON}") == 0
+        assert mosaic == (3 * attention_layers if impl == "pallas" else 0), mosaic
+        # The TPU kernels pad q, k and v to their 128-wide tiles in the transposes to
+        # their layout; nothing else is checked for pads.
+        return
+    assert mosaic == 0
     triton = text.count(f"@{TRITON}")
     cudnn = sum(text.count(f"@{t}") for t in CUDNN)
     cudnn_backward = sum(text.count(f"@{t}") for t in CUDNN if t.endswith("Backward"))
@@ -140,8 +150,8 @@ def test_train_step_lowers(platform, impl, model):
     for cuDNN): MAE-LM's n_enc is 109, 3ML's 87, neither a multiple of anything."""
     c = pretraining_config("small,layers=2", model, impl)
     text = lower_train_step(c, platform)
-    check_kernels(text, impl if platform == "cuda" else "einsum",
-                  _attention_layers(c), cross=c.model.decoder.kind != "self")
+    check_kernels(text, impl, _attention_layers(c), cross=c.model.decoder.kind != "self",
+                  platform=platform)
     if platform == "cuda" and impl == "pallas" and model != "mlm":
         # The kernel's tiles shrink to the kept tokens: 109 pad to 112 (blocks of 16), 87
         # to 96 (32), not to 128 (the configured 64).
@@ -203,8 +213,7 @@ def test_finetuning_step_lowers(platform, impl, runs):
                                         ("weights", (32,), np.float32))}
     with sharding.activate(mesh, rules):
         text = lower(step, platform, setup.abstract, batch)
-    check_kernels(text, impl if platform == "cuda" else "einsum", 2,
-                  batch_dims=1 + len(lead))
+    check_kernels(text, impl, 2, batch_dims=1 + len(lead), platform=platform)
     if runs:  # the parameters carry the runs axis: [3, 256, 1024] feed-forward kernels
         assert "tensor<3x256x1024x" in text
 

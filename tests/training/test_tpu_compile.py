@@ -181,9 +181,28 @@ def check_fsdp(compiled, abstract_state, fsdp: int) -> None:
     assert compiled.memory_analysis().argument_size_in_bytes < 1.2 * state / fsdp
 
 
+_KERNEL_CALL = re.compile(r"%(flash_attention_tpu_\w+?)(?:\.\d+)? = \(?bf16\[([\d,]+)\]"
+                          r".*custom_call_target=\"tpu_custom_call\"")
+
+
+def check_attention_kernels(text: str, rows: int, heads: int, decoder_heads: int) -> None:
+    """The step attends through the Mosaic kernels (models/flash_attention_tpu.py: forward,
+    dK/dV and dQ), each on its device's rows of the batch and all of a layer's heads
+    (jax.shard_map: the partitioner cannot split a kernel), not on the whole batch
+    gathered; the encoder's layers among them (3ML's decoder has half its heads)."""
+    calls = _KERNEL_CALL.findall(text)
+    kernels = {f"flash_attention_tpu_{k}" for k in ("forward", "dkv", "dq")}
+    assert {name for name, _ in calls} == kernels, calls
+    for name, dims in calls:  # the first result: out, dK or dQ [rows, heads, length, D]
+        assert tuple(map(int, dims.split(",")))[:2] in {(rows, heads), (rows, decoder_heads)}, \
+            (name, dims)
+    assert {name for name, dims in calls if int(dims.split(",")[1]) == heads} == kernels
+
+
 def pretraining_step(model: str, shape, devices, dcn_shape=(-1, 1, 1)):
     """The model's BERT-base train step (12 x 768, L 512, vocabulary 32768, scanned
-    layers, dropout 0.1; batch 32) compiled for `devices`, as a TPU resolves "auto"."""
+    layers, dropout 0.1; batch 32) compiled for `devices`, as a TPU resolves "auto" (in
+    bfloat16, attention through the Pallas kernels)."""
     c = recipes.MODELS[model].apply(peer.get_config("base"))
     setup_lib.resolve_auto(c, "tpu")
     config_lib.validate(c)
@@ -201,8 +220,12 @@ def v5e_8():
 @pytest.mark.parametrize("model", list(recipes.MODELS))
 def test_pretraining_step_compiles_for_a_v5e_8_with_fsdp(model, v5e_8):
     trainer, compiled = pretraining_step(model, (2, 4, 1), v5e_8)
+    assert trainer.config.model.attention_impl == "pallas"
     check_fits(compiled, v5e_8)
     check_fsdp(compiled, trainer.state.abstract, fsdp=4)
+    decoder = trainer.config.model.get("decoder")
+    check_attention_kernels(compiled.as_text(), rows=32 // 8, heads=12,
+                            decoder_heads=decoder.num_heads if decoder else 12)
 
 
 @pytest.mark.slow
