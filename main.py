@@ -43,8 +43,9 @@ cli.define_config(None, "Config file (file.py or file.py:variant).", lock_config
                   accept_new_attributes=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data: a "
                     "local path or a bucket's gs://bucket/path.")
-flags.DEFINE_bool("allow_config_change", False, "Continue a workdir's run even though the "
-                  "config changes fields that its checkpoints depend on.")
+flags.DEFINE_bool("allow_config_change", False, "Go on in a workdir whose run was recorded "
+                  "with a config that differs in fields its results depend on: pretraining "
+                  "continues its checkpoints under the new config, fine-tuning starts again.")
 flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and data errors.")
 flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (e.g. orbax).")
 flags.DEFINE_bool("keep_host_memory", True, "Have glibc's malloc keep freed memory for reuse "
@@ -117,9 +118,9 @@ def main(argv):
 def _run_mode(mode: str) -> None:
     """The entry of the config's mode (see the module docstring)."""
     if mode == "finetune" and FLAGS.config.get("sweep"):
-        finetune_sweep.run_sweep(FLAGS.config, FLAGS.workdir)
+        finetune_sweep.run_sweep(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
     elif mode == "finetune":
-        finetune_train.run(FLAGS.config, FLAGS.workdir)
+        finetune_train.run(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
     elif mode == "rank":
         analysis_run.analyse(FLAGS.config, FLAGS.workdir)
     elif mode == "fill_mask":

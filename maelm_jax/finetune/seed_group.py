@@ -40,8 +40,8 @@ from absl import logging
 from maelm_jax import distributed, layout, paths
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import loading, tasks, train
-from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.finetune import setup as setup_lib
+from maelm_jax.training import lifecycle
 
 
 def group_name(seeds: Sequence[int]) -> str:
@@ -158,14 +158,14 @@ class GroupFineTuning(train.FineTuning):
 def _clear_run(workdir: paths.Path) -> None:
     """Removes what an earlier run of this seed left in its directory (a single run's
     metrics, checkpoints and results): the group writes its record there afresh."""
-    resume_lib.start_over(workdir)
+    train.start_over(workdir)
     loading.clear_finetuned(workdir)
     for name in (layout.METRICS_FILE, layout.TENSORBOARD_DIR, layout.PREDICTIONS_DIR):
         paths.remove(workdir / name)
 
 
 def run(config: ml_collections.ConfigDict, seeds: Sequence[int], workdir: str,
-        seed_workdirs: Sequence[str]) -> list[dict]:
+        seed_workdirs: Sequence[str], allow_config_change: bool = False) -> list[dict]:
     """Fine-tunes `config`'s setting with every seed of `seeds` as one program in
     `workdir`; writes run i's config.json (config with seed=seeds[i]) and results.json to
     seed_workdirs[i] and returns the results, in the order of `seeds`.
@@ -184,7 +184,11 @@ def run(config: ml_collections.ConfigDict, seeds: Sequence[int], workdir: str,
         raise config_lib.FinetuneConfigError(
             "config.save_checkpoint, config.predict_test: expected False for a seed group "
             "(it keeps no run's checkpoint and writes no predictions)")
-    p = train.prepare_run(config, workdir)
+    config, group_dir, decision = train.check_run(config, workdir, allow_config_change)
+    if decision is lifecycle.Decision.FINISHED:  # a single run's: a group never finishes there
+        raise layout.WorkdirError(f"{group_dir} holds a finished fine-tuning run; a seed "
+                                  "group needs a workdir of its own")
+    p = train.prepare_run(config, group_dir, decision)
     config, t = p.config, p.config.train
     num_steps = p.steps_per_epoch * t.num_epochs
     trainer = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0],

@@ -9,7 +9,8 @@ every seed, then the seeds are aggregated by one of two rules (`grid.aggregate`)
   settings; the figure is the median of those bests. It is never below the first rule's.
 
 Runs go to ``<workdir>/runs/<setting>/seed_<s>/`` (each a complete fine-tuning workdir);
-a run whose results.json and config.json match is reused and an unfinished one continues
+a run whose results.json and config.json match is reused (train.FINE_TUNING's
+harmless fields aside) and an unfinished one continues
 from its last resume checkpoint (train.py), so an interrupted sweep resumes. With
 ``grid.seeds_per_program`` = K > 1 the seeds of a setting train K at a time as one program
 (seed_group.py; the group's own workdir is ``runs/<setting>/seeds_<a>_<b>.../``), each
@@ -29,10 +30,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import config as pretrain_config
-from maelm_jax import distributed, layout, paths, schema
+from maelm_jax import distributed, layout, paths
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import seed_group, train
+from maelm_jax.training import lifecycle
 from maelm_jax.training import workdir as workdir_lib
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
@@ -63,20 +64,19 @@ def run_config(config: ml_collections.ConfigDict, setting: dict,
 
 
 def _finished(run_dir: paths.Path, c: ml_collections.ConfigDict) -> dict | None:
-    """The earlier results of exactly this run, if any. A run recorded before a config
+    """The earlier results of this run, if any: finished with this config but for
+    fine-tuning's harmless fields (train.FINE_TUNING). A run recorded before a config
     field existed counts as run with that field at its default."""
     results, saved = run_dir / layout.RESULTS_FILE, run_dir / layout.CONFIG_FILE
     if not (results.is_file() and saved.is_file()):
         return None
-    defaults = json.loads(pretrain_config.to_json(config_lib.finetune_defaults()))
-    recorded = schema.over_defaults(defaults, json.loads(paths.read_text(saved)))
-    if recorded == json.loads(pretrain_config.to_json(c)):
-        return json.loads(paths.read_text(results))
-    return None
+    if lifecycle.changes(train.FINE_TUNING, c, json.loads(paths.read_text(saved))):
+        return None
+    return json.loads(paths.read_text(results))
 
 
 def _run_group(config: ml_collections.ConfigDict, setting: dict, seeds: tuple[int, ...],
-               setting_dir: paths.Path) -> list[dict]:
+               setting_dir: paths.Path, allow_config_change: bool) -> list[dict]:
     """The results of `setting` with each of `seeds`, in order: reused where every one is
     finished; else run, alone (one seed) or as one program (seed_group.py)."""
     configs = [run_config(config, setting, seed) for seed in seeds]
@@ -88,18 +88,21 @@ def _run_group(config: ml_collections.ConfigDict, setting: dict, seeds: tuple[in
             logging.info("sweep: reusing %s", run_dir)
         return [json.loads(paths.read_text(d / layout.RESULTS_FILE)) for d in run_dirs]
     if len(seeds) == 1:
-        return [train.run(configs[0], str(run_dirs[0]))]
+        return [train.run(configs[0], str(run_dirs[0]), allow_config_change)]
     # A group's runs depend on one another (seed_group.py): all of them run again.
     return seed_group.run(configs[0], seeds, str(setting_dir / seed_group.group_name(seeds)),
-                          [str(d) for d in run_dirs])
+                          [str(d) for d in run_dirs], allow_config_change)
 
 
 def _median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md)."""
+def run_sweep(config: ml_collections.ConfigDict, workdir: str,
+              allow_config_change: bool = False) -> dict:
+    """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md). A run of
+    the grid recorded with a changed config is refused as a single run's would be
+    (train.run), unless `allow_config_change` (then it runs again)."""
     config, workdir = config_lib.prepare(config, workdir)
     workdir_lib.check_directory(workdir)
     mode = layout.mode(workdir)
@@ -124,7 +127,8 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str) -> dict:
         name = setting_name(setting)
         per_seed = []
         for group in groups:
-            per_seed += _run_group(config, setting, group, workdir / layout.SWEEP_RUNS_DIR / name)
+            per_seed += _run_group(config, setting, group, workdir / layout.SWEEP_RUNS_DIR / name,
+                                  allow_config_change)
         primary = per_seed[0]["primary_metric"]
         metric_names = [k for k in per_seed[0]["dev"] if k not in ("step", "epoch")]
         rows.append({

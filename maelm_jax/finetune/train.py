@@ -18,8 +18,10 @@ train.checkpoint_every steps and on SIGTERM. Running the same command again cont
 from the latest one exactly as if the run had not stopped: epoch e's data order is drawn
 from (seed, e) and dropout from (seed, step), and the checkpoint carries the evaluations
 so far, the best one's parameters (select="best") and the train metrics since the last
-log line. resume/ is deleted once results.json is written. A workdir holding a finished
-run, or an unfinished run of another config (a warning names the fields), starts over.
+log line. resume/ is deleted once results.json is written. The workdir's lifecycle is
+every mode's (training/lifecycle.py): the same command again finds a finished run
+(its results.json, nothing trained), and a changed config is refused with one line
+naming the fields (--allow_config_change: start the run again with the new config).
 
 Several processes (jax.distributed, as in pretraining) run it as one job on one mesh:
 each builds the same whole batches (from the seed) and gives the mesh only its own rows;
@@ -39,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import flax
 import jax
 import ml_collections
 import numpy as np
@@ -48,22 +51,57 @@ from maelm_jax import distributed, layout, paths, runs, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import data, loading, tasks
-from maelm_jax.finetune import resume as resume_lib
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine
+from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import workdir as workdir_lib
+
+# Fine-tuning's lifecycle (training/lifecycle.py). A run of minutes: a changed config
+# allowed starts it again rather than continuing its checkpoints under another config.
+FINE_TUNING = lifecycle.Policy(
+    mode="finetune", noun="fine-tuning", defaults=config_lib.finetune_defaults,
+    resolve_paths=config_lib.resolve_paths,
+    # What changes how the run proceeds, not what it computes: logging and resume
+    # cadence, evaluation batches, the mesh, the kernel, compile effort.
+    harmless=("train.log_every", "train.checkpoint_every", "train.resume_saves",
+              "train.nonfinite", "train.eval_batch_size", "mesh", "sharding_rules",
+              "model.attention_impl", "model.pallas", "fast_compile"),
+    finished=lambda workdir: (workdir / layout.RESULTS_FILE).exists(),
+    override=lifecycle.Decision.START, override_words="start it again with the new config")
+
+# The newest resume checkpoint, and the one before it in case the newest is damaged.
+KEEP_RESUME = 2
+
+
+@flax.struct.dataclass
+class ResumeState:
+    """The arrays of a resume checkpoint: the train state and, with select="best", the
+    best evaluation's parameters so far (before the first evaluation a stand-in, the
+    current ones, which nothing reads)."""
+
+    train: Any  # setup.FinetuneState
+    best_params: Any  # None with select="final"
+
+    @property
+    def step(self) -> jax.Array:
+        """The step, which the Checkpointer checks against the step it names; a seed
+        group's state (seed_group.py) holds one per seed, all equal."""
+        return self.train.step.reshape(-1)[0]
+
+
+def start_over(workdir: paths.Path) -> None:
+    """Removes what an earlier run left that this one could take for its own: results.json
+    (a finished run) and resume checkpoints. metrics.jsonl is emptied by the writer."""
+    paths.make_dirs(workdir)
+    paths.remove(workdir / layout.RESUME_DIR)
+    paths.remove(workdir / layout.RESULTS_FILE)
 
 
 def _check_workdir(workdir: paths.Path, init_from: str) -> None:
     """Refuses a workdir that is not ours to overwrite (before anything is written)."""
     workdir_lib.check_directory(workdir)
-    mode = layout.mode(workdir)
-    if mode not in (None, "finetune"):
-        raise config_lib.FinetuneConfigError(
-            f"--workdir {workdir} holds a {mode} run; fine-tune into another directory")
     if init_from and paths.contains(workdir, init_from):
         # Starting over would delete the checkpoint the run is to start from.
         raise config_lib.FinetuneConfigError(
@@ -198,8 +236,12 @@ class FineTuning:
         return scores[self.task.primary_metric] > best[self.task.primary_metric]
 
     def save(self, ckpt, step, state, progress, best_params) -> None:
-        resume_lib.save(ckpt, step, state, best_params, self.t.select, progress,
-                        time.perf_counter() - self.started)
+        """Starts writing resume/<step> (asynchronously), with this attempt's seconds."""
+        best = None
+        if self.t.select == "best":  # before the first evaluation, the stand-in
+            best = state.params if best_params is None else best_params
+        ckpt.save(step, ResumeState(state, best),
+                  progress.meta(step, time.perf_counter() - self.started))
 
 
 @dataclasses.dataclass
@@ -224,16 +266,33 @@ class Prepared:
         return data.steps_per_epoch(len(self.task.train), self.config.train.batch_size)
 
 
-def prepare_run(config: ml_collections.ConfigDict, workdir: str) -> Prepared:
-    """Validates `config`, reads the encoder, tokenizer and task data (all before the
-    workdir is touched), then has process 0 prepare the workdir: an unfinished run of the
-    same config is kept to continue, anything else cleared; config.json written."""
+def check_run(config: ml_collections.ConfigDict, workdir: str,
+              allow_config_change: bool = False
+              ) -> tuple[ml_collections.ConfigDict, paths.Path, lifecycle.Decision]:
+    """Validates `config` (returned with absolute paths, and the workdir's) and decides,
+    reading only, what the run does in `workdir` (lifecycle.decide: process 0 reads the
+    record, every process gets its decision)."""
     config, workdir = config_lib.prepare(config, workdir)
     if config.sweep:
         raise config_lib.FinetuneConfigError(
             "config.sweep: expected False for a single run (sweep.run_sweep runs the grid)")
     _check_workdir(workdir, config.init_from)
+    decision = lifecycle.Decision.START
+    with distributed.as_one("fine-tuning workdir"):
+        if distributed.is_leader():
+            decision = lifecycle.decide(FINE_TUNING, config, workdir, allow_config_change)
+    finished = distributed.leader_says_ok(decision is lifecycle.Decision.FINISHED)
+    resume = distributed.leader_says_ok(decision is lifecycle.Decision.CONTINUE)
+    return config, workdir, (lifecycle.Decision.FINISHED if finished else
+                             lifecycle.Decision.CONTINUE if resume else lifecycle.Decision.START)
 
+
+def prepare_run(config: ml_collections.ConfigDict, workdir: paths.Path,
+                decision: lifecycle.Decision) -> Prepared:
+    """Reads the encoder, tokenizer and task data of `config` and `workdir` (check_run's,
+    `decision` not FINISHED; all before the workdir is touched), then has process 0
+    prepare the workdir: an unfinished run of this config kept to continue, anything else
+    cleared; config.json written."""
     # Checkpoint, tokenizer and data are checked before the workdir is touched.
     encoder_cfg, encoder_params, tok, source = encoder_and_tokenizer(config)
     max_len = max_seq_len(config, encoder_cfg.max_positions)
@@ -245,17 +304,14 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str) -> Prepared:
     if config.data.one_bucket:
         buckets = data.one_bucket(buckets, max(
             len(s) for split in (task.train, *task.eval_splits()) for s in split.sequences))
-    # Process 0 decides and prepares the workdir; the others wait, so none reads it half
-    # cleared.
-    resume = False
+    resume = decision is lifecycle.Decision.CONTINUE
+    # Process 0 prepares the workdir; the others wait, so none reads it half cleared.
     with distributed.as_one("fine-tuning workdir"):
         if distributed.is_leader():
-            resume = resume_lib.resumable(workdir, config)
             if not resume:
-                resume_lib.start_over(workdir)
+                start_over(workdir)
             loading.clear_finetuned(workdir)  # the final checkpoint is written at the end
             layout.write_config(workdir, config)
-    resume = distributed.leader_says_ok(resume)
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
     return Prepared(config, workdir, encoder_cfg, encoder_params, tok, source, max_len,
@@ -301,10 +357,17 @@ def train_prepared(p: Prepared, trainer: setup_lib.Trainer, make_run: Callable,
     sharding.check_batch(trainer.mesh, t.batch_size, 1)
     sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
     run_eval_with = evaluator(trainer, t.eval_batch_size, p.buckets)
+    keeps_best = t.select == "best"
     with contextlib.closing(checkpoint_lib.Checkpointer(p.workdir / layout.RESUME_DIR,
-                                                        resume_lib.KEEP)) as ckpt:
-        start, state, best_params, progress = resume_lib.restore_or_init(
-            ckpt, trainer.state, p.encoder_params, t.select, p.resume)
+                                                        KEEP_RESUME)) as ckpt:
+        target = ResumeState(trainer.state.abstract,
+                             trainer.state.abstract.params if keeps_best else None)
+        start, saved, progress = lifecycle.restore_or_init(
+            ckpt, target, lambda: ResumeState(trainer.state.init(p.encoder_params), None),
+            p.resume)
+        state = saved.train
+        best_params = (distributed.host_copy(saved.best_params)
+                       if keeps_best and progress.best is not None else None)
         writer = metrics_lib.MetricWriter(p.workdir, resume_step=start,
                                           enabled=distributed.is_leader())
         run = make_run(run_eval_with, progress, best_params)
@@ -314,16 +377,23 @@ def train_prepared(p: Prepared, trainer: setup_lib.Trainer, make_run: Callable,
     return state, progress, best_params, run_eval_with
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def run(config: ml_collections.ConfigDict, workdir: str,
+        allow_config_change: bool = False) -> dict:
     """One fine-tuning run; returns the results (also written to results.json).
 
-    An unfinished run of the same config in `workdir` continues from its latest resume
-    checkpoint; anything else there is replaced (see the module docstring). On a stop
-    request (SIGTERM, the time limit), saves a resume checkpoint and raises
+    A finished run of the same config in `workdir` is found (its results returned,
+    nothing trained); an unfinished one continues from its latest resume checkpoint; a
+    changed config is refused unless `allow_config_change` (then the run starts again).
+    On a stop request (SIGTERM, the time limit), saves a resume checkpoint and raises
     preemption.Preempted (TimeLimit).
     """
     started = time.perf_counter()
-    p = prepare_run(config, workdir)
+    config, workdir, decision = check_run(config, workdir, allow_config_change)
+    if decision is lifecycle.Decision.FINISHED:
+        logging.info("%s holds this run, finished: its %s, nothing trained", workdir,
+                     layout.RESULTS_FILE)
+        return json.loads(paths.read_text(workdir / layout.RESULTS_FILE))
+    p = prepare_run(config, workdir, decision)
     config, workdir, t = p.config, p.workdir, p.config.train
     steps_per_epoch = p.steps_per_epoch
     trainer = setup_lib.build(config, p.encoder_cfg, p.task, steps_per_epoch * t.num_epochs,

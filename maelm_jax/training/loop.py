@@ -16,7 +16,7 @@ from maelm_jax import distributed, layout, masking, objectives, paths, sharding
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine, mfu
+from maelm_jax.training import engine, lifecycle, mfu
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib
@@ -63,6 +63,25 @@ def _throughput(steps: int, seconds: float, step: int, tokens_per_step: int,
     }
 
 
+# Pretraining's lifecycle (training/lifecycle.py). A finished run is found by its
+# checkpoint: restored at train.num_steps, engine.train has nothing left to do.
+PRETRAINING = lifecycle.Policy(
+    mode="pretrain", noun="pretraining", defaults=config_lib.pretrain_defaults,
+    resolve_paths=config_lib.resolve_paths,
+    # What changes how the run proceeds, not what its checkpoints mean: steps, logging and
+    # checkpoint cadence, the mesh (checkpoints restore onto any), the kernel, the layout.
+    harmless=(
+        "train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
+        "train.checkpoint_every", "train.resume_saves", "train.keep_checkpoints",
+        "train.nonfinite", "train.peak_tflops_per_device", "data.prefetch",
+        "data.prepared_cache_gb", "data.cache_dir", "data.encoding_errors", "mesh",
+        "sharding_rules", "model.dtype", "model.attention_impl", "model.pallas",
+        "model.scan_layers",  # the checkpoint converts between the layouts on restore
+        "model.remat_policy"),
+    finished=lambda workdir: False,
+    override=lifecycle.Decision.CONTINUE, override_words="continue it with the new config")
+
+
 def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
              allow_config_change: bool):
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
@@ -72,7 +91,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
         shards.check_run(config)  # they fit this run and are whole, before anything is written
         with distributed.as_one("tokenizer"):
             if jax.process_index() == 0:
-                workdir_lib.check_compatible(config, workdir, allow_config_change)
+                lifecycle.decide(PRETRAINING, config, workdir, allow_config_change)
                 with workdir_lib.all_or_nothing(workdir):
                     paths.make_dirs(workdir)
                     pipeline.prepared_tokenizer(config, workdir)
@@ -81,7 +100,7 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
                                 cache_bytes=int(config.data.prepared_cache_gb * 2**30))
     with distributed.as_one("prepared data"):
         if jax.process_index() == 0:
-            workdir_lib.check_compatible(config, workdir, allow_config_change)
+            lifecycle.decide(PRETRAINING, config, workdir, allow_config_change)
             with workdir_lib.all_or_nothing(workdir):
                 paths.make_dirs(workdir)
                 tok = pipeline.setup_tokenizer(config, workdir)
@@ -129,18 +148,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     )
 
     ckpt = checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS, t.keep_checkpoints)
-    # Restored straight into this run's shardings, whatever mesh saved it; a damaged
-    # newest checkpoint gives way to the one before it.
-    restored = ckpt.restore_latest(trainer.state.abstract)
-    if restored is not None:
-        start, state, meta = restored
-        logging.info("resumed from checkpoint at step %d (data position %d)", start,
-                     meta["data_position"])
-        # The logs go on from the checkpoint: the evaluations, the skipped updates and the
-        # step metrics since the last log line.
-        progress = engine.Progress.from_meta(meta)
-    else:
-        state, start, progress = trainer.init(), 0, engine.Progress()
+    start, state, progress = lifecycle.restore_or_init(ckpt, trainer.state.abstract,
+                                                       trainer.init)
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
         layout.write_config(workdir, config)
@@ -173,7 +182,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                    spans=spans, prefetch=config.data.prefetch)
 
     run = Pretraining(config, trainer, eval_data, utilisation, unigram_accuracy,
-                      resumed=restored is not None)
+                      resumed=start > 0)
     try:
         with sharding.activate(trainer.mesh, trainer.rules):
             _, progress, _ = engine.train(run, state, start, batches, ckpt, writer, progress)

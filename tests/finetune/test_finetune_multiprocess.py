@@ -120,7 +120,7 @@ def test_a_run_stopped_in_one_process_is_finished_by_two(settings, single, tmp_p
         train.run(tiny_finetuning(settings), str(workdir))
     assert sorted(p.name for p in (workdir / "resume").iterdir()) == ["3", "6"]
     logs = _two_processes(settings, workdir)
-    assert f"resuming from {workdir}/resume/6" in logs[0]
+    assert f"resumed from checkpoint at step 6 ({workdir}/resume/6)" in logs[0]
     _assert_same_run(workdir, single)
     assert [p.name for p in (workdir / "checkpoints").iterdir()] == [
         str(single[0]["dev"]["step"])]

@@ -1,7 +1,7 @@
 """An interrupted fine-tuning run continues from its last resume checkpoint and ends
 exactly where an uninterrupted run ends: the same dev scores, metrics.jsonl lines and
 selected parameters. Interrupted in-process (an exception, SIGTERM) and for real (main.py
-killed with SIGKILL); a finished run, or an unfinished one of another config, starts over.
+killed with SIGKILL); a finished run is found, a changed config refused.
 """
 
 import json
@@ -16,6 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from maelm_jax import layout
 from maelm_jax.finetune import tasks, train
 from maelm_jax.training import preemption
 
@@ -25,6 +26,7 @@ from support import (
     assert_close,
     finetune_flags,
     interrupt_batches,
+    snapshot,
     tiny_finetuning,
     write_sst2,
 )
@@ -110,22 +112,32 @@ def test_an_interrupted_run_resumes_exactly(sst2_settings, tmp_path, monkeypatch
                                                     strict=True))
 
 
-def test_a_finished_run_or_another_configs_unfinished_run_starts_over(sst2_settings, tmp_path,
-                                                                      monkeypatch):
+def test_a_finished_run_is_found_and_a_changed_config_refused(sst2_settings, tmp_path,
+                                                             monkeypatch):
+    """The lifecycle of every mode (training/lifecycle.py) in fine-tuning: an unfinished
+    run of another config is refused, one line, the workdir untouched; the override starts
+    it again; the same command then finds it finished (nothing trained), also with a
+    harmless field changed."""
     starts, workdir = [], tmp_path / "run"
     interrupt_batches(monkeypatch, starts, 9, "raise")
     with pytest.raises(Interrupt):
         train.run(tiny_finetuning(sst2_settings, **RUN), str(workdir))
     assert _resume_steps(workdir) == [3, 6]
+    before = snapshot(workdir)
     # Another learning rate: the unfinished run's checkpoints do not fit it.
     c = tiny_finetuning(sst2_settings, **RUN, **{"train.learning_rate": 3e-3})
-    first = train.run(c, str(workdir))
+    with pytest.raises(layout.WorkdirError, match=(
+            r"^\S+ holds a run with a different config.train.learning_rate; use another "
+            r"--workdir, or pass --allow_config_change to start it again with the new "
+            r"config anyway$")):
+        train.run(c, str(workdir))
+    assert snapshot(workdir) == before and starts == [0]
+    first = train.run(c, str(workdir), allow_config_change=True)
     assert starts == [0, 0]
-    again = train.run(c, str(workdir))  # finished: run again from step 0
-    assert starts == [0, 0, 0]
-    for results in (first, again):
-        results.pop("wall_seconds")
-    assert first == again
+    results = (workdir / "results.json").read_text()
+    c.train.log_every = 5  # harmless: how often the run logged
+    assert train.run(c, str(workdir)) == first  # found: nothing trained
+    assert starts == [0, 0] and (workdir / "results.json").read_text() == results
     steps = [(r["split"], r["step"]) for r in map(
         json.loads, (workdir / "metrics.jsonl").read_text().splitlines())]
     assert len(steps) == len(set(steps)) == 3 + 4  # train at 4, 8, 12; dev at 3, 6, 9, 12
@@ -163,7 +175,8 @@ def test_main_killed_or_preempted_continues_where_it_stopped(sst2_settings, tmp_
     resumed = subprocess.run(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
                              env=subprocess_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resuming from {killed}/resume/" in resumed.stderr
+    assert re.search(rf"resumed from checkpoint at step \d+ \({killed}/resume/\d+\)",
+                     resumed.stderr)
 
     # In-process, uninterrupted.
     train.run(tiny_finetuning(sst2_settings, **run), str(tmp_path / "whole"))

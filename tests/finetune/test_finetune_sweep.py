@@ -7,6 +7,7 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
+from maelm_jax import layout
 from maelm_jax.finetune import config as config_lib
 from maelm_jax.finetune import sweep, train
 
@@ -184,7 +185,7 @@ def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
     pretraining_dir.mkdir()
     (pretraining_dir / "config.json").write_text(json.dumps({"mode": "pretrain"}))
     c.task, c.tokenizer_path = "sst2", "x.model"  # the workdir is checked first
-    with pytest.raises(config_lib.FinetuneConfigError, match=r"holds a pretrain run"):
+    with pytest.raises(layout.WorkdirError, match=r"holds a pretrain run, not a fine-tuning"):
         train.run(c, str(pretraining_dir))
 
 

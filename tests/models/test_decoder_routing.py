@@ -121,14 +121,15 @@ def test_decoder_relative_bias_lets_maelm_learn_pairs_like_mlm():
 
 def test_workdir_from_before_the_options_still_resumes():
     """A config.json without the new decoder fields counts them at their defaults."""
-    from maelm_jax.training import workdir
+    from maelm_jax.training import lifecycle, loop
 
     new = json.loads(config_lib.to_json(tiny_config("maelm")))
     old = json.loads(json.dumps(new))
     for field in ("rel_pos_buckets", "rel_pos_max_distance", "share_positions"):
         del old["model"]["decoder"][field]
     defaults = json.loads(config_lib.to_json(config_lib.pretrain_defaults()))
-    assert workdir.config_changes(old, new, defaults) == []
+    assert lifecycle.config_changes(old, new, defaults, loop.PRETRAINING.harmless) == []
     changed = json.loads(json.dumps(new))
     changed["model"]["decoder"]["rel_pos_buckets"] = 16
-    assert workdir.config_changes(old, changed, defaults) == ["model.decoder.rel_pos_buckets"]
+    assert lifecycle.config_changes(old, changed, defaults,
+                                     loop.PRETRAINING.harmless) == ["model.decoder.rel_pos_buckets"]
