@@ -22,13 +22,13 @@ predictions/<TASK>.tsv for GLUE's server (when the test split is there) and a ch
 
 from maelm_jax import variants
 from maelm_jax.finetune import config as config_lib
-from maelm_jax.finetune import glue
+from maelm_jax.finetune.tasks import glue
 
 
 def get_config(arg: str | None = None):
     task_name, options = variants.parse(arg, None, "sst2", {
         "size": config_lib.MODEL_SIZES, "paper": config_lib.PAPERS})
-    task = glue.get_task(task_name)
+    task = glue.examples.get_task(task_name)
     c = config_lib.finetune_defaults()
     c.task = task.tfds_config  # the canonical short name: sst2, mnli, ...
     c.data.source = "files"

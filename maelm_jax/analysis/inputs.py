@@ -18,8 +18,8 @@ from maelm_jax import masking, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as config_lib
 from maelm_jax.data import packing, sources
-from maelm_jax.finetune import glue, squad, tasks
-from maelm_jax.finetune.tasks import glue as glue_kind
+from maelm_jax.finetune import tasks
+from maelm_jax.finetune.tasks import glue, squad
 
 PAD, MASK = tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID
 _ENCODE_CHUNK = 256  # documents per tokenizer call
@@ -52,22 +52,23 @@ def glue_dev(task_name: str, split: str, tok: tokenizer_lib.Tokenizer, seq_len: 
              **read_args) -> list[np.ndarray]:
     """A GLUE split encoded as fine-tuning encodes it (<s> A </s></s> B </s>)."""
     try:
-        task = glue.get_task(task_name)
-    except glue.GlueDataError:
+        task = glue.examples.get_task(task_name)
+    except glue.examples.GlueDataError:
         raise config_lib.RankConfigError(
-            f"config.source.task: expected a GLUE task ({', '.join(glue.TASK_NAMES)}), got "
+            f"config.source.task: expected a GLUE task "
+            f"({', '.join(glue.examples.TASK_NAMES)}), got "
             f"{task_name!r}") from None
-    return glue_kind.split_sequences(task, split, tok, seq_len, **read_args)
+    return glue.task.split_sequences(task, split, tok, seq_len, **read_args)
 
 
-def squad_dev(examples: Sequence[squad.SquadExample], tok: tokenizer_lib.Tokenizer,
+def squad_dev(examples: Sequence[squad.examples.SquadExample], tok: tokenizer_lib.Tokenizer,
               seq_len: int, doc_stride: int = 0, max_query_len: int = 0) -> list[np.ndarray]:
     """SQuAD questions with their context windows, as fine-tuning reads them (by default
     with fine-tuning's stride 128 and questions of up to 64 tokens, less for short
     sequences)."""
     doc_stride = doc_stride or min(128, seq_len // 2)
     max_query_len = max_query_len or min(64, seq_len // 4)
-    features = squad.make_features(examples, tok, seq_len, doc_stride, max_query_len,
+    features = squad.examples.make_features(examples, tok, seq_len, doc_stride, max_query_len,
                                    training=False)
     return features.sequences
 
@@ -98,7 +99,7 @@ def sequences(config: ml_collections.ConfigDict, workdir: paths.Path,
     if kind == "glue":
         return glue_dev(source.task, source.get("split", ""), tok, seq_len, source="files",
                         data_dir=source.data_dir)
-    return squad_dev(squad.read_squad_json(source.path), tok, seq_len)
+    return squad_dev(squad.examples.read_squad_json(source.path), tok, seq_len)
 
 
 def make_batches(rows: Iterable[np.ndarray], seq_len: int, batch_size: int, num_tokens: int,

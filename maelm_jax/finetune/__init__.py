@@ -3,9 +3,8 @@
 setting as one program).
 
 Modules: config (defaults, validation), tasks (the task protocol, tasks/base.py, and its
-kinds by name: tasks/glue.py, tasks/squad.py), glue / squad (reading the benchmarks), data
-(RoBERTa-style encoding, static-shape batches), heads (the task models), loading (the
-checkpoint a run leaves; the encoder it starts from is read by maelm_jax/runs.py),
-metrics / squad_metrics (the benchmarks' definitions), squad_postprocess (spans to answer
-text), submission (GLUE test files), train, seed_group, sweep.
+kinds by name, each a folder: tasks/glue/, tasks/squad/ with the kind's protocol, examples,
+metrics and outputs), data (RoBERTa-style encoding, static-shape batches), heads (the task
+models), loading (the checkpoint a run leaves; the encoder it starts from is read by
+maelm_jax/runs.py), train, seed_group, sweep.
 """

@@ -35,7 +35,7 @@ PAPERS = ("maelm", "3ml")
 AGGREGATES = ("median_then_best", "best_then_median")
 PAPER_AGGREGATE = {"maelm": "median_then_best", "3ml": "best_then_median"}
 # `metric`: whose reported number per task picks a run's best evaluation and a sweep's
-# best setting (finetune/metrics.py, REPORTED_METRIC): MAE-LM's one number per task, or
+# best setting (tasks/glue/metrics.py, REPORTED_METRIC): MAE-LM's one number per task, or
 # 3ML's Table 3 pairs (F1/accuracy, Pearson/Spearman, MNLI-m/mm) averaged.
 # Both papers report five seeds.
 PAPER_SEEDS = (1, 2, 3, 4, 5)

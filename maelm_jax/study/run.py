@@ -30,7 +30,8 @@ from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import digests, pipeline
 from maelm_jax.finetune import config as finetune_config_lib
-from maelm_jax.finetune import glue, sweep
+from maelm_jax.finetune import sweep
+from maelm_jax.finetune.tasks import glue
 from maelm_jax.study import config as config_lib
 from maelm_jax.study import report, sizing
 from maelm_jax.training import loop, preemption
@@ -93,12 +94,13 @@ def _glue_tasks(config) -> list[str]:
         return []
     found = []
     for name in config_lib.names(config.tasks):
-        task = glue.get_task(config_lib.GLUE_TASKS[name])
-        if not glue.split_available(task, "train", source="files", data_dir=config.glue_dir):
+        task = glue.examples.get_task(config_lib.GLUE_TASKS[name])
+        if not glue.examples.split_available(task, "train", source="files",
+                                             data_dir=config.glue_dir):
             logging.warning("study: %s has no training data in %s, skipped", name,
                             config.glue_dir)
             continue
-        rows = len(glue.read_tsv(config.glue_dir, task, "train"))
+        rows = len(glue.examples.read_tsv(config.glue_dir, task, "train"))
         if rows < config.finetune.min_train_examples:
             logging.warning("study: %s has %d training examples in %s, fewer than "
                             "config.finetune.min_train_examples=%d, skipped", name, rows,
@@ -159,7 +161,7 @@ def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigD
     """One model's fine-tuning on one task: a sweep of one setting over the study's seeds."""
     f = config.finetune
     c = finetune_config_lib.finetune_defaults()
-    c.task = glue.get_task(config_lib.GLUE_TASKS[task]).tfds_config
+    c.task = glue.examples.get_task(config_lib.GLUE_TASKS[task]).tfds_config
     c.data.source = "files"
     c.init_from = init_from
     c.data.data_dir = config.glue_dir

@@ -35,9 +35,10 @@ from absl import logging
 from maelm_jax import errors, layout, paths, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import data as finetune_data
-from maelm_jax.finetune import glue, seed_group, tasks
+from maelm_jax.finetune import seed_group, tasks
 from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.finetune.tasks import glue
 from maelm_jax.study import config as config_lib
 from maelm_jax.training import preemption
 from maelm_jax.training import setup as setup_lib
@@ -156,10 +157,10 @@ def measure(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.
 
 def task_rows(study: ml_collections.ConfigDict, task: str) -> tuple[int, int]:
     """(training examples the study uses, dev examples) of a GLUE task."""
-    spec = glue.get_task(config_lib.GLUE_TASKS[task])
-    train = len(glue.read_tsv(study.glue_dir, spec, "train"))
+    spec = glue.examples.get_task(config_lib.GLUE_TASKS[task])
+    train = len(glue.examples.read_tsv(study.glue_dir, spec, "train"))
     limit = study.finetune.max_train_examples
-    dev = len(glue.read_tsv(study.glue_dir, spec, "dev"))
+    dev = len(glue.examples.read_tsv(study.glue_dir, spec, "dev"))
     return (min(train, limit) if limit else train), dev
 
 
@@ -210,7 +211,7 @@ def compile_seconds(study: ml_collections.ConfigDict, timing: Timing,
     has its own)."""
     cached = bool(jax.config.jax_compilation_cache_dir)
     pretrain = sum(timing.pretrain_compile.values())
-    kinds = len({glue.get_task(config_lib.GLUE_TASKS[t]).is_regression for t in rows})
+    kinds = len({glue.examples.get_task(config_lib.GLUE_TASKS[t]).is_regression for t in rows})
     finetune = timing.finetune_compile
     measured_again = 0.0 if cached else pretrain + finetune
     return (measured_again + PRETRAIN_OTHER_PROGRAMS * pretrain

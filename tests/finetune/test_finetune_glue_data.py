@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import data, glue, submission
+from maelm_jax.finetune import data
+from maelm_jax.finetune.tasks.glue import examples, outputs
 
 from conftest import require_shared_data
 
@@ -77,19 +78,19 @@ def test_batches_have_static_shapes_masks_and_weights():
 
 def test_reads_the_shared_glue_tsvs():
     root = str(require_shared_data("glue"))
-    cola = glue.read_tsv(root, glue.get_task("CoLA"), "train")  # no header row
+    cola = examples.read_tsv(root, examples.get_task("CoLA"), "train")  # no header row
     assert len(cola) == 8551 and set(cola.labels.tolist()) == {0, 1}
     assert cola.texts[0][0].startswith("Our friends won't buy this analysis")
-    assert len(glue.read_tsv(root, glue.get_task("cola"), "dev")) == 1043
-    sst2 = glue.read_tsv(root, glue.get_task("sst2"), "dev")
+    assert len(examples.read_tsv(root, examples.get_task("cola"), "dev")) == 1043
+    sst2 = examples.read_tsv(root, examples.get_task("sst2"), "dev")
     assert len(sst2) == 872 and int(sst2.labels.sum()) == 444  # 444 positive of 872
-    mrpc = glue.read_tsv(root, glue.get_task("mrpc"), "train")  # starts with a BOM
+    mrpc = examples.read_tsv(root, examples.get_task("mrpc"), "train")  # starts with a BOM
     assert len(mrpc) == 3668 and len(mrpc.texts) == 2
-    stsb = glue.read_tsv(root, glue.get_task("stsb"), "dev")
+    stsb = examples.read_tsv(root, examples.get_task("stsb"), "dev")
     assert stsb.labels.dtype == np.float32 and stsb.labels[:2].tolist() == [5.0, 4.75]
-    rte = glue.read_tsv(root, glue.get_task("rte"), "dev")
-    assert rte.labels[0] == glue.get_task("rte").label_names.index("not_entailment")
-    test = glue.read_tsv(root, glue.get_task("SST-2"), "test", require_labels=False)
+    rte = examples.read_tsv(root, examples.get_task("rte"), "dev")
+    assert rte.labels[0] == examples.get_task("rte").label_names.index("not_entailment")
+    test = examples.read_tsv(root, examples.get_task("SST-2"), "test", require_labels=False)
     assert len(test) == 1821 and test.index[:2] == ["0", "1"] and (test.labels == -1).all()
 
 
@@ -106,7 +107,7 @@ def test_mnli_and_qqp_layouts_and_malformed_rows(tmp_path):
         ["0", "1", "1n", "fiction", "A man sleeps.", "Nobody sleeps.", "x", "contradiction"],
         ["1", "2", "2e", "fiction", 'He said "hi".', "He spoke.", "x", "entailment"],
     ])
-    mnli = glue.read_tsv(str(tmp_path), glue.get_task("mnli"), "dev_mismatched")
+    mnli = examples.read_tsv(str(tmp_path), examples.get_task("mnli"), "dev_mismatched")
     assert mnli.labels.tolist() == [2, 0] and mnli.texts[0][1] == 'He said "hi".'
     _write(tmp_path / "QQP" / "train.tsv", [
         ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
@@ -115,21 +116,21 @@ def test_mnli_and_qqp_layouts_and_malformed_rows(tmp_path):
         ["2", "5", "6", "Why?", "", "0"],  # an empty question: skipped
         ["3", "7", "8", "Where?", "Which place?", "0"],
     ])
-    qqp = glue.read_tsv(str(tmp_path), glue.get_task("qqp"), "train")
+    qqp = examples.read_tsv(str(tmp_path), examples.get_task("qqp"), "train")
     assert qqp.labels.tolist() == [1, 0] and qqp.texts[1] == ["What age?", "Which place?"]
     _write(tmp_path / "QQP" / "test.tsv", [["id", "question1", "question2"], ["7", "a?", "b?"]])
-    assert glue.read_tsv(str(tmp_path), glue.get_task("qqp"), "test", False).index == ["7"]
+    assert examples.read_tsv(str(tmp_path), examples.get_task("qqp"), "test", False).index == ["7"]
 
 
 def test_tsv_errors_name_the_file_and_the_problem(tmp_path):
-    with pytest.raises(glue.GlueDataError, match=r"RTE train file .*train.tsv does not exist"):
-        glue.read_tsv(str(tmp_path), glue.get_task("rte"), "train")
+    with pytest.raises(examples.GlueDataError, match=r"RTE train file .*train.tsv does not exist"):
+        examples.read_tsv(str(tmp_path), examples.get_task("rte"), "train")
     _write(tmp_path / "RTE" / "train.tsv", [["index", "sentence1", "sentence2", "label"],
                                             ["0", "a", "b", "maybe"]])
-    with pytest.raises(glue.GlueDataError, match=r"row 1: label 'maybe' is not one of"):
-        glue.read_tsv(str(tmp_path), glue.get_task("rte"), "train")
-    with pytest.raises(glue.GlueDataError, match=r"unknown GLUE task 'sst3'"):
-        glue.get_task("sst3")
+    with pytest.raises(examples.GlueDataError, match=r"row 1: label 'maybe' is not one of"):
+        examples.read_tsv(str(tmp_path), examples.get_task("rte"), "train")
+    with pytest.raises(examples.GlueDataError, match=r"unknown GLUE task 'sst3'"):
+        examples.get_task("sst3")
 
 
 # --- TFDS --------------------------------------------------------------------------------
@@ -162,32 +163,32 @@ def test_reads_a_tfds_glue_dataset_without_tensorflow(tmp_path):
                 yield i, {"sentence1": text, "sentence2": "B", "label": label, "idx": i}
 
     TinyGlue(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-    rte = glue.get_task("rte")
+    rte = examples.get_task("rte")
     args = {"source": "tfds", "tfds_dataset": "tiny_glue", "tfds_data_dir": str(tmp_path)}
-    train = glue.read_split(rte, "train", **args)
+    train = examples.read_split(rte, "train", **args)
     assert train.texts == [["hello there", "awful", "fine"], ["B", "B", "B"]]
     assert train.labels.tolist() == [1, 0, 1] and train.index == ["0", "1", "2"]
-    assert len(glue.read_split(rte, "dev", **args)) == 2
-    test = glue.read_split(rte, "test", **args)
+    assert len(examples.read_split(rte, "dev", **args)) == 2
+    test = examples.read_split(rte, "test", **args)
     assert test.labels.tolist() == [-1]
-    assert glue.split_available(rte, "test", **args)
-    with pytest.raises(glue.GlueDataError, match="config.data.tfds_name: TFDS dataset 'nope"):
-        glue.read_split(rte, "train", source="tfds", tfds_dataset="nope",
+    assert examples.split_available(rte, "test", **args)
+    with pytest.raises(examples.GlueDataError, match="config.data.tfds_name: TFDS dataset 'nope"):
+        examples.read_split(rte, "train", source="tfds", tfds_dataset="nope",
                         tfds_data_dir=str(tmp_path))
 
 
 # --- submission files --------------------------------------------------------------------
 
 def test_submission_files_use_glue_names_and_labels(tmp_path):
-    path = submission.write_submission(tmp_path, glue.get_task("rte"), "test", ["0", "1"], [1, 0])
+    path = outputs.write_submission(tmp_path, examples.get_task("rte"), "test", ["0", "1"], [1, 0])
     assert path.name == "RTE.tsv"
     assert path.read_text() == "index\tprediction\n0\tnot_entailment\n1\tentailment\n"
-    mm = submission.write_submission(tmp_path, glue.get_task("mnli"), "test_mismatched",
+    mm = outputs.write_submission(tmp_path, examples.get_task("mnli"), "test_mismatched",
                                      ["5"], [1])
     assert mm.name == "MNLI-mm.tsv" and mm.read_text().endswith("5\tneutral\n")
-    m = submission.write_submission(tmp_path, glue.get_task("mnli"), "test_matched", ["5"], [2])
+    m = outputs.write_submission(tmp_path, examples.get_task("mnli"), "test_matched", ["5"], [2])
     assert m.name == "MNLI-m.tsv" and m.read_text().endswith("5\tcontradiction\n")
-    sts = submission.write_submission(tmp_path, glue.get_task("stsb"), "test", ["0"], [3.14159])
+    sts = outputs.write_submission(tmp_path, examples.get_task("stsb"), "test", ["0"], [3.14159])
     assert sts.name == "STS-B.tsv" and sts.read_text().endswith("0\t3.142\n")
-    sst = submission.write_submission(tmp_path, glue.get_task("sst2"), "test", ["0"], [1])
+    sst = outputs.write_submission(tmp_path, examples.get_task("sst2"), "test", ["0"], [1])
     assert sst.name == "SST-2.tsv" and sst.read_text().endswith("0\t1\n")

@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from maelm_jax.finetune import glue, metrics, squad_metrics
+from maelm_jax.finetune.tasks import squad
+from maelm_jax.finetune.tasks.glue import examples, metrics
 
 # --- GLUE --------------------------------------------------------------------------------
 
@@ -41,11 +42,12 @@ def test_pearson_and_spearman_by_hand():
 
 
 def test_task_metrics_pick_the_glue_metrics_per_task():
-    mrpc = metrics.task_metrics(glue.get_task("mrpc"), LABELS, PREDS)
+    mrpc = metrics.task_metrics(examples.get_task("mrpc"), LABELS, PREDS)
     assert mrpc == pytest.approx({"accuracy": 0.6, "f1": 4 / 6, "acc_and_f1": (0.6 + 4 / 6) / 2})
-    assert set(metrics.task_metrics(glue.get_task("cola"), LABELS, PREDS)) == {"accuracy", "mcc"}
-    assert set(metrics.task_metrics(glue.get_task("sst2"), LABELS, PREDS)) == {"accuracy"}
-    stsb = metrics.task_metrics(glue.get_task("sts-b"), [1.0, 2.0, 3.0], [1.0, 3.0, 2.0])
+    cola = metrics.task_metrics(examples.get_task("cola"), LABELS, PREDS)
+    assert set(cola) == {"accuracy", "mcc"}
+    assert set(metrics.task_metrics(examples.get_task("sst2"), LABELS, PREDS)) == {"accuracy"}
+    stsb = metrics.task_metrics(examples.get_task("sts-b"), [1.0, 2.0, 3.0], [1.0, 3.0, 2.0])
     assert stsb == pytest.approx({"pearson": 0.5, "spearman": 0.5, "corr": 0.5})
 
 
@@ -95,21 +97,21 @@ def test_glue_average_leaderboard_convention_by_hand():
 # --- SQuAD 2.0 ---------------------------------------------------------------------------
 
 def test_answer_normalisation():
-    assert squad_metrics.normalize_answer("The  Cat, a dog!") == "cat dog"
-    assert squad_metrics.normalize_answer("An apple\tand THE theory") == "apple and theory"
-    assert squad_metrics.normalize_answer("the") == ""
+    assert squad.metrics.normalize_answer("The  Cat, a dog!") == "cat dog"
+    assert squad.metrics.normalize_answer("An apple\tand THE theory") == "apple and theory"
+    assert squad.metrics.normalize_answer("the") == ""
 
 
 def test_exact_and_f1_by_hand():
-    assert squad_metrics.compute_exact("The Denver Broncos", "denver broncos!") == 1
+    assert squad.metrics.compute_exact("The Denver Broncos", "denver broncos!") == 1
     # gold [cat, sat], prediction [cat, sat, down]: precision 2/3, recall 1 -> F1 0.8
-    assert squad_metrics.compute_f1("the cat sat", "cat sat down") == pytest.approx(0.8)
-    assert squad_metrics.compute_f1("cat", "dog") == 0.0
+    assert squad.metrics.compute_f1("the cat sat", "cat sat down") == pytest.approx(0.8)
+    assert squad.metrics.compute_f1("cat", "dog") == 0.0
     # No-answer: 1 only if both are empty (after normalisation).
-    assert squad_metrics.compute_f1("", "") == 1.0
-    assert squad_metrics.compute_f1("", "a cat") == 0.0
-    assert squad_metrics.compute_f1("cat", "") == 0.0
-    assert squad_metrics.compute_f1("", "the") == 1.0  # "the" normalises to nothing
+    assert squad.metrics.compute_f1("", "") == 1.0
+    assert squad.metrics.compute_f1("", "a cat") == 0.0
+    assert squad.metrics.compute_f1("cat", "") == 0.0
+    assert squad.metrics.compute_f1("", "the") == 1.0  # "the" normalises to nothing
 
 
 GOLD = {
@@ -123,7 +125,7 @@ NA_PROBS = {"q1": 0.1, "q2": 0.9, "q3": 0.2, "q4": 0.8}
 
 
 def test_official_v2_scores_by_hand():
-    out = squad_metrics.evaluate(GOLD, PREDICTIONS)
+    out = squad.metrics.evaluate(GOLD, PREDICTIONS)
     # EM: q2 only. F1: q1 max(2/3, 2/3); q2 1; q3 max over golds: vs "1990" 2/3, vs
     # "in 1990" 1/2 -> 2/3; q4 0.
     assert out["exact"] == pytest.approx(25.0)
@@ -135,7 +137,7 @@ def test_official_v2_scores_by_hand():
 
 
 def test_official_best_thresholds_by_hand():
-    out = squad_metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS)
+    out = squad.metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS)
     # Start from "everything null" (2 of 4 right), answer questions in order of na_prob:
     # exact: q1 +0, q3 +0, q4 -1, q2 +0 -> never above 2: 50 % at threshold 0.
     assert out["best_exact"] == pytest.approx(50.0) and out["best_exact_thresh"] == 0.0
@@ -144,13 +146,13 @@ def test_official_best_thresholds_by_hand():
     assert out["best_f1_thresh"] == 0.2
     # The default threshold 1.0 changes nothing here; 0.5 turns q2 and q4 into "".
     assert out["exact"] == pytest.approx(25.0)
-    strict = squad_metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS, na_prob_thresh=0.5)
+    strict = squad.metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS, na_prob_thresh=0.5)
     assert strict["exact"] == pytest.approx(50.0)
 
 
 def test_unanswerable_gold_with_only_empty_answers_counts_as_no_answer():
     # Gold answers that normalise to "" are dropped; none left means "no answer".
-    out = squad_metrics.evaluate({"q": ["the", "."]}, {"q": ""})
+    out = squad.metrics.evaluate({"q": ["the", "."]}, {"q": ""})
     assert out["exact"] == 100.0 and not math.isnan(out["f1"])
 
 
@@ -184,8 +186,8 @@ def pair_tasks(tmp_path):
     ("cola", "mcc", "mcc"),
 ])
 def test_runs_are_compared_by_the_metric_their_paper_reports(name, maelm, threeml):
-    assert metrics.REPORTED_METRIC["maelm"][glue.get_task(name).name] == maelm
-    assert metrics.REPORTED_METRIC["3ml"][glue.get_task(name).name] == threeml
+    assert metrics.REPORTED_METRIC["maelm"][examples.get_task(name).name] == maelm
+    assert metrics.REPORTED_METRIC["3ml"][examples.get_task(name).name] == threeml
 
 
 def test_a_3ml_run_reports_and_selects_by_the_pair_means(pair_tasks, tiny_tokenizer):

@@ -7,7 +7,8 @@ import pytest
 
 from configs.finetune import squad as squad_config
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import squad, squad_postprocess, train
+from maelm_jax.finetune import train
+from maelm_jax.finetune.tasks import squad
 
 from conftest import require_shared_data
 
@@ -18,10 +19,10 @@ OFFSETS = np.array([(0, 3), (3, 7), (7, 11), (11, 14), (14, 18), (18, 22), (22, 
 
 def _features(windows_, context_start=4):
     """Hand-built features over CONTEXT for the given (start, length) windows."""
-    masks = squad.max_context_masks(windows_, len(OFFSETS))
+    masks = squad.examples.max_context_masks(windows_, len(OFFSETS))
     sequences = [np.zeros(context_start + length + 1, np.int32) for _, length in windows_]
     n = len(windows_)
-    return squad.SquadFeatures(
+    return squad.examples.SquadFeatures(
         sequences=sequences,
         example_index=np.zeros(n, np.int64),
         context_start=np.full(n, context_start),
@@ -43,14 +44,14 @@ def _logits(feature, peaks, null=0.0, base=-5.0):
     return logits
 
 
-EXAMPLE = [squad.SquadExample("q", "what sat?", CONTEXT, ["cat"], [4])]
+EXAMPLE = [squad.examples.SquadExample("q", "what sat?", CONTEXT, ["cat"], [4])]
 
 
 def test_best_span_maps_back_to_context_characters():
     f = _features([(0, 7)])
     start = [_logits(f.sequences[0], {1: 5.0})]  # " cat"
     end = [_logits(f.sequences[0], {2: 4.0})]  # " sat"
-    p = squad_postprocess.postprocess(EXAMPLE, f, start, end)
+    p = squad.outputs.postprocess(EXAMPLE, f, start, end)
     assert p.text == {"q": "cat sat"}  # the leading space of " cat" is stripped
     assert p.null_odds["q"] == pytest.approx(0.0 - 9.0)
     assert p.nbest["q"][0]["text"] == "cat sat"
@@ -62,12 +63,12 @@ def test_null_answer_wins_above_the_threshold_and_only_in_v2():
     f = _features([(0, 7)])
     start = [_logits(f.sequences[0], {1: 5.0}, null=6.0)]
     end = [_logits(f.sequences[0], {2: 4.0}, null=6.0)]
-    p = squad_postprocess.postprocess(EXAMPLE, f, start, end)
+    p = squad.outputs.postprocess(EXAMPLE, f, start, end)
     assert p.text["q"] == "" and p.best_span["q"] == "cat sat"
     assert p.null_odds["q"] == pytest.approx(12.0 - 9.0)
-    lenient = squad_postprocess.postprocess(EXAMPLE, f, start, end, null_score_diff_threshold=5.0)
+    lenient = squad.outputs.postprocess(EXAMPLE, f, start, end, null_score_diff_threshold=5.0)
     assert lenient.text["q"] == "cat sat"
-    v1 = squad_postprocess.postprocess(EXAMPLE, f, start, end, version_2=False)
+    v1 = squad.outputs.postprocess(EXAMPLE, f, start, end, version_2=False)
     assert v1.text["q"] == "cat sat" and all(e["text"] for e in v1.nbest["q"])
 
 
@@ -76,17 +77,17 @@ def test_spans_ending_before_their_start_or_too_long_are_rejected():
     # The best end ("The") comes before the best start (" on"): the span is " on the mat".
     start = [_logits(f.sequences[0], {3: 5.0})]
     end = [_logits(f.sequences[0], {0: 6.0, 5: 3.0})]
-    assert squad_postprocess.postprocess(EXAMPLE, f, start, end).text["q"] == "on the mat"
+    assert squad.outputs.postprocess(EXAMPLE, f, start, end).text["q"] == "on the mat"
     # " cat ... mat" is 5 tokens; with max_answer_len 3 the best is " cat sat".
     start = [_logits(f.sequences[0], {1: 5.0})]
     end = [_logits(f.sequences[0], {5: 6.0, 2: 3.0})]
-    assert squad_postprocess.postprocess(EXAMPLE, f, start, end).text["q"] == "cat sat on the mat"
-    short = squad_postprocess.postprocess(EXAMPLE, f, start, end, max_answer_len=3)
+    assert squad.outputs.postprocess(EXAMPLE, f, start, end).text["q"] == "cat sat on the mat"
+    short = squad.outputs.postprocess(EXAMPLE, f, start, end, max_answer_len=3)
     assert short.text["q"] == "cat sat"
 
 
 def test_a_start_counts_only_in_its_max_context_window():
-    spans = squad.windows(len(OFFSETS), 4, 2)
+    spans = squad.examples.windows(len(OFFSETS), 4, 2)
     assert spans == [(0, 4), (2, 4), (4, 3)]
     f = _features(spans)
     # Token 2 (" sat") has more context in window 0 (1 left/right) than in window 1 (0).
@@ -96,17 +97,17 @@ def test_a_start_counts_only_in_its_max_context_window():
              _logits(f.sequences[2], {}, null=3.0)]
     end = [_logits(f.sequences[0], {1: 3.0}), _logits(f.sequences[1], {1: 10.0}),
            _logits(f.sequences[2], {}, null=3.0)]
-    p = squad_postprocess.postprocess(EXAMPLE, f, start, end)
+    p = squad.outputs.postprocess(EXAMPLE, f, start, end)
     assert p.text["q"] == "cat"  # " sat on" (score 20) starts outside its max context
     assert p.null_odds["q"] == pytest.approx(-2.0 - 6.0)  # the smallest null score
 
 
 def test_every_context_token_has_exactly_one_max_context_window():
     for num_tokens, max_len, stride in [(1, 5, 2), (10, 4, 3), (37, 16, 5), (37, 16, 16)]:
-        spans = squad.windows(num_tokens, max_len, stride)
+        spans = squad.examples.windows(num_tokens, max_len, stride)
         assert spans[0][0] == 0 and sum(spans[-1]) == num_tokens
         owners = np.zeros(num_tokens, int)
-        masks = squad.max_context_masks(spans, num_tokens)
+        masks = squad.examples.max_context_masks(spans, num_tokens)
         for (start, length), mask in zip(spans, masks, strict=True):
             owners[start:start + length] += mask
         assert owners.tolist() == [1] * num_tokens
@@ -114,7 +115,7 @@ def test_every_context_token_has_exactly_one_max_context_window():
 
 @pytest.fixture(scope="module")
 def sample():
-    return squad.read_squad_json(str(require_shared_data("squad", "dev-v2.0.sample.json")))
+    return squad.examples.read_squad_json(str(require_shared_data("squad", "dev-v2.0.sample.json")))
 
 
 def test_reads_the_official_json_with_unanswerable_questions(sample):
@@ -127,7 +128,7 @@ def test_reads_the_official_json_with_unanswerable_questions(sample):
 
 def test_windows_and_targets_map_back_to_the_answer_text(sample, tiny_tokenizer):
     max_len, stride = 96, 16  # at most 24 question tokens: windows of >= 68 context tokens
-    f = squad.make_features(sample, tiny_tokenizer, max_len, stride, 24, training=True)
+    f = squad.examples.make_features(sample, tiny_tokenizer, max_len, stride, 24, training=True)
     assert len(f) > 2 * len(sample)  # long contexts are split into overlapping windows
     found = set()
     for i, seq in enumerate(f.sequences):
@@ -180,7 +181,7 @@ def test_reads_a_tfds_squad_v2_without_tensorflow(tmp_path):
                         "plausible_answers": {"text": ["The cat"], "answer_start": [0]}}
 
     TinySquad(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
-    examples = squad.read_squad_tfds("tiny_squad", "validation", str(tmp_path))
+    examples = squad.examples.read_squad_tfds("tiny_squad", "validation", str(tmp_path))
     assert [(e.qid, e.answers, e.answer_starts) for e in examples] == [
         ("a", ["The cat", "cat"], [0, 4]), ("b", [], [])]
     assert examples[0].context == CONTEXT and examples[1].question == "who flew?"

@@ -1,8 +1,9 @@
 """The fine-tuning task kinds, by name, and the task a config asks for (config.task).
 
-Each kind is one module implementing base.Task (GLUE: glue.py; SQuAD 2.0: squad.py);
-this registry is the only place that lists them. Adding one: a module, and a line in
-_BUILT_IN (or `register` from outside the package, as the tests do with a toy kind).
+Each kind is one folder whose task.py implements base.Task (GLUE: glue/; SQuAD 2.0:
+squad/), beside its examples, metrics and outputs; this registry is the only place that
+lists them. Adding one: a class (a module or a folder), and a line in _BUILT_IN (or
+`register` from outside the package, as the tests do with a toy kind).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import ml_collections
 
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune.tasks import base, glue, squad
+from maelm_jax.finetune.tasks import base
 from maelm_jax.finetune.tasks.base import (
     BatchOutputs,
     ExportHead,
@@ -19,14 +20,14 @@ from maelm_jax.finetune.tasks.base import (
     Split,
     Task,
 )
-from maelm_jax.finetune.tasks.glue import GlueTask
-from maelm_jax.finetune.tasks.squad import SquadTask
+from maelm_jax.finetune.tasks.glue.task import GlueTask
+from maelm_jax.finetune.tasks.squad.task import SquadTask
 
 __all__ = ["BatchOutputs", "ExportHead", "FinetuneConfigError", "GlueTask", "RunEval",
            "Split", "SquadTask", "Task", "get", "kind_for", "kinds", "make_task", "names",
            "register", "unregister"]
 
-_BUILT_IN: tuple[type[base.Task], ...] = (glue.GlueTask, squad.SquadTask)
+_BUILT_IN: tuple[type[base.Task], ...] = (GlueTask, SquadTask)
 _REGISTRY: dict[str, type[base.Task]] = {k.kind: k for k in _BUILT_IN}
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from maelm_jax.finetune import squad
+from maelm_jax.finetune.tasks.squad import examples
 
 # The no-answer score of a question without any valid span (it can only answer "").
 NO_SPAN_NULL_ODDS = 1e30
@@ -37,7 +37,7 @@ def _softmax(scores: Sequence[float]) -> np.ndarray:
     return e / e.sum()
 
 
-def postprocess(examples: Sequence[squad.SquadExample], features: squad.SquadFeatures,
+def postprocess(examples: Sequence[examples.SquadExample], features: examples.SquadFeatures,
                 start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarray],
                 n_best: int = 20, max_answer_len: int = 30, version_2: bool = True,
                 null_score_diff_threshold: float = 0.0) -> Predictions:

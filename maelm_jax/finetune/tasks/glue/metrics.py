@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import scipy.stats
 
-from maelm_jax.finetune import glue
+from maelm_jax.finetune.tasks.glue import examples
 
 
 def accuracy(labels: Sequence[int], predictions: Sequence[int]) -> float:
@@ -72,7 +72,7 @@ def spearman(labels: Sequence[float], predictions: Sequence[float]) -> float:
     return _correlation(scipy.stats.spearmanr, labels, predictions)
 
 
-def task_metrics(task: glue.Task, labels: np.ndarray, predictions: np.ndarray) -> dict:
+def task_metrics(task: examples.TaskSpec, labels: np.ndarray, predictions: np.ndarray) -> dict:
     """All of the task's GLUE metrics on one split, as fractions (accuracy 0.9, not 90).
 
     labels / predictions: [N] class ids, or [N] scores for STS-B.
@@ -90,7 +90,7 @@ def task_metrics(task: glue.Task, labels: np.ndarray, predictions: np.ndarray) -
 
 
 # Task -> the metric the MAE-LM paper reports (and averages).
-PAPER_METRIC = {name: task.primary_metric for name, task in glue.TASKS.items()}
+PAPER_METRIC = {name: task.primary_metric for name, task in examples.TASKS.items()}
 # The mean of MNLI's matched and mismatched accuracy (`mnli_mean`).
 MNLI_MEAN = "m+mm/accuracy"
 # Paper -> task -> the one number by which runs of the task are compared, as the paper

@@ -1,8 +1,8 @@
 """GLUE: sentence (pair) classification, or STS-B regression, on the pooled first token.
 
-The kind serves every GLUE task name (finetune/glue.py: CoLA, SST-2, ..., in any of their
+The kind serves every GLUE task name (examples.py: CoLA, SST-2, ..., in any of their
 spellings); its data are the standard TSV files under config.data.data_dir or TFDS; its
-metrics are GLUE's (finetune/metrics.py); it writes the GLUE server's submission files.
+metrics are GLUE's (metrics.py); it writes the GLUE server's submission files.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from absl import logging
 
 from maelm_jax import layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import data, heads, metrics, submission
-from maelm_jax.finetune import glue as glue_data
+from maelm_jax.finetune import data, heads
 from maelm_jax.finetune.tasks import base
+from maelm_jax.finetune.tasks.glue import examples, metrics, outputs
 from maelm_jax.models import encoder as encoder_lib
 
 # Table 5 of the MAE-LM paper, GLUE. "base" covers base and base++; "large" is large++.
@@ -59,12 +59,12 @@ def read_args(d: ml_collections.ConfigDict) -> dict:
             "tfds_data_dir": d.tfds_data_dir}
 
 
-def split_sequences(task: glue_data.Task, split: str, tok: tokenizer_lib.Tokenizer,
+def split_sequences(task: examples.TaskSpec, split: str, tok: tokenizer_lib.Tokenizer,
                     max_len: int, **read_kwargs) -> list[np.ndarray]:
     """A split encoded as fine-tuning encodes it (<s> A </s></s> B </s>); "" = the first
     dev split (MNLI's matched)."""
-    examples = glue_data.read_split(task, split or task.eval_splits[0], **read_kwargs)
-    return data.encode_texts(tok, examples.texts, max_len)
+    read = examples.read_split(task, split or task.eval_splits[0], **read_kwargs)
+    return data.encode_texts(tok, read.texts, max_len)
 
 
 class GlueTask(base.Task):
@@ -74,19 +74,19 @@ class GlueTask(base.Task):
 
     @classmethod
     def task_names(cls) -> tuple[str, ...]:
-        return tuple(t.tfds_config for t in glue_data.TASKS.values())
+        return tuple(t.tfds_config for t in examples.TASKS.values())
 
     @classmethod
     def serves(cls, task: str) -> bool:
         try:
-            glue_data.get_task(task)
-        except glue_data.GlueDataError:
+            examples.get_task(task)
+        except examples.GlueDataError:
             return False
         return True
 
     @classmethod
     def describe(cls) -> str:
-        return f"a GLUE task ({', '.join(glue_data.TASK_NAMES)})"
+        return f"a GLUE task ({', '.join(examples.TASK_NAMES)})"
 
     @classmethod
     def validate(cls, c: ml_collections.ConfigDict) -> None:
@@ -97,20 +97,20 @@ class GlueTask(base.Task):
     @classmethod
     def paper_grid(cls, task: str, size: str, paper: str) -> dict:
         if paper == "3ml":
-            large = glue_data.get_task(task).tfds_config in THREEML_LARGE_TASKS
+            large = examples.get_task(task).tfds_config in THREEML_LARGE_TASKS
             return dict(THREEML_LARGE_GRID if large else THREEML_SMALL_GRID)
-        table = GLUE_SMALL_GRID if glue_data.get_task(task).small else GLUE_LARGE_GRID
+        table = GLUE_SMALL_GRID if examples.get_task(task).small else GLUE_LARGE_GRID
         return {k: tuple(v[size] if isinstance(v, dict) else v) for k, v in table.items()}
 
     @classmethod
     def dev_sequences(cls, run_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
                       seq_len: int) -> list[np.ndarray]:
-        return split_sequences(glue_data.get_task(run_cfg.task), "", tok, seq_len,
+        return split_sequences(examples.get_task(run_cfg.task), "", tok, seq_len,
                                **read_args(run_cfg.data))
 
     @classmethod
     def export_head(cls, run_cfg: ml_collections.ConfigDict) -> base.ExportHead:
-        task = glue_data.get_task(run_cfg.task)
+        task = examples.get_task(run_cfg.task)
         labels = list(task.label_names) or ["score"]
         fields = {"id2label": dict(enumerate(labels)),
                   "label2id": {name: i for i, name in enumerate(labels)},
@@ -121,14 +121,14 @@ class GlueTask(base.Task):
 
     def __init__(self, config: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
                  max_len: int):
-        self.config, self.task = config, glue_data.get_task(config.task)
+        self.config, self.task = config, examples.get_task(config.task)
         self.max_len, self.tok = max_len, tok
         d = config.data
         self._read_args = read_args(d)
-        train = glue_data.read_split(self.task, "train", **self._read_args).head(
+        train = examples.read_split(self.task, "train", **self._read_args).head(
             d.max_train_examples)
         self.train = self._encode(train)
-        self.eval = {s: self._encode(glue_data.read_split(self.task, s, **self._read_args)
+        self.eval = {s: self._encode(examples.read_split(self.task, s, **self._read_args)
                                      .head(d.max_eval_examples))
                      for s in self.task.eval_splits}
         self._labels = {s: split.targets["labels"] for s, split in self.eval.items()}
@@ -148,7 +148,7 @@ class GlueTask(base.Task):
             return ""
         return "m/" if split.endswith("_matched") else "mm/"
 
-    def _encode(self, examples: glue_data.GlueExamples) -> base.Split:
+    def _encode(self, examples: examples.GlueExamples) -> base.Split:
         return base.Split(data.encode_texts(self.tok, examples.texts, self.max_len),
                           {"labels": examples.labels}, examples.index)
 
@@ -187,13 +187,13 @@ class GlueTask(base.Task):
             return []
         written = []
         for name in self.task.test_splits:
-            if not glue_data.split_available(self.task, name, **self._read_args):
+            if not examples.split_available(self.task, name, **self._read_args):
                 logging.warning("no %s %s split: no submission file written", self.task.name,
                                 name)
                 continue
-            split = self._encode(glue_data.read_split(self.task, name, **self._read_args))
+            split = self._encode(examples.read_split(self.task, name, **self._read_args))
             predictions = self._predictions(split, run_eval(split.sequences, split.targets))
-            path = submission.write_submission(workdir / layout.PREDICTIONS_DIR, self.task,
+            path = outputs.write_submission(workdir / layout.PREDICTIONS_DIR, self.task,
                                                name, split.index, predictions)
             written.append(str(path))
         return written

@@ -32,7 +32,7 @@ class GlueDataError(errors.UserError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class TaskSpec:
     """One GLUE task: its files, columns, labels, metrics and submission names."""
 
     name: str  # GLUE's spelling: the task directory and the submission file stem
@@ -90,25 +90,26 @@ _MNLI_SPLITS = (
 TASKS = {
     t.name: t
     for t in (
-        Task("CoLA", ("sentence",), "label", _BINARY, "cola", ("sentence",), True, "mcc",
-             headerless_columns=(1, 3)),
-        Task("SST-2", ("sentence",), "label", _BINARY, "sst2", ("sentence",), False, "accuracy"),
-        Task("MRPC", ("#1 String", "#2 String"), "Quality", _BINARY, "mrpc",
-             ("sentence1", "sentence2"), True, "accuracy"),
-        Task("STS-B", ("sentence1", "sentence2"), "score", (), "stsb",
-             ("sentence1", "sentence2"), True, "spearman"),
-        Task("QQP", ("question1", "question2"), "is_duplicate", _BINARY, "qqp",
-             ("question1", "question2"), False, "accuracy"),
-        Task("MNLI", ("sentence1", "sentence2"), "gold_label",
-             ("entailment", "neutral", "contradiction"), "mnli", ("premise", "hypothesis"),
-             False, "accuracy", splits=_MNLI_SPLITS),
-        Task("QNLI", ("question", "sentence"), "label", _NLI, "qnli", ("question", "sentence"),
-             False, "accuracy"),
-        Task("RTE", ("sentence1", "sentence2"), "label", _NLI, "rte",
-             ("sentence1", "sentence2"), True, "accuracy"),
+        TaskSpec("CoLA", ("sentence",), "label", _BINARY, "cola", ("sentence",), True, "mcc",
+                 headerless_columns=(1, 3)),
+        TaskSpec("SST-2", ("sentence",), "label", _BINARY, "sst2", ("sentence",), False,
+                 "accuracy"),
+        TaskSpec("MRPC", ("#1 String", "#2 String"), "Quality", _BINARY, "mrpc",
+                 ("sentence1", "sentence2"), True, "accuracy"),
+        TaskSpec("STS-B", ("sentence1", "sentence2"), "score", (), "stsb",
+                 ("sentence1", "sentence2"), True, "spearman"),
+        TaskSpec("QQP", ("question1", "question2"), "is_duplicate", _BINARY, "qqp",
+                 ("question1", "question2"), False, "accuracy"),
+        TaskSpec("MNLI", ("sentence1", "sentence2"), "gold_label",
+                 ("entailment", "neutral", "contradiction"), "mnli", ("premise", "hypothesis"),
+                 False, "accuracy", splits=_MNLI_SPLITS),
+        TaskSpec("QNLI", ("question", "sentence"), "label", _NLI, "qnli", ("question", "sentence"),
+                 False, "accuracy"),
+        TaskSpec("RTE", ("sentence1", "sentence2"), "label", _NLI, "rte",
+                 ("sentence1", "sentence2"), True, "accuracy"),
         # TFDS orders WNLI's classes (not_entailment, entailment), which is 0 / 1 as in the file.
-        Task("WNLI", ("sentence1", "sentence2"), "label", _BINARY, "wnli",
-             ("sentence1", "sentence2"), True, "accuracy"),
+        TaskSpec("WNLI", ("sentence1", "sentence2"), "label", _BINARY, "wnli",
+                 ("sentence1", "sentence2"), True, "accuracy"),
     )
 }
 TASK_NAMES = tuple(TASKS)
@@ -121,7 +122,7 @@ def _key(name: str) -> str:
 _BY_KEY = {_key(name): task for name, task in TASKS.items()}
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str) -> TaskSpec:
     """The task for 'SST-2', 'sst2', 'sst-2', ... (case, '-' and '_' do not matter)."""
     task = _BY_KEY.get(_key(name))
     if task is None:
@@ -147,18 +148,19 @@ class GlueExamples:
         return GlueExamples([t[:n] for t in self.texts], self.labels[:n], self.index[:n])
 
 
-def task_dir(data_dir: str, task: Task) -> paths.Path:
+def task_dir(data_dir: str, task: TaskSpec) -> paths.Path:
     """<data_dir>/<TASK> when it exists (the standard download), else data_dir itself."""
     nested = paths.Path(data_dir) / task.name
     return nested if nested.is_dir() else paths.Path(data_dir)
 
 
-def tsv_path(data_dir: str, task: Task, split: str) -> paths.Path:
+def tsv_path(data_dir: str, task: TaskSpec, split: str) -> paths.Path:
     stem, _, _ = task.split_info(split)
     return task_dir(data_dir, task) / f"{stem}.tsv"
 
 
-def read_tsv(data_dir: str, task: Task, split: str, require_labels: bool = True) -> GlueExamples:
+def read_tsv(data_dir: str, task: TaskSpec, split: str,
+             require_labels: bool = True) -> GlueExamples:
     """Reads <data_dir>/<TASK>/<split>.tsv.
 
     Rows with a missing field (a few in QQP's train file) are skipped and counted, as
@@ -210,11 +212,11 @@ def read_tsv(data_dir: str, task: Task, split: str, require_labels: bool = True)
     return GlueExamples(texts, np.asarray(labels, dtype), index)
 
 
-def _unknown_label(task: Task):
+def _unknown_label(task: TaskSpec):
     return float("nan") if task.is_regression else -1
 
 
-def _label(task: Task, value: str, path: str, row: int):
+def _label(task: TaskSpec, value: str, path: str, row: int):
     value = value.strip()
     if task.is_regression:
         try:
@@ -227,14 +229,14 @@ def _label(task: Task, value: str, path: str, row: int):
     return task.label_names.index(value)
 
 
-def tfds_name(task: Task, configured: str = "") -> str:
+def tfds_name(task: TaskSpec, configured: str = "") -> str:
     return configured or f"glue/{task.tfds_config}"
 
 
-def read_tfds(task: Task, split: str, name: str = "", data_dir: str = "") -> GlueExamples:
+def read_tfds(task: TaskSpec, split: str, name: str = "", data_dir: str = "") -> GlueExamples:
     """Reads a prepared TFDS GLUE dataset (ArrayRecord) without TensorFlow.
 
-    TFDS's class ids follow the same order as `Task.label_names`; test labels are -1.
+    TFDS's class ids follow the same order as `TaskSpec.label_names`; test labels are -1.
     """
     import tensorflow_datasets as tfds  # heavy import: only TFDS users pay for it
 
@@ -261,7 +263,7 @@ def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def read_split(task: Task, split: str, source: str, data_dir: str = "", tfds_dataset: str = "",
+def read_split(task: TaskSpec, split: str, source: str, data_dir: str = "", tfds_dataset: str = "",
                tfds_data_dir: str = "") -> GlueExamples:
     """One split from "files" (TSV) or "tfds"."""
     if source == "tfds":
@@ -269,7 +271,7 @@ def read_split(task: Task, split: str, source: str, data_dir: str = "", tfds_dat
     return read_tsv(data_dir, task, split, require_labels=not split.startswith("test"))
 
 
-def split_available(task: Task, split: str, source: str, data_dir: str = "",
+def split_available(task: TaskSpec, split: str, source: str, data_dir: str = "",
                     tfds_dataset: str = "", tfds_data_dir: str = "") -> bool:
     """Whether a split can be read (GLUE test files are often not downloaded)."""
     if source == "tfds":
@@ -283,7 +285,7 @@ def split_available(task: Task, split: str, source: str, data_dir: str = "",
     return tsv_path(data_dir, task, split).is_file()
 
 
-def label_strings(task: Task, predictions: Sequence) -> list[str]:
+def label_strings(task: TaskSpec, predictions: Sequence) -> list[str]:
     """Class ids -> the label strings GLUE's submission expects; scores -> '%.3f'."""
     if task.is_regression:
         return [f"{float(p):.3f}" for p in predictions]

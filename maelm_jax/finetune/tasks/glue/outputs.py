@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from maelm_jax import paths
-from maelm_jax.finetune import glue
+from maelm_jax.finetune.tasks.glue import examples
 
 
-def write_submission(directory: paths.Path, task: glue.Task, split: str,
+def write_submission(directory: paths.Path, task: examples.TaskSpec, split: str,
                      index: Sequence[str], predictions: Sequence) -> paths.Path:
     """Writes directory/<name>.tsv for one test split; returns its path.
 
@@ -23,6 +23,6 @@ def write_submission(directory: paths.Path, task: glue.Task, split: str,
     _, _, stem = task.split_info(split)
     paths.make_dirs(directory)
     path = directory / f"{stem}.tsv"
-    rows = zip(index, glue.label_strings(task, predictions), strict=False)
+    rows = zip(index, examples.label_strings(task, predictions), strict=False)
     paths.write_text(path, "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in rows))
     return path

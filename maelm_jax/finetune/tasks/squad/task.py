@@ -2,7 +2,7 @@
 
 config.task = "squad"; the kind's own fields are config.squad.* (the version, the JSON
 files, windowing and answer decoding). Its head is heads.SpanExtractor, its metrics the
-official script's (finetune/squad_metrics.py), its outputs predictions.json and friends.
+official script's (metrics.py), its outputs predictions.json and friends.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from absl import logging
 
 from maelm_jax import layout, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import heads, squad, squad_metrics, squad_postprocess
+from maelm_jax.finetune import heads
 from maelm_jax.finetune.tasks import base
+from maelm_jax.finetune.tasks.squad import examples, metrics, outputs
 from maelm_jax.models import encoder as encoder_lib
 
 VERSIONS = ("2.0", "1.1")
@@ -32,13 +33,13 @@ SQUAD_GRID = {
 
 
 def read_examples(config: ml_collections.ConfigDict,
-                  split: str) -> list[squad.SquadExample]:
+                  split: str) -> list[examples.SquadExample]:
     """The "train" or "validation" questions, from the JSON files or TFDS."""
     s, d = config.squad, config.data
     if d.source == "tfds":
-        return squad.read_squad_tfds(squad.tfds_name(s.version, d.tfds_name), split,
+        return examples.read_squad_tfds(examples.tfds_name(s.version, d.tfds_name), split,
                                      d.tfds_data_dir)
-    return squad.read_squad_json(s.train_file if split == "train" else s.dev_file)
+    return examples.read_squad_json(s.train_file if split == "train" else s.dev_file)
 
 
 class SquadTask(base.Task):
@@ -102,7 +103,7 @@ class SquadTask(base.Task):
     def dev_sequences(cls, run_cfg: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
                       seq_len: int) -> list[np.ndarray]:
         s = run_cfg.squad
-        return squad.make_features(read_examples(run_cfg, "validation"), tok, seq_len,
+        return examples.make_features(read_examples(run_cfg, "validation"), tok, seq_len,
                                    s.doc_stride, s.max_query_len, training=False).sequences
 
     @classmethod
@@ -119,13 +120,13 @@ class SquadTask(base.Task):
         train, dev = read_examples(config, "train"), read_examples(config, "validation")
         train = train[: d.max_train_examples or None]
         self.dev_examples = dev[: d.max_eval_examples or None]
-        self.gold = squad.gold_answers(self.dev_examples)
+        self.gold = examples.gold_answers(self.dev_examples)
         args = (tok, max_len, s.doc_stride, s.max_query_len)
-        features = squad.make_features(train, *args, training=True)
+        features = examples.make_features(train, *args, training=True)
         self.train = base.Split(features.sequences,
                                 {"start_positions": features.start_positions,
                                  "end_positions": features.end_positions})
-        self.dev_features = squad.make_features(self.dev_examples, *args, training=False)
+        self.dev_features = examples.make_features(self.dev_examples, *args, training=False)
         self.eval = {"dev": base.Split(self.dev_features.sequences, {})}
         logging.info("SQuAD %s: %d train questions -> %d windows, %d dev questions -> %d "
                      "windows", s.version, len(train), len(self.train), len(self.dev_examples),
@@ -143,7 +144,7 @@ class SquadTask(base.Task):
         start, end = outputs
         return {"start": start, "end": end}
 
-    def _predict(self, run_eval: base.RunEval) -> squad_postprocess.Predictions:
+    def _predict(self, run_eval: base.RunEval) -> outputs.Predictions:
         starts: list = [None] * len(self.dev_features)
         ends: list = [None] * len(self.dev_features)
         for rows, out in run_eval(self.dev_features.sequences, {}):
@@ -152,16 +153,16 @@ class SquadTask(base.Task):
                     n = len(self.dev_features.sequences[r])
                     starts[r], ends[r] = out["start"][i, :n], out["end"][i, :n]
         s = self.config.squad
-        return squad_postprocess.postprocess(
+        return outputs.postprocess(
             self.dev_examples, self.dev_features, starts, ends, s.n_best, s.max_answer_len,
             self.version_2, s.null_score_diff_threshold)
 
-    def _evaluate(self, predictions: squad_postprocess.Predictions) -> dict:
-        out = squad_metrics.evaluate(self.gold, predictions.text)
+    def _evaluate(self, predictions: outputs.Predictions) -> dict:
+        out = metrics.evaluate(self.gold, predictions.text)
         if self.version_2:
             # The official best-threshold search ranks questions by their no-answer score;
             # it needs each question's best span (not "" where the threshold chose null).
-            best = squad_metrics.evaluate(self.gold, predictions.best_span, predictions.null_odds)
+            best = metrics.evaluate(self.gold, predictions.best_span, predictions.null_odds)
             out.update({k: v for k, v in best.items() if k.startswith("best_")})
         return {k: float(v) for k, v in out.items() if not k.endswith("total")}
 
