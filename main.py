@@ -1,6 +1,6 @@
 """Entry point: python main.py --config=configs/<file>.py[:variant] --workdir=<dir>.
 
-Pretraining configs (configs/pretrain/) run maelm_jax.training.loop; fine-tuning configs
+Pretraining configs (configs/pretrain/) run maelm_jax.pretrain.train; fine-tuning configs
 (configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train, or with
 `sweep = True` maelm_jax.finetune.sweep; the effective-rank analysis
 (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
@@ -25,15 +25,16 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from maelm_jax import cli, compile_cache, distributed, errors, fill_mask, host_memory
-from maelm_jax import config as config_lib
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.export import run as export_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import merge as study_merge
 from maelm_jax.study import pool as study_pool
 from maelm_jax.study import run as study_run
-from maelm_jax.training import loop, preemption
+from maelm_jax.training import preemption
 
 FLAGS = flags.FLAGS
 # New fields are accepted while parsing, so `--config.data.sources.main.path=...` can
@@ -136,10 +137,10 @@ def _run_mode(mode: str) -> None:
     elif mode == "prepare":
         from maelm_jax.data import prepare  # Apache Beam: imported only for this mode
 
-        config_lib.validate(FLAGS.config)
-        prepare.run(config_lib.resolve_paths(FLAGS.config), FLAGS.workdir)
+        pretrain_config.validate(FLAGS.config)
+        prepare.run(pretrain_config.resolve_paths(FLAGS.config), FLAGS.workdir)
     else:
-        loop.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+        pretrain_train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
         if FLAGS.config.train.fill_mask_examples and distributed.is_leader():
             fill_mask.after_pretraining(FLAGS.workdir)  # what the finished run learned
 

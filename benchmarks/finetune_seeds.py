@@ -34,10 +34,10 @@ import numpy as np
 from absl import app, flags
 
 from maelm_jax import cli, errors, sharding, tokenizer
-from maelm_jax.finetune import config as finetune_config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, heads, seed_group, tasks, train
 from maelm_jax.finetune import setup as setup_lib
-from maelm_jax.study import config as study_config_lib
+from maelm_jax.study import config as study_config
 
 import harness
 
@@ -51,10 +51,10 @@ flags.DEFINE_integer("eval_examples", 2000, "Dev sequences in the timed evaluati
                      lower_bound=1)
 
 
-def finetune_config(study) -> object:
+def seed_config(study) -> object:
     """The fine-tuning config of the study's runs, from scratch (no checkpoint to read):
     the pretraining encoder's architecture, the study's fine-tuning sizes."""
-    c = finetune_config_lib.finetune_defaults()
+    c = finetune_config.finetune_defaults()
     for field in ("num_layers", "d_model", "num_heads", "d_ff", "pre_ln", "rel_pos_buckets",
                   "rel_pos_max_distance", "rel_pos_bucket_fn"):
         c.model[field] = study.pretrain.model[field]
@@ -90,8 +90,8 @@ def main(argv) -> None:
     harness.start_host_memory()
     study = FLAGS.config
     try:  # a bad field is one line naming it, as main.py gives it
-        study_config_lib.validate(study)
-        c = finetune_config(study)
+        study_config.validate(study)
+        c = seed_config(study)
         vocab_size = study.pretrain.tokenizer.vocab_size
         encoder_cfg = train.scratch_encoder(c, vocab_size)
     except errors.UserError as e:

@@ -174,7 +174,7 @@ def _sweep_options(out: pathlib.Path) -> dict | None:
 
 
 def part_throughput(out: pathlib.Path) -> dict:
-    from maelm_jax import config as config_lib
+    from maelm_jax.pretrain import config as pretrain_config
 
     config = FLAGS.config
     impls = _impls()
@@ -190,7 +190,7 @@ def part_throughput(out: pathlib.Path) -> dict:
             name = f"{objective} / {impl}"
             try:
                 c = _side_config(config, objective, impl, fastest)
-                config_lib.validate(c)
+                pretrain_config.validate(c)
                 b = harness.Bench(c, tokens)
             except Exception as e:  # noqa: BLE001 (a side that does not build is a finding)
                 sides[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
@@ -287,7 +287,7 @@ def _profile_side(spec: str, config):
 def part_profile(out: pathlib.Path) -> dict:
     import jax
 
-    from maelm_jax import config as config_lib
+    from maelm_jax.pretrain import config as pretrain_config
 
     impl = "pallas" if harness.on_accelerator() else "einsum"
     specs = FLAGS.profile_sides or [f"mlm/{impl}", f"maelm/{impl}",
@@ -301,7 +301,7 @@ def part_profile(out: pathlib.Path) -> dict:
         name, c = _profile_side(spec, FLAGS.config)
         if c.model.attention_impl == "pallas" and fastest:
             c.model.pallas.update(fastest)
-        config_lib.validate(c)
+        pretrain_config.validate(c)
         b = harness.Bench(c, tokens)
         b.run(2)
         slug = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)

@@ -24,9 +24,9 @@ import numpy as np
 from absl import flags
 
 from maelm_jax import cli, host_memory, sharding, tokenizer
-from maelm_jax import config as config_lib
-from maelm_jax.objectives import recipes
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain.objectives import recipes
 
 # The benchmarks' default config files, found from this file so the scripts run from any
 # directory.
@@ -39,7 +39,7 @@ OBJECTIVES = recipes.names()
 
 def objective_config(config: ml_collections.ConfigDict,
                      objective: str) -> ml_collections.ConfigDict:
-    """The validated config that `objective` (a model of objectives/recipes.py) is timed
+    """The validated config that `objective` (a model of pretrain/objectives/recipes.py) is timed
     with: the recipe applied to `config`, so every objective shares its encoder.
 
     mlm: the config's masking (by default 15 %, all [MASK]); maelm: MAE-LM with the
@@ -47,10 +47,10 @@ def objective_config(config: ml_collections.ConfigDict,
     80-10-10, a 2-layer half-width decoder with the encoder's dropout; 3ml_cross's is a
     cross decoder and both stacks are pre-LN).
 
-    Raises config_lib.ConfigError (one line) for a config that does not validate.
+    Raises pretrain_config.ConfigError (one line) for a config that does not validate.
     """
     c = recipes.get(objective).apply(config)
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     return c
 
 
@@ -60,7 +60,7 @@ def objective_configs(config: ml_collections.ConfigDict,
     its one-line message before anything is compiled."""
     try:
         return {objective: objective_config(config, objective) for objective in objectives}
-    except config_lib.ConfigError as e:
+    except pretrain_config.ConfigError as e:
         cli.fail(str(e), cli.program())
 
 
@@ -107,7 +107,7 @@ class Bench(Timed):
     def __init__(self, config: ml_collections.ConfigDict, tokens: np.ndarray):
         super().__init__()
         vocab_size = config.tokenizer.vocab_size
-        self.counts = config_lib.mask_counts(config)
+        self.counts = pretrain_config.mask_counts(config)
         self.flops = setup_lib.step_flops(config, vocab_size)
         trainer = setup_lib.build(config, vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))

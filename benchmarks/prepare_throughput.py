@@ -47,16 +47,16 @@ flags.mark_flag_as_required("corpus")
 
 
 def _config(tokenizer: str):
-    from maelm_jax import config as config_lib
+    from maelm_jax.pretrain import config as pretrain_config
 
-    c = config_lib.pretrain_defaults()
+    c = pretrain_config.pretrain_defaults()
     c.data.sources = {"main": {"kind": FLAGS.kind, "path": FLAGS.corpus}}
     c.data.seq_len = FLAGS.seq_len
     c.tokenizer.vocab_size = FLAGS.vocab_size
     c.tokenizer.model_path = tokenizer
     c.prepare.num_workers = FLAGS.workers
-    config_lib.validate(c)
-    return config_lib.resolve_paths(c)
+    pretrain_config.validate(c)
+    return pretrain_config.resolve_paths(c)
 
 
 def _child(path: str, out: str) -> None:

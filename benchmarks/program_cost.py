@@ -3,7 +3,7 @@ r"""What a train step moves besides its matmuls, read from the exported program 
     python benchmarks/program_cost.py --config=configs/benchmark/peer.py:base \
         [--objectives=maelm] [--platform=cuda] [--json=cost.json] [--bandwidth_tbs=3.35]
 
-Exports each objective's train step (the one training/setup.py builds, with the compute
+Exports each objective's train step (the one pretrain/setup.py builds, with the compute
 dtype and attention kernel "auto" takes on the platform) with `jax.export` for CUDA or
 TPU, as the lowering tests do, and reads its StableHLO: every op's operand and result
 bytes, multiplied by the trip counts of the loops it sits in (the scanned layers, gradient
@@ -32,7 +32,7 @@ import numpy as np
 from absl import app, flags
 
 from maelm_jax import cli, sharding
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import setup as setup_lib
 
 import harness
 

@@ -3,7 +3,7 @@
     python benchmarks/speedup_table.py
 
 Each row builds a preset of configs/pretrain/3ml.py, counts the training FLOPs of one
-update with maelm_jax/flops.py (3ML Appendix D, eqs. 2-4, with the exact token counts our
+update with maelm_jax/pretrain/flops.py (3ML Appendix D, eqs. 2-4, with the exact token counts our
 masking uses) and divides the baseline's count by it: the paper's "speedup" is this ratio
 at an equal number of updates. The paper's own figure is printed beside ours.
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import pathlib
 
-from maelm_jax import config as config_lib
 from maelm_jax import variants
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
 
 # Found from this file, so the script runs from any directory.
 PRESETS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "3ml.py"
@@ -37,7 +37,7 @@ TABLE3 = (
 def update_flops(variant: str) -> tuple[int, int]:
     """(training FLOPs of one update, encoder length n_enc) of a 3ml.py variant."""
     config = variants.load(f"{PRESETS}:{variant}")
-    return setup_lib.step_flops(config, VOCAB), config_lib.mask_counts(config).n_enc
+    return setup_lib.step_flops(config, VOCAB), pretrain_config.mask_counts(config).n_enc
 
 
 def rows() -> list[tuple[str, float, float, int, int]]:

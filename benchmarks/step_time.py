@@ -42,7 +42,7 @@ import statistics
 from absl import app, flags
 
 from maelm_jax import cli
-from maelm_jax.training import mfu
+from maelm_jax.pretrain import mfu
 
 import harness
 

@@ -24,10 +24,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import config as pretrain_config
 from maelm_jax import errors, layout, masking, paths, run_configs, runs, schema
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
 
 MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
 # Held-out examples mask this share of a block's word-initial pieces, as pretraining masks

@@ -9,7 +9,7 @@ have (a mistyped ``--config.masking.mask_ration``), and suggests the nearest nam
 before anything reads it (orbax, for one, needs absolute paths).
 
 Fields shared by several config kinds (the encoder, the optimiser, the mesh) are declared
-here once; each kind adds its own (``FIELDS`` in maelm_jax/config.py and
+here once; each kind adds its own (``FIELDS`` in maelm_jax/pretrain/config.py and
 maelm_jax/finetune/config.py; a later kind, e.g. an analysis config, builds its table from
 the same helpers and calls `check` with its own defaults and error class). Cross-field
 rules stay in the kind's ``validate``, bar a transformer stack's (``d_model`` a multiple

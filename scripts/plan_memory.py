@@ -31,9 +31,9 @@ import jax
 from absl import app, flags
 
 from maelm_jax import cli, sharding, topology
-from maelm_jax import config as config_lib
 from maelm_jax.models import stack as stack_lib
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
 
 FLAGS = flags.FLAGS
 cli.define_config("configs/pretrain/base.py", "Pretraining config file[:variant], as for "
@@ -138,8 +138,8 @@ def main(argv):
         cli.fail("--fit: needs --topology (only the TPU compiler's figures are exact)",
                  cli.program())
     try:
-        config_lib.validate(c)
-    except config_lib.ConfigError as e:
+        pretrain_config.validate(c)
+    except pretrain_config.ConfigError as e:
         cli.fail(str(e), cli.program())
     policies = _policies()
     devices = _devices(c)

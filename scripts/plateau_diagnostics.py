@@ -25,10 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli, masking, objectives, paths, sharding
-from maelm_jax import config as config_lib
+from maelm_jax import cli, masking, paths, sharding
 from maelm_jax.data import loader, pipeline
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import objectives
+from maelm_jax.pretrain import setup as setup_lib
 
 FLAGS = flags.FLAGS
 cli.define_config(None, "Pretraining config file[:variant].", prefix=cli.program())
@@ -100,7 +101,7 @@ def main(argv):
     del argv
     config = FLAGS.config
     config.train.num_steps = FLAGS.steps  # the learning-rate schedule spans this run
-    config_lib.validate(config)
+    pretrain_config.validate(config)
     workdir = paths.resolve(FLAGS.workdir, "--workdir")
     paths.make_dirs(workdir)
     tok = pipeline.setup_tokenizer(config, workdir)

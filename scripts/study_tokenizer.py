@@ -16,9 +16,9 @@ already in <out> is kept (it must have the configured vocabulary size).
 from absl import app, flags
 
 from maelm_jax import cli, errors, paths
-from maelm_jax import config as pretrain_config
 from maelm_jax.data import digests, pipeline
-from maelm_jax.study import config as config_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.study import config as study_config
 
 FLAGS = flags.FLAGS
 cli.define_config("configs/study/gpu.py:one_call", "Study config file[:variant], as for "
@@ -32,8 +32,8 @@ def main(argv):
         cli.fail("--out: expected the directory to write tokenizer.model into", cli.program())
     c = FLAGS.config
     try:
-        config_lib.validate(c)
-        shared = pretrain_config.resolve_paths(config_lib.model_config(c, "mlm"))
+        study_config.validate(c)
+        shared = pretrain_config.resolve_paths(study_config.model_config(c, "mlm"))
         pipeline.validate_sources(shared)
         out = paths.resolve(FLAGS.out, "--out")
         paths.make_dirs(out)

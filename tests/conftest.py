@@ -73,7 +73,7 @@ def tiny_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
 UNIT_FILES = (
     "test_paths.py", "test_docs.py", "test_import_graph.py", "test_test_groups.py",
     "test_cloud_paths.py", "test_distributed.py", "test_reliability_inputs.py",
-    "objectives/test_flops.py", "objectives/test_masking.py", "objectives/test_objectives.py",
+    "pretrain/test_flops.py", "pretrain/test_masking.py", "pretrain/test_objectives.py",
     "data/test_tokenizer.py", "data/test_columnar.py", "data/test_sources.py",
     "data/test_corpus_inputs.py", "data/test_builtin_corpus.py", "data/test_data_pipeline.py",
     "training/test_lifecycle.py", "training/test_host_memory.py",
@@ -85,8 +85,8 @@ NOT_UNIT = (
     "test_reliability_inputs.py::test_damaged_checkpoint_warns_and_resumes_from_the_previous_step",
     "test_reliability_inputs.py::test_relative_paths_from_another_directory",
     "data/test_corpus_inputs.py::test_a_text8_like_single_line_corpus_prepares_and_trains",
-    "objectives/test_objectives.py::test_a_toy_objective_trains_resumes_evaluates_and_fills_masks",
-    "objectives/test_objectives.py::test_a_toy_objective_is_studied_and_benchmarked",
+    "pretrain/test_objectives.py::test_a_toy_objective_trains_resumes_evaluates_and_fills_masks",
+    "pretrain/test_objectives.py::test_a_toy_objective_is_studied_and_benchmarked",
 )
 TESTS_DIR = pathlib.Path(__file__).resolve().parent
 

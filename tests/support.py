@@ -10,7 +10,7 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from maelm_jax import errors
-from maelm_jax.training import loop
+from maelm_jax.pretrain import train as pretrain_train
 
 from tiny_config import tiny_config
 
@@ -70,7 +70,7 @@ def tiny_pretraining(tmp_path, tok, **train):
 def expect_user_error(config, workdir, match):
     before = snapshot(workdir)
     with pytest.raises(errors.UserError, match=match) as info:
-        loop.train_and_evaluate(config, str(workdir))
+        pretrain_train.train_and_evaluate(config, str(workdir))
     assert "\n" not in str(info.value)
     assert snapshot(workdir) == before, "the workdir changed"
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from configs.finetune import glue as glue_config
-from maelm_jax import config as config_lib
 from maelm_jax import fill_mask, layout, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import train
-from maelm_jax.training import loop
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import train as pretrain_train
 
 from fake_bucket import fake_gcs
 from support import made_up_documents
@@ -72,9 +72,9 @@ def _pretrain_config(num_steps: int):
 @pytest.fixture(scope="module")
 def pretrained(bucket):
     """10 steps, then resumed to 14: gs://bucket/run."""
-    loop.train_and_evaluate(_pretrain_config(10), "gs://bucket/run")
+    pretrain_train.train_and_evaluate(_pretrain_config(10), "gs://bucket/run")
     first = sorted(p.name for p in (bucket.root / "run" / "tensorboard").iterdir())
-    loop.train_and_evaluate(_pretrain_config(14), "gs://bucket/run")
+    pretrain_train.train_and_evaluate(_pretrain_config(14), "gs://bucket/run")
     return types.SimpleNamespace(run=bucket.root / "run", first_events=first)
 
 
@@ -148,7 +148,7 @@ def test_paths_in_a_bucket_stay_uris(bucket):
     c.data.cache_dir = "gs://bucket/cache"
     c.data.sources.main.kind = "text"
     c.data.sources.main.path = ["gs://bucket/corpus/part-0.txt", "local.txt"]
-    resolved = config_lib.resolve_paths(c)
+    resolved = pretrain_config.resolve_paths(c)
     assert resolved.tokenizer.model_path == "gs://bucket/run/tokenizer.model"
     assert resolved.data.cache_dir == "gs://bucket/cache"
     assert resolved.data.sources.main.path == ["gs://bucket/corpus/part-0.txt",
@@ -160,5 +160,5 @@ def test_a_missing_bucket_is_one_line(bucket):
     with pytest.raises(layout.WorkdirError,
                        match=r"^--workdir gs://nobucket/run: the bucket gs://nobucket does not "
                              r"exist or cannot be read; create it"):
-        loop.train_and_evaluate(tiny_config(), "gs://nobucket/run")
+        pretrain_train.train_and_evaluate(tiny_config(), "gs://nobucket/run")
     assert not (bucket.root.parent / "nobucket").exists()

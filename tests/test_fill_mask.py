@@ -8,10 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import fill_mask, layout, masking, tokenizer
-from maelm_jax.training import loop, steps
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain import steps as pretrain_steps
+from maelm_jax.pretrain import train as pretrain_train
 
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import tiny_config
@@ -26,7 +27,7 @@ def maelm_run(tmp_path_factory, tiny_tokenizer):
     c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 6
     c.train.fill_mask_examples = 2
     workdir = tmp_path_factory.mktemp("fill_mask") / "maelm"
-    loop.train_and_evaluate(c, str(workdir))
+    pretrain_train.train_and_evaluate(c, str(workdir))
     fill_mask.after_pretraining(str(workdir))  # what main.py does when a run has finished
     return workdir
 
@@ -61,7 +62,7 @@ def test_the_command_prints_the_top_predictions_of_each_mask(maelm_run, capsys):
 def test_maelm_never_reads_the_masked_inputs_and_mlm_does(objective, tiny_tokenizer):
     c = tiny_config(objective, tiny_tokenizer.model_path)
     model = setup_lib.model(c, tiny_tokenizer.vocab_size)
-    batch = steps._dummy_batch(config_lib.mask_counts(c))
+    batch = pretrain_steps._dummy_batch(pretrain_config.mask_counts(c))
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch))["params"]
     masker = fill_mask.FillMasker(c, tiny_tokenizer, jax.device_get(params))
     ids, masked = masker.encode_text(TEXT)

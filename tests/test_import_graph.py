@@ -125,17 +125,19 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 
 
 # The layers, lowest first: a module may import its own layer's and lower ones', never a
-# higher one's. The objectives sit on the models and under the config that names them
-# (and merges their fields); the training engine counts a config's FLOPs (training/setup.py,
-# for MFU: the config itself is plain data). Applications (fine-tuning, analysis,
-# fill-mask, the study) sit on the training engine and on reading runs back (runs.py);
-# main.py, outside the package, calls them.
+# higher one's. The engine both trainers share (training/) knows no mode's config.
+# Pretraining's objectives sit on the models and under the config that names them (and
+# merges their fields); pretraining's run, trainer and steps above its config (setup.py
+# counts a config's FLOPs for MFU: the config itself is plain data), beside reading its
+# runs back (runs.py). Fine-tuning and the other applications (analysis, fill-mask, the
+# study, the export) sit on both; main.py, outside the package, calls them.
 LAYERS = (
     ("maelm_jax.models",),
     ("maelm_jax.data",),
-    ("maelm_jax.objectives",),
-    ("maelm_jax.config",),
-    ("maelm_jax.training", "maelm_jax.runs"),
+    ("maelm_jax.training",),
+    ("maelm_jax.pretrain.objectives", "maelm_jax.pretrain.flops"),
+    ("maelm_jax.pretrain.config",),
+    ("maelm_jax.pretrain", "maelm_jax.runs"),
     ("maelm_jax.finetune", "maelm_jax.analysis", "maelm_jax.fill_mask", "maelm_jax.study",
      "maelm_jax.run_configs", "maelm_jax.export"),
 )
@@ -158,17 +160,19 @@ def test_no_module_imports_from_a_higher_layer():
     upward = sorted((module, dependency) for module, deps in graph.items()
                     for dependency in deps if _level(module) < _level(dependency))
     assert not upward, f"imports from a higher layer: {upward}"
-    # The check is real: an application imports the engine, the engine the objectives,
-    # the objectives the models.
-    assert any(_level(d) == 4 for d in graph["maelm_jax.finetune.train"])
-    assert any(_level(d) == 2 for d in graph["maelm_jax.training.steps"])
-    assert any(_level(d) == 0 for d in graph["maelm_jax.objectives.maelm"])
+    # The check is real: fine-tuning imports pretraining (its runs read back), pretraining's
+    # steps its objectives, fine-tuning's trainer the shared engine, an objective the models.
+    assert any(_level(d) == 5 for d in graph["maelm_jax.finetune.train"])
+    assert any(_level(d) == 3 for d in graph["maelm_jax.pretrain.steps"])
+    assert any(_level(d) == 2 for d in graph["maelm_jax.finetune.setup"])
+    assert any(_level(d) == 0 for d in graph["maelm_jax.pretrain.objectives.maelm"])
 
 
 # What a config file may not import: model code, Flax, the Pallas kernel. Config files are
-# plain data (maelm_jax/config.py), read before anything is built and by tools that never
+# plain data (maelm_jax/pretrain/config.py), read before anything is built and by tools that never
 # build a model.
-HEAVY = ("flax", "maelm_jax.models.", "maelm_jax.training", "jax.experimental.pallas")
+HEAVY = ("flax", "maelm_jax.models.", "maelm_jax.training", "maelm_jax.pretrain.setup",
+         "maelm_jax.pretrain.steps", "maelm_jax.pretrain.train", "jax.experimental.pallas")
 LIGHT_MODULES = {"maelm_jax.models.options"}  # the models' named choices, plain data
 
 
@@ -178,7 +182,8 @@ def test_config_files_import_no_model_code():
     assert "configs/pretrain/base.py" in files and "configs/study/mini.py" in files
     script = "\n".join([
         "import importlib.util, sys",
-        "import maelm_jax.config, maelm_jax.objectives, maelm_jax.objectives.recipes",
+        "import maelm_jax.pretrain.config, maelm_jax.pretrain.objectives",
+        "import maelm_jax.pretrain.objectives.recipes",
         *(f"spec = importlib.util.spec_from_file_location('c{i}', {f!r})\n"
           "spec.loader.exec_module(importlib.util.module_from_spec(spec))"
           for i, f in enumerate(files)),

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import errors, paths
-from maelm_jax.training import loop
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import train as pretrain_train
 
 from tiny_config import tiny_config
 
@@ -82,7 +82,7 @@ def test_without_gcsfs_a_bucket_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(errors.UserError,
                        match=r"^--workdir: gs://bucket/run: gs:// paths need the gcsfs package "
                              r"\(pip install -r requirements-gcs.txt\)$"):
-        loop.train_and_evaluate(tiny_config(), "gs://bucket/run")
+        pretrain_train.train_and_evaluate(tiny_config(), "gs://bucket/run")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -92,4 +92,4 @@ def test_other_object_stores_are_refused_in_one_line():
     with pytest.raises(errors.UserError, match=r"^config.tokenizer.model_path: "
                                                r"s3://bucket/tokenizer.model: s3:// is not "
                                                r"supported; use a local path or gs://$"):
-        config_lib.resolve_paths(c)
+        pretrain_config.resolve_paths(c)

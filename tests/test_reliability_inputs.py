@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from configs.finetune import glue as glue_config
-from maelm_jax import config as config_lib
 from maelm_jax import errors, runs, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, pipeline, sources
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train as finetune_train
-from maelm_jax.training import checkpoint, loop
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.training import checkpoint
 
 from conftest import REPO_ROOT, subprocess_env
 from support import (
@@ -63,7 +64,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     c.data.sources.main.path = "text/*.txt"
     c.data.cache_dir = "cache"
     c.train.num_steps = c.train.checkpoint_every = 2
-    loop.train_and_evaluate(c, "runs/pre")
+    pretrain_train.train_and_evaluate(c, "runs/pre")
     recorded = json.loads((tmp_path / "runs" / "pre" / "config.json").read_text())
     assert recorded["tokenizer"]["model_path"] == str(tmp_path / "tok.model")
     assert recorded["data"]["sources"]["main"]["path"] == str(tmp_path / "text" / "*.txt")
@@ -72,7 +73,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     assert (tmp_path / "runs" / "pre" / "checkpoints" / "2").is_dir()
     # Resuming from the same directory with the same relative config is the same run.
     c.train.num_steps = 3
-    loop.train_and_evaluate(c, "runs/pre")
+    pretrain_train.train_and_evaluate(c, "runs/pre")
     assert 3 in train_metrics(tmp_path / "runs" / "pre")
 
     (tmp_path / "glue" / "SST-2").mkdir(parents=True)
@@ -171,14 +172,14 @@ def test_damaged_checkpoint_warns_and_resumes_from_the_previous_step(
         tmp_path, tiny_tokenizer, caplog):
     run = tmp_path / "run"
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=4, checkpoint_every=2)
-    loop.train_and_evaluate(c, str(run))
+    pretrain_train.train_and_evaluate(c, str(run))
     newest = _steps(run / "checkpoints")[-1]
     assert newest.name == "4"
     largest = _damage(newest)
     damaged_bytes = largest.read_bytes()
     c.train.num_steps = 6
     with caplog.at_level(logging.WARNING):
-        loop.train_and_evaluate(c, str(run))
+        pretrain_train.train_and_evaluate(c, str(run))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(f"checkpoint {run}/checkpoints/4 cannot be restored: " in w for w in warnings)
     assert any("resuming from step 2" in w and "4.damaged" in w for w in warnings), warnings
@@ -193,7 +194,7 @@ def test_damaged_checkpoint_warns_and_resumes_from_the_previous_step(
 def test_no_intact_checkpoint_is_one_line_and_touches_nothing(tmp_path, tiny_tokenizer):
     run = tmp_path / "run"
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=2, checkpoint_every=2)
-    loop.train_and_evaluate(c, str(run))
+    pretrain_train.train_and_evaluate(c, str(run))
     for step_dir in _steps(run / "checkpoints"):
         _damage(step_dir)
     c.train.num_steps = 4
@@ -261,12 +262,12 @@ def test_warmup_longer_than_training_warns(caplog):
     c = tiny_config()
     c.train.warmup_steps, c.train.num_steps = 50, 20
     with caplog.at_level(logging.WARNING):
-        config_lib.validate(c)
+        pretrain_config.validate(c)
     assert "config.train.warmup_steps=50 exceeds config.train.num_steps=20" in caplog.text
 
 
 @pytest.mark.parametrize("defaults, fields", [
-    (config_lib.pretrain_defaults, config_lib.fields()),
+    (pretrain_config.pretrain_defaults, pretrain_config.fields()),
     (finetune_config.finetune_defaults, finetune_config.FIELDS),
 ])
 def test_every_field_has_a_declared_type_and_range(defaults, fields):

@@ -4,7 +4,7 @@ Used by tests in-process (`tiny_config()`) and as a config file for main.py
 (`--config=tests/tiny_config.py[:mlm]`).
 """
 
-from maelm_jax import config as config_lib
+from maelm_jax.pretrain import config as pretrain_config
 
 TINY_VOCAB = 512
 
@@ -15,7 +15,7 @@ def get_config(arg: str | None = None):
 
 def tiny_config(objective: str = "maelm", tokenizer_path: str = ""):
     """A model small enough that a step takes milliseconds on a CPU."""
-    c = config_lib.pretrain_defaults()
+    c = pretrain_config.pretrain_defaults()
     c.objective = objective
     c.tokenizer.model_path = tokenizer_path
     c.tokenizer.vocab_size = TINY_VOCAB
@@ -49,11 +49,11 @@ def tiny_model(c, batch_size: int = 2, seed: int = 0):
     import jax.numpy as jnp
     import numpy as np
 
-    from maelm_jax import config as config_lib
     from maelm_jax import masking, tokenizer
-    from maelm_jax.training import setup as setup_lib
+    from maelm_jax.pretrain import config as pretrain_config
+    from maelm_jax.pretrain import setup as setup_lib
 
-    counts = config_lib.mask_counts(c)
+    counts = pretrain_config.mask_counts(c)
     model = setup_lib.model(c, TINY_VOCAB)
     tokens = jnp.asarray(np.random.default_rng(seed).integers(
         tokenizer.NUM_SPECIAL, TINY_VOCAB, (batch_size, c.data.seq_len)), jnp.int32)

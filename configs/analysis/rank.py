@@ -13,9 +13,9 @@ gets rank.json, rank.md, rank_layers.png (Fig. 1(a)) and rank_mask.png (Fig. 1(b
 """
 
 from maelm_jax import variants
-from maelm_jax.analysis import config as config_lib
+from maelm_jax.analysis import config as rank_config
 
 
 def get_config(arg: str | None = None):
     variants.require_none(arg)
-    return config_lib.rank_defaults()
+    return rank_config.rank_defaults()

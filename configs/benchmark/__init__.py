@@ -1,6 +1,6 @@
 """The benchmarks' default configs (benchmarks/): `sized` is what each of them sets."""
 
-from maelm_jax import config as config_lib
+from maelm_jax.pretrain import config as pretrain_config
 
 
 def sized(*, vocab_size: int, seq_len: int, batch_size: int, encoder: tuple[int, int, int, int],
@@ -9,7 +9,7 @@ def sized(*, vocab_size: int, seq_len: int, batch_size: int, encoder: tuple[int,
     """Pretraining defaults at the given sizes. encoder and decoder: (layers, d_model,
     heads, d_ff); dropout and attention dropout: `dropout` in the encoder,
     `decoder_dropout` in MAE-LM's decoder (the paper's 0)."""
-    c = config_lib.pretrain_defaults()
+    c = pretrain_config.pretrain_defaults()
     c.tokenizer.vocab_size = vocab_size
     c.data.seq_len = seq_len
     c.train.batch_size = batch_size

@@ -21,23 +21,23 @@ predictions/<TASK>.tsv for GLUE's server (when the test split is there) and a ch
 """
 
 from maelm_jax import variants
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune.tasks import glue
 
 
 def get_config(arg: str | None = None):
     task_name, options = variants.parse(arg, None, "sst2", {
-        "size": config_lib.MODEL_SIZES, "paper": config_lib.PAPERS})
+        "size": finetune_config.MODEL_SIZES, "paper": finetune_config.PAPERS})
     task = glue.examples.get_task(task_name)
-    c = config_lib.finetune_defaults()
+    c = finetune_config.finetune_defaults()
     c.task = task.tfds_config  # the canonical short name: sst2, mnli, ...
     c.data.source = "files"
     c.data.data_dir = ""  # the GLUE directory (<dir>/SST-2/train.tsv, ...) or a task's own
     c.data.max_seq_len = 0  # 0 = min(512, the encoder's positions); Table 5: 512
-    grid = config_lib.paper_grid(c.task, options["size"], options["paper"])
-    config_lib.set_grid(c, grid)
-    c.grid.seeds = config_lib.PAPER_SEEDS
-    c.grid.aggregate = config_lib.PAPER_AGGREGATE[options["paper"]]
+    grid = finetune_config.paper_grid(c.task, options["size"], options["paper"])
+    finetune_config.set_grid(c, grid)
+    c.grid.seeds = finetune_config.PAPER_SEEDS
+    c.grid.aggregate = finetune_config.PAPER_AGGREGATE[options["paper"]]
     c.metric = options["paper"]
     # One point of the grid for a single run: the second learning rate, 32 (large tasks) or
     # 16 (small tasks) sequences per batch, 3 (large) or 10 (small) epochs, 6 % warmup.
@@ -48,7 +48,8 @@ def get_config(arg: str | None = None):
     c.train.batch_size = grid["batch_size"][0]
     c.train.num_epochs = 10 if small else 3
     c.train.warmup_ratio = 0.06
-    c.train.weight_decay = 0.01 if options["paper"] == "maelm" else config_lib.THREEML_WEIGHT_DECAY
+    c.train.weight_decay = (0.01 if options["paper"] == "maelm"
+                            else finetune_config.THREEML_WEIGHT_DECAY)
     c.train.clip_norm = 0.0  # Table 5: no clipping
     c.train.weight_decay_on = "all"  # every parameter, as the papers' fairseq code
     c.model.dropout = 0.1

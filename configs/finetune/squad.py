@@ -13,15 +13,15 @@ A single run uses one point of Table 6's grid; --config.sweep=True runs all of i
 """
 
 from maelm_jax import variants
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 
 VERSIONS = {"v2": "2.0", "v1": "1.1", "2.0": "2.0", "1.1": "1.1"}
 
 
 def get_config(arg: str | None = None):
     version, options = variants.parse(arg, tuple(VERSIONS), "v2",
-                                      {"size": config_lib.MODEL_SIZES})
-    c = config_lib.finetune_defaults()
+                                      {"size": finetune_config.MODEL_SIZES})
+    c = finetune_config.finetune_defaults()
     c.task = "squad"
     c.squad.version = VERSIONS[version]
     c.squad.train_file = ""  # the official train-v2.0.json (or train-v1.1.json)
@@ -32,9 +32,9 @@ def get_config(arg: str | None = None):
     c.squad.n_best = 20
     c.squad.null_score_diff_threshold = 0.0
     c.data.max_seq_len = 0  # 0 = min(512, the encoder's positions); Table 6: 512
-    grid = config_lib.paper_grid("squad", options["size"])
-    config_lib.set_grid(c, grid)
-    c.grid.seeds = config_lib.PAPER_SEEDS
+    grid = finetune_config.paper_grid("squad", options["size"])
+    finetune_config.set_grid(c, grid)
+    c.grid.seeds = finetune_config.PAPER_SEEDS
     # One point of the grid for a single run.
     c.train.learning_rate = grid["learning_rate"][1]
     c.train.batch_size = 32

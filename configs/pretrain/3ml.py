@@ -21,9 +21,9 @@ and 160K for 3ML_cross as Table 4 prints them (125K for the RoBERTa baseline), p
 for 3ML_self and pre-LN for 3ML_cross (post-LN 3ML_cross does not train, Table 4's note).
 """
 
-from maelm_jax import config as config_lib
 from maelm_jax import variants
-from maelm_jax.objectives import recipes
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain.objectives import recipes
 
 MODELS = ("self", "cross", "mlm")
 SIZES = ("base", "large")
@@ -47,7 +47,7 @@ def get_config(arg: str | None = None):
     name, options = variants.parse(arg, NAMES, "self_base", {"mask": 0.0, "steps": 0})
     model, size = name.split("_")
     shape = SIZE[size]
-    c = config_lib.pretrain_defaults()
+    c = pretrain_config.pretrain_defaults()
     c.tokenizer.vocab_size = 50265
     c.tokenizer.lowercase = False
     c.data.seq_len = shape["seq_len"]

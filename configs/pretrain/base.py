@@ -8,11 +8,12 @@ and every row of its Table 2 ablations as a variant.
 The paper trains on Wikipedia + BookCorpus (16 GB); point data.sources at your copy.
 """
 
-from maelm_jax import config as config_lib
-from maelm_jax import objectives, variants
-from maelm_jax.objectives import recipes
+from maelm_jax import variants
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import objectives
+from maelm_jax.pretrain.objectives import recipes
 
-# MAE-LM Table 2, one variant per row (maelm_jax/objectives/recipes.py).
+# MAE-LM Table 2, one variant per row (maelm_jax/pretrain/objectives/recipes.py).
 TABLE2 = recipes.TABLE2
 
 
@@ -24,7 +25,7 @@ def objective_from_arg(arg: str | None) -> str:
 
 def get_config(arg: str | None = None):
     name, _ = variants.parse(arg, tuple(TABLE2), "maelm")
-    c = config_lib.pretrain_defaults()
+    c = pretrain_config.pretrain_defaults()
     c.tokenizer.vocab_size = 32768  # BPE, uncased
     c.tokenizer.lowercase = True
     c.data.seq_len = 512

@@ -17,11 +17,11 @@ choices differ from the papers' base model, both for laptop scale (see docs/plat
 """
 
 from configs.pretrain import base
-from maelm_jax import config as config_lib
+from maelm_jax.pretrain import config as pretrain_config
 
 
 def get_config(arg: str | None = None):
-    c = config_lib.pretrain_defaults()
+    c = pretrain_config.pretrain_defaults()
     c.objective = base.objective_from_arg(arg)
     c.tokenizer.vocab_size = 1024
     c.data.seq_len = 64

@@ -42,7 +42,7 @@ half width (3ML Table 4).
 
 from configs.pretrain import quickstart
 from maelm_jax import variants
-from maelm_jax.study import config as config_lib
+from maelm_jax.study import config as study_config
 
 PRESETS = ("gpu", "one_call", "seeds", "tiny", "pretrain")
 OPTIONS = {"size": ("full", "tiny")}
@@ -128,7 +128,7 @@ def get_config(arg: str | None = None):
                                     f"preset's twin is gpu.py:tiny), not {preset}")
     if preset == "pretrain":
         return _pretrain("gpu")
-    c = config_lib.study_defaults()
+    c = study_config.study_defaults()
     if preset == "one_call":
         c.title = "The papers' claims in one GPU call" + (" (tiny)" if tiny else "")
         _one_call_design(c, tiny)

@@ -8,9 +8,9 @@ Each input is a study's workdir, or a directory or file of its study.json.
 """
 
 from maelm_jax import variants
-from maelm_jax.study import config as config_lib
+from maelm_jax.study import config as study_config
 
 
 def get_config(arg: str | None = None):
     variants.require_none(arg)
-    return config_lib.merge_defaults()
+    return study_config.merge_defaults()

@@ -14,7 +14,7 @@ reused. The workdir gets study.md, study.json and the plots (maelm_jax/study/rep
 """
 
 from configs.pretrain import quickstart
-from maelm_jax.study import config as config_lib
+from maelm_jax.study import config as study_config
 
 PRESETS = ("mini", "small")
 
@@ -23,7 +23,7 @@ def get_config(arg: str | None = None):
     preset = arg or "mini"
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {PRESETS}")
-    c = config_lib.study_defaults()
+    c = study_config.study_defaults()
     c.title = "Laptop-scale study" if preset == "mini" else "Study at mini.py:small size"
     c.pretrain = quickstart.get_config("maelm")
     if preset == "mini":

@@ -16,7 +16,7 @@ import numpy as np
 
 from maelm_jax import masking, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.analysis import config as config_lib
+from maelm_jax.analysis import config as rank_config
 from maelm_jax.data import packing, sources
 from maelm_jax.finetune import tasks
 from maelm_jax.finetune.tasks import glue, squad
@@ -54,7 +54,7 @@ def glue_dev(task_name: str, split: str, tok: tokenizer_lib.Tokenizer, seq_len: 
     try:
         task = glue.examples.get_task(task_name)
     except glue.examples.GlueDataError:
-        raise config_lib.RankConfigError(
+        raise rank_config.RankConfigError(
             f"config.source.task: expected a GLUE task "
             f"({', '.join(glue.examples.TASK_NAMES)}), got "
             f"{task_name!r}") from None
@@ -90,11 +90,11 @@ def sequences(config: ml_collections.ConfigDict, workdir: paths.Path,
     if kind == "validation":
         length, blocks = runs.validation_blocks(workdir, run_cfg, tok)
         if length != seq_len:
-            raise config_lib.RankConfigError(
+            raise rank_config.RankConfigError(
                 f"config.seq_len: the validation blocks of {workdir} have length {length}; "
                 f"set 0 (or {length}), or read a corpus (config.source)")
         return blocks
-    if kind in config_lib.CORPUS_KINDS:
+    if kind in rank_config.CORPUS_KINDS:
         return corpus_blocks(source, tok, seq_len, num_tokens)
     if kind == "glue":
         return glue_dev(source.task, source.get("split", ""), tok, seq_len, source="files",

@@ -16,16 +16,16 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, errors, layout, paths, run_configs, runs, sharding
-from maelm_jax.analysis import config as config_lib
+from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import inputs, rank, report
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import workdir as workdir_lib
 
 
-def _as_runs_error(error: errors.UserError) -> config_lib.RankConfigError:
+def _as_runs_error(error: errors.UserError) -> rank_config.RankConfigError:
     """The loader names its own field (config.init_from); here the path came from runs."""
-    return config_lib.RankConfigError(str(error).replace("config.init_from", "config.runs", 1))
+    return rank_config.RankConfigError(str(error).replace("config.init_from", "config.runs", 1))
 
 
 def _resolve(path: str) -> tuple[paths.Path, paths.Path]:
@@ -92,16 +92,16 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
     d, num_layers = enc.stack.d_model, enc.stack.num_layers
     seq_len = config.seq_len or runs.default_seq_len(run_cfg, enc.max_positions)
     if seq_len > enc.max_positions:
-        raise config_lib.RankConfigError(
+        raise rank_config.RankConfigError(
             f"config.seq_len: {seq_len} is longer than the {enc.max_positions} positions of "
             f"{path}")
-    num_tokens = config.num_tokens or config_lib.DEFAULT_TOKENS_PER_DIM * d
+    num_tokens = config.num_tokens or rank_config.DEFAULT_TOKENS_PER_DIM * d
     rows = inputs.sequences(config, run_workdir, run_cfg, pretrained.tokenizer, seq_len,
                             num_tokens)
     batches, n, n_mask = inputs.make_batches(rows, seq_len, config.batch_size, num_tokens,
                                              config.mask_ratio, config.seed)
     if n == 0:
-        raise config_lib.RankConfigError(f"config.source: no text to read for {path}")
+        raise rank_config.RankConfigError(f"config.source: no text to read for {path}")
     if n < num_tokens:
         logging.warning("%s: the source holds %d tokens, fewer than the %d asked for", label,
                         n, num_tokens)
@@ -149,8 +149,8 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
 def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs the analysis config.runs asks for; writes the outputs into workdir and returns
     the report (what rank.json holds)."""
-    config_lib.validate(config)
-    config = config_lib.resolve_paths(config)
+    rank_config.validate(config)
+    config = rank_config.resolve_paths(config)
     out_dir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(out_dir)
     # Fixed sizes: the first devices.
@@ -158,10 +158,10 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
     rules = sharding.rules_from_config(config.sharding_rules)
     dp = sharding.data_parallel_size(mesh)
     if config.batch_size % dp:
-        raise config_lib.RankConfigError(
+        raise rank_config.RankConfigError(
             f"config.batch_size: {config.batch_size} sequences do not split over the "
             f"data-parallel size {dp} (mesh data x fsdp)")
-    run_paths = config_lib.runs(config)
+    run_paths = rank_config.runs(config)
     for path in run_paths:  # every run is checked before the first one is analysed
         _resolve(path)
     results = [_analyse_run(config, path, label, mesh, rules)

@@ -145,7 +145,7 @@ def pretraining_config(run_cfg: ml_collections.ConfigDict, vocab_size: int) -> d
     arch = encoder_lib.model_architecture(m, vocab_size=vocab_size,
                                           max_positions=int(run_cfg.data.seq_len))
     decoder = None
-    if run_cfg.objective == "maelm":  # as objectives/maelm.py builds it
+    if run_cfg.objective == "maelm":  # as pretrain/objectives/maelm.py builds it
         d = m.decoder
         decoder = {"kind": d.kind, "num_layers": d.num_layers, "hidden_size": d.d_model,
                    "num_attention_heads": d.num_heads, "intermediate_size": d.d_ff,

@@ -38,7 +38,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, paths
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import loading, tasks, train
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.training import lifecycle
@@ -181,7 +181,7 @@ def run(config: ml_collections.ConfigDict, seeds: Sequence[int], workdir: str,
         raise ValueError(f"a seed group needs distinct seeds and a directory for each, got "
                          f"{seeds} and {len(seed_workdirs)} directories")
     if config.save_checkpoint or config.predict_test:
-        raise config_lib.FinetuneConfigError(
+        raise finetune_config.FinetuneConfigError(
             "config.save_checkpoint, config.predict_test: expected False for a seed group "
             "(it keeps no run's checkpoint and writes no predictions)")
     config, group_dir, decision = train.check_run(config, workdir, allow_config_change)

@@ -1,5 +1,5 @@
 """The fine-tuning trainer, built once from a config: `build(config, encoder_cfg, task, ...)`,
-as training/setup.py builds pretraining's.
+as pretrain/setup.py builds pretraining's.
 
 The run (finetune/train.py), the lowering tests and the analyses build what they run
 here, so the step they check is the step the run takes: the encoder plus the task's head,

@@ -31,7 +31,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, paths
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import seed_group, train
 from maelm_jax.training import lifecycle
 from maelm_jax.training import workdir as workdir_lib
@@ -103,11 +103,11 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str,
     """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md). A run of
     the grid recorded with a changed config is refused as a single run's would be
     (train.run), unless `allow_config_change` (then it runs again)."""
-    config, workdir = config_lib.prepare(config, workdir)
+    config, workdir = finetune_config.prepare(config, workdir)
     workdir_lib.check_directory(workdir)
     mode = layout.mode(workdir)
     if mode not in (None, "finetune"):
-        raise config_lib.FinetuneConfigError(
+        raise finetune_config.FinetuneConfigError(
             f"--workdir {workdir} holds a {mode} run; sweep into another directory")
     # Several processes run the sweep as one job (each run is multi-process); process 0
     # alone writes its files, and decides which runs are finished. It writes once every
@@ -157,7 +157,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str,
 
 
 def aggregate(rows: list[dict], seeds: list[str], primary: str, rule: str) -> dict:
-    """The sweep's figure by `rule` (config_lib.AGGREGATES), from rows holding each
+    """The sweep's figure by `rule` (finetune_config.AGGREGATES), from rows holding each
     setting's "median" metrics and "per_seed" primary scores. Returns "score" (the figure),
     "best_setting" and "best_median" (the setting with the best median, or under
     best_then_median the one most seeds chose, and its medians) and, for

@@ -49,7 +49,7 @@ from absl import logging
 
 from maelm_jax import distributed, layout, paths, runs, sharding
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.models import encoder as encoder_lib
@@ -61,8 +61,8 @@ from maelm_jax.training import workdir as workdir_lib
 # Fine-tuning's lifecycle (training/lifecycle.py). A run of minutes: a changed config
 # allowed starts it again rather than continuing its checkpoints under another config.
 FINE_TUNING = lifecycle.Policy(
-    mode="finetune", noun="fine-tuning", defaults=config_lib.finetune_defaults,
-    resolve_paths=config_lib.resolve_paths,
+    mode="finetune", noun="fine-tuning", defaults=finetune_config.finetune_defaults,
+    resolve_paths=finetune_config.resolve_paths,
     # What changes how the run proceeds, not what it computes: logging and resume
     # cadence, evaluation batches, the mesh, the kernel, compile effort.
     harmless=("train.log_every", "train.checkpoint_every", "train.resume_saves",
@@ -104,7 +104,7 @@ def _check_workdir(workdir: paths.Path, init_from: str) -> None:
     workdir_lib.check_directory(workdir)
     if init_from and paths.contains(workdir, init_from):
         # Starting over would delete the checkpoint the run is to start from.
-        raise config_lib.FinetuneConfigError(
+        raise finetune_config.FinetuneConfigError(
             f"config.init_from {init_from} is inside --workdir {workdir}; fine-tune into "
             f"another directory")
 
@@ -117,10 +117,11 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
         p = runs.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
                                  config.tokenizer_path, weights=pretrained)
         # The kernel changes no parameter: chosen once the architecture is known.
-        impl = config_lib.attention_impl(config, p.encoder_cfg.stack.num_heads,
-                                         p.encoder_cfg.stack.d_model)
+        impl = finetune_config.attention_impl(config, p.encoder_cfg.stack.num_heads,
+                                              p.encoder_cfg.stack.d_model)
         cfg = dataclasses.replace(p.encoder_cfg, stack=dataclasses.replace(
-            p.encoder_cfg.stack, attention_impl=impl, pallas=config_lib.kernel_options(config)))
+            p.encoder_cfg.stack, attention_impl=impl,
+            pallas=finetune_config.kernel_options(config)))
         description = (p.description if pretrained
                        else f"random weights in the architecture of {p.description}")
         return cfg, p.params, p.tokenizer, description
@@ -133,7 +134,7 @@ def scratch_encoder(config: ml_collections.ConfigDict,
     """The encoder config.model describes (a run from scratch), for `vocab_size` pieces."""
     m = config.model
     if m.d_model % m.num_heads:
-        raise config_lib.FinetuneConfigError(
+        raise finetune_config.FinetuneConfigError(
             f"config.model.d_model: expected a multiple of model.num_heads={m.num_heads}, "
             f"got {m.d_model}")
     arch = encoder_lib.model_architecture(m, vocab_size=vocab_size,
@@ -141,14 +142,14 @@ def scratch_encoder(config: ml_collections.ConfigDict,
     return encoder_lib.from_architecture(
         arch, where="config.model", dtype=m.dtype, dropout=m.dropout,
         attention_dropout=m.attention_dropout,
-        attention_impl=config_lib.attention_impl(config, m.num_heads, m.d_model),
-        pallas=config_lib.kernel_options(config))
+        attention_impl=finetune_config.attention_impl(config, m.num_heads, m.d_model),
+        pallas=finetune_config.kernel_options(config))
 
 
 def max_seq_len(config: ml_collections.ConfigDict, encoder_max_positions: int) -> int:
     requested = config.data.max_seq_len or min(512, encoder_max_positions)
     if requested > encoder_max_positions:
-        raise config_lib.FinetuneConfigError(
+        raise finetune_config.FinetuneConfigError(
             f"config.data.max_seq_len: expected at most the encoder's {encoder_max_positions} "
             f"positions, got {requested}")
     return requested
@@ -272,9 +273,9 @@ def check_run(config: ml_collections.ConfigDict, workdir: str,
     """Validates `config` (returned with absolute paths, and the workdir's) and decides,
     reading only, what the run does in `workdir` (lifecycle.decide: process 0 reads the
     record, every process gets its decision)."""
-    config, workdir = config_lib.prepare(config, workdir)
+    config, workdir = finetune_config.prepare(config, workdir)
     if config.sweep:
-        raise config_lib.FinetuneConfigError(
+        raise finetune_config.FinetuneConfigError(
             "config.sweep: expected False for a single run (sweep.run_sweep runs the grid)")
     _check_workdir(workdir, config.init_from)
     decision = lifecycle.Decision.START
@@ -299,8 +300,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: paths.Path,
     buckets = data.buckets_for(max_len, config.data.buckets)
     task = tasks.make_task(config, tok, max_len)
     if len(task.train) == 0:
-        raise config_lib.FinetuneConfigError(f"config.data: {task.name} has no usable training "
-                                             f"example")
+        raise finetune_config.FinetuneConfigError(
+            f"config.data: {task.name} has no usable training example")
     if config.data.one_bucket:
         buckets = data.one_bucket(buckets, max(
             len(s) for split in (task.train, *task.eval_splits()) for s in split.sequences))

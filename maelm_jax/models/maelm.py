@@ -1,6 +1,6 @@
 """The MAE-LM pretraining model (MAE-LM, 3ML_self, 3ML_cross): the encoder reads only the
 tokens that are not removed [MASK]s, and a shallow decoder, dropped after pretraining,
-predicts every corrupted token (maelm_jax/objectives/maelm.py is the objective that builds
+predicts every corrupted token (maelm_jax/pretrain/objectives/maelm.py is the objective that builds
 it from a config).
 
 `MaeLmConfig.decoder.kind` picks the decoder (models/decoder.py):

@@ -1,6 +1,6 @@
 """The MLM pretraining model (RoBERTa's baseline): the encoder reads the whole corrupted
 sequence, [MASK]s included, and the LM head sits on the encoder at the k predicted
-positions (maelm_jax/objectives/mlm.py is the objective that builds it from a config)."""
+positions (maelm_jax/pretrain/objectives/mlm.py is the objective that builds it from a config)."""
 
 from __future__ import annotations
 

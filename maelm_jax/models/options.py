@@ -1,6 +1,6 @@
 """The models' named choices and the Pallas kernel's options, as plain data.
 
-Config files and their validation (maelm_jax/config.py, the objectives' field tables)
+Config files and their validation (maelm_jax/pretrain/config.py, the objectives' field tables)
 check these names without importing Flax or the Pallas kernel; the model modules read the
 same tuples, so each choice is declared once, here. Nothing below imports JAX.
 """

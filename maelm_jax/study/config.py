@@ -3,7 +3,7 @@
 ``config.pretrain`` is a whole pretraining config (any field can be overridden from the
 command line, e.g. ``--config.pretrain.data.sources.main.kind=wikiextractor``); each
 model of ``config.models`` starts from it and changes only what defines that model (its
-recipe, maelm_jax/objectives/recipes.py), so every model sees the same corpus, tokenizer,
+recipe, maelm_jax/pretrain/objectives/recipes.py), so every model sees the same corpus, tokenizer,
 token budget, optimiser settings and seed.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import config as pretrain_config
 from maelm_jax import errors, schema
-from maelm_jax.objectives import recipes
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain.objectives import recipes
 
 # GLUE directory names the study knows, with the names fine-tuning configs take.
 GLUE_TASKS = {"RTE": "rte", "MRPC": "mrpc", "STS-B": "stsb", "CoLA": "cola", "SST-2": "sst2",
@@ -104,7 +104,7 @@ FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice("study"),
     "title": schema.Field((str,), "a heading", bool),
     "models": _MODELS,
-    "pretrain": schema.free_form("a pretraining config (maelm_jax/config.py)"),
+    "pretrain": schema.free_form("a pretraining config (maelm_jax/pretrain/config.py)"),
     "glue_dir": schema.path("the GLUE directory, or empty to skip fine-tuning"),
     "tasks": _names_of(*GLUE_TASKS),
     "seeds": schema.sequence_of(schema.integer(0), min_len=1),

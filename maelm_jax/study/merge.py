@@ -29,7 +29,7 @@ from absl import logging
 
 from maelm_jax import errors, layout, paths, schema
 from maelm_jax.analysis import report as rank_report
-from maelm_jax.study import config as config_lib
+from maelm_jax.study import config as study_config
 from maelm_jax.study import report
 from maelm_jax.training import workdir as workdir_lib
 
@@ -148,10 +148,10 @@ def _combined(inputs: list[tuple[paths.Path, dict]]) -> dict:
 
 def merge(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Merges the parts config.inputs names into workdir; returns the merged study.json."""
-    schema.check(config, config_lib.MERGE_FIELDS, config_lib.merge_defaults(), MergeError)
+    schema.check(config, study_config.MERGE_FIELDS, study_config.merge_defaults(), MergeError)
     root = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(root)
-    inputs = [_read(value) for value in config_lib.names(config.inputs)]
+    inputs = [_read(value) for value in study_config.names(config.inputs)]
     for file, _ in inputs:
         if paths.same(file.parent, root):
             raise MergeError(f"--workdir {root} holds the input {file}, which the merge would "

@@ -21,7 +21,7 @@ import json
 import numpy as np
 
 from maelm_jax import layout, paths, runs
-from maelm_jax.objectives import recipes
+from maelm_jax.pretrain.objectives import recipes
 
 _CONTROL = "scratch"
 

@@ -24,18 +24,19 @@ import jax
 import ml_collections
 from absl import logging
 
-from maelm_jax import config as pretrain_config
 from maelm_jax import layout, paths, runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import digests, pipeline
-from maelm_jax.finetune import config as finetune_config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import sweep
 from maelm_jax.finetune.tasks import glue
-from maelm_jax.study import config as config_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.study import config as study_config
 from maelm_jax.study import report, sizing
-from maelm_jax.training import loop, preemption
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.training import preemption
 from maelm_jax.training import workdir as workdir_lib
 
 
@@ -59,7 +60,7 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> d
     else:
         logging.info("study: pretraining %s in %s", name, workdir)
         paths.make_dirs(workdir)
-        _timed(workdir, lambda: loop.train_and_evaluate(c, str(workdir)))
+        _timed(workdir, lambda: pretrain_train.train_and_evaluate(c, str(workdir)))
     vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
             "train_flops": setup_lib.step_flops(c, vocab) * c.train.num_steps,
@@ -93,8 +94,8 @@ def _glue_tasks(config) -> list[str]:
     if not config.glue_dir:
         return []
     found = []
-    for name in config_lib.names(config.tasks):
-        task = glue.examples.get_task(config_lib.GLUE_TASKS[name])
+    for name in study_config.names(config.tasks):
+        task = glue.examples.get_task(study_config.GLUE_TASKS[name])
         if not glue.examples.split_available(task, "train", source="files",
                                              data_dir=config.glue_dir):
             logging.warning("study: %s has no training data in %s, skipped", name,
@@ -116,7 +117,7 @@ def _identity(config, shared: ml_collections.ConfigDict, tok, tasks: list[str]) 
     prepared data's fingerprint (the corpora's content, the tokenizer, the blocks) and
     each GLUE task's files."""
     glue_root = paths.Path(config.glue_dir) if config.glue_dir else None
-    return {"settings": config_lib.shared_settings(config),
+    return {"settings": study_config.shared_settings(config),
             "tokenizer_sha256": digests.sha256_of(tok.model_path),
             "data_fingerprint": pipeline.data_fingerprint(shared, tok),
             "glue": {t: {f.name: digests.content_identity(str(f))
@@ -150,18 +151,18 @@ def scratch_config(config, task: str, pretrain_workdir: str) -> ml_collections.C
     """The control: the study's encoder, from random weights, fine-tuned alike (the
     architecture and tokenizer of the pretraining run in `pretrain_workdir`), at its own
     learning rate when config.finetune.scratch_learning_rate sets one."""
-    c = finetune_config(config, task, pretrain_workdir)
+    c = sweep_config(config, task, pretrain_workdir)
     c.init_weights = "random"
     if config.finetune.scratch_learning_rate:
         c.grid.learning_rate = (config.finetune.scratch_learning_rate,)
     return c
 
 
-def finetune_config(config, task: str, init_from: str) -> ml_collections.ConfigDict:
+def sweep_config(config, task: str, init_from: str) -> ml_collections.ConfigDict:
     """One model's fine-tuning on one task: a sweep of one setting over the study's seeds."""
     f = config.finetune
-    c = finetune_config_lib.finetune_defaults()
-    c.task = glue.examples.get_task(config_lib.GLUE_TASKS[task]).tfds_config
+    c = finetune_config.finetune_defaults()
+    c.task = glue.examples.get_task(study_config.GLUE_TASKS[task]).tfds_config
     c.data.source = "files"
     c.init_from = init_from
     c.data.data_dir = config.glue_dir
@@ -198,13 +199,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Runs (or resumes) the study; returns what study.json holds. Writes the report, of
     what is done so far, also when a time limit or a preemption stops it (and re-raises)."""
     started = time.perf_counter()
-    config_lib.validate(config)
+    study_config.validate(config)
     root = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(root)
     paths.make_dirs(root)
     layout.write_config(root, config)
-    names = config_lib.names(config.models)
-    configs = {n: config_lib.model_config(config, n) for n in names}
+    names = study_config.names(config.models)
+    configs = {n: study_config.model_config(config, n) for n in names}
     tasks = _glue_tasks(config)
     controls = [SCRATCH] if config.scratch and tasks else []
     parts = ([f"pretrain {n}" for n in names] + (["rank analysis"] if config.rank else [])
@@ -234,7 +235,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if config.sizing.enabled:  # each model's steps to fit the time there is
             result["sizing"] = sizing.plan(
                 config, configs, tasks, tok, root, len(names) + len(controls),
-                lambda task: finetune_config(config, task, ""))
+                lambda task: sweep_config(config, task, ""))
         result["pretrain_config"] = {n: json.loads(pretrain_config.to_json(configs[n]))
                                      for n in names}
         for n in names:
@@ -248,7 +249,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    root / layout.STUDY_RANK_DIR)
             done("rank analysis")
         for task in tasks:
-            sweeps = {n: finetune_config(config, task, result["pretraining"][n]["workdir"])
+            sweeps = {n: sweep_config(config, task, result["pretraining"][n]["workdir"])
                       for n in names}
             if controls:
                 sweeps[SCRATCH] = scratch_config(config, task,

@@ -39,9 +39,9 @@ from maelm_jax.finetune import seed_group, tasks
 from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.finetune.tasks import glue
-from maelm_jax.study import config as config_lib
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.study import config as study_config
 from maelm_jax.training import preemption
-from maelm_jax.training import setup as setup_lib
 
 
 class SizingError(errors.UserError):
@@ -135,9 +135,9 @@ def time_finetuning(study: ml_collections.ConfigDict, pretrain: ml_collections.C
 
 def measure(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.ConfigDict],
             tasks_found: list[str], tok: tokenizer_lib.Tokenizer,
-            finetune_config: Callable[[str], ml_collections.ConfigDict]) -> Timing:
+            sweep_config: Callable[[str], ml_collections.ConfigDict]) -> Timing:
     """Times every model's pretraining step and (with GLUE tasks) the fine-tuning step of
-    the first task (`finetune_config(task)`: the study's fine-tuning config of it)."""
+    the first task (`sweep_config(task)`: the study's fine-tuning config of it)."""
     start = time.perf_counter()
     repeats = study.sizing.measure_steps
     compiles, steps = {}, {}
@@ -149,7 +149,7 @@ def measure(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.
     if tasks_found:
         first = configs[next(iter(configs))]
         ft_compile, ft_step, ft_eval = time_finetuning(
-            study, first, finetune_config(tasks_found[0]), tok, repeats)
+            study, first, sweep_config(tasks_found[0]), tok, repeats)
         logging.info("study sizing: fine-tuning compiles in %.1f s, steps in %.4f s, "
                      "evaluates a batch in %.4f s", ft_compile, ft_step, ft_eval)
     return Timing(steps, compiles, ft_step, ft_eval, ft_compile, time.perf_counter() - start)
@@ -157,7 +157,7 @@ def measure(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.
 
 def task_rows(study: ml_collections.ConfigDict, task: str) -> tuple[int, int]:
     """(training examples the study uses, dev examples) of a GLUE task."""
-    spec = glue.examples.get_task(config_lib.GLUE_TASKS[task])
+    spec = glue.examples.get_task(study_config.GLUE_TASKS[task])
     train = len(glue.examples.read_tsv(study.glue_dir, spec, "train"))
     limit = study.finetune.max_train_examples
     dev = len(glue.examples.read_tsv(study.glue_dir, spec, "dev"))
@@ -211,7 +211,7 @@ def compile_seconds(study: ml_collections.ConfigDict, timing: Timing,
     has its own)."""
     cached = bool(jax.config.jax_compilation_cache_dir)
     pretrain = sum(timing.pretrain_compile.values())
-    kinds = len({glue.examples.get_task(config_lib.GLUE_TASKS[t]).is_regression for t in rows})
+    kinds = len({glue.examples.get_task(study_config.GLUE_TASKS[t]).is_regression for t in rows})
     finetune = timing.finetune_compile
     measured_again = 0.0 if cached else pretrain + finetune
     return (measured_again + PRETRAIN_OTHER_PROGRAMS * pretrain
@@ -231,10 +231,10 @@ def apply(configs: dict[str, ml_collections.ConfigDict], steps: dict[str, int]) 
 
 def plan(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.ConfigDict],
          tasks_found: list[str], tok: tokenizer_lib.Tokenizer, root: paths.Path,
-         trained: int, finetune_config: Callable[[str], ml_collections.ConfigDict]) -> dict:
+         trained: int, sweep_config: Callable[[str], ml_collections.ConfigDict]) -> dict:
     """The sizing of this study (measured now, or read back from <root>/sizing.json when
     the study resumes), applied to `configs`; what study.json records of it. `trained`:
-    what is fine-tuned per task (the models and the control); `finetune_config(task)`:
+    what is fine-tuned per task (the models and the control); `sweep_config(task)`:
     the study's fine-tuning config of a task."""
     path = root / layout.STUDY_SIZING_FILE
     if path.is_file():
@@ -247,7 +247,7 @@ def plan(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.Con
     if math.isinf(budget):
         raise SizingError("config.sizing.enabled: the study is sized to a time limit; give "
                           "--time_limit_minutes or config.sizing.budget_seconds")
-    timing = measure(study, configs, tasks_found, tok, finetune_config)
+    timing = measure(study, configs, tasks_found, tok, sweep_config)
     rows = {t: task_rows(study, t) for t in tasks_found}
     configured = study.pretrain.train.num_steps
     fixed = predict(study, timing, dict.fromkeys(configs, 0), rows, trained)
@@ -260,7 +260,7 @@ def plan(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.Con
             f"config.sizing: {budget:.0f} s leave time for {max(base, 0)} pretraining steps, "
             f"fewer than config.sizing.min_steps={s.min_steps} (fine-tuning and the rest are "
             f"predicted to take {fixed['total']:.0f} s); give more time, fewer tasks or seeds")
-    steps = {m: config_lib.scaled_steps(study, m, base) for m in configs}
+    steps = {m: study_config.scaled_steps(study, m, base) for m in configs}
     predicted = predict(study, timing, steps, rows, trained)
     predicted["measuring"] = timing.measuring
     predicted["total"] += timing.measuring

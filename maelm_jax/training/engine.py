@@ -1,4 +1,4 @@
-"""The one step loop of pretraining (training/loop.py) and fine-tuning (finetune/train.py):
+"""The one step loop of pretraining (pretrain/train.py) and fine-tuning (finetune/train.py):
 `train(run, ...)`, where `run` (a `Run`) supplies what differs: its step, when to log,
 evaluate and save, its log line, its evaluation, what a "best" evaluation is and what a
 checkpoint holds. Everything else happens here, once, for both:

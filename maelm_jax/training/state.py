@@ -12,7 +12,7 @@ sharding_rules; sharding.DEFAULT_RULES by default), in three moves:
 3. the rules turn those logical specs into a NamedSharding per leaf.
 
 The initialisation is then compiled with those shardings as its out_shardings, so each
-device computes only its own shards. Pretraining (training/steps.py), fine-tuning
+device computes only its own shards. Pretraining (pretrain/steps.py), fine-tuning
 (finetune/train.py) and the analyses that only read an encoder's parameters all lay out
 their states here, so a parameter is sharded alike in each, and a checkpoint restores
 straight into the `abstract` tree of any mesh.

@@ -20,7 +20,7 @@ from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
-from maelm_jax.training import loop
+from maelm_jax.pretrain import train as pretrain_train
 
 from conftest import REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import tiny_config
@@ -174,7 +174,7 @@ def tiny_run(tmp_path_factory, tiny_tokenizer):
     c = tiny_config("mlm", tiny_tokenizer.model_path)
     c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 6
     workdir = tmp_path_factory.mktemp("rank_runs") / "mlm"
-    loop.train_and_evaluate(c, str(workdir))
+    pretrain_train.train_and_evaluate(c, str(workdir))
     return workdir
 
 

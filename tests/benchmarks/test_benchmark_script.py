@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import variants
+from maelm_jax.pretrain import config as pretrain_config
 
 from conftest import HANG_SECONDS, subprocess_env
 
@@ -79,7 +79,7 @@ def test_benchmark_configs_hold_the_documented_sizes():
     peer = variants.load(str(CONFIGS / "peer.py"))
     compile_time = variants.load(str(CONFIGS / "compile_time.py"))
     for c in (step, peer, compile_time):
-        config_lib.validate(c)
+        pretrain_config.validate(c)
     assert shape(step.model) == shape(step.model.decoder) == (4, 768, 12, 3072)
     assert sizes(step) == (128, 8, 32768) and step.model.dropout == 0.1
     assert (shape(peer.model), shape(peer.model.decoder)) == ((4, 256, 4, 1024),
@@ -95,7 +95,7 @@ def test_benchmark_configs_hold_the_documented_sizes():
 
 def test_peer_base_variant_is_bert_base_and_iterates_at_fewer_layers():
     base = variants.load(f"{CONFIGS / 'peer.py'}:base")
-    config_lib.validate(base)
+    pretrain_config.validate(base)
     assert (shape(base.model), shape(base.model.decoder)) == ((12, 768, 12, 3072),
                                                               (4, 768, 12, 3072))
     assert sizes(base) == (512, 32, 32768) and base.model.scan_layers

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from configs.benchmark import peer
-from maelm_jax import config as config_lib
-from maelm_jax.objectives import recipes
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain.objectives import recipes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import program_cost  # noqa: E402
@@ -64,7 +64,7 @@ def _config(model: str, scan: bool, **changes):
     for name, value in changes.items():
         c.model[name] = value
     setup_lib.resolve_auto(c, "gpu")
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     return c
 
 

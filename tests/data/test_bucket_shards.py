@@ -142,8 +142,8 @@ def _losses(env, workdir: str) -> dict[int, float]:
 def test_a_run_in_the_bucket_is_killed_and_resumes_exactly(tmp_path, tiny_tokenizer):
     """Workdir and prepared shards in the bucket: SIGKILL between checkpoints, run the same
     command again; every loss is the uninterrupted run's."""
-    from maelm_jax import config as config_lib
     from maelm_jax.data import prepare
+    from maelm_jax.pretrain import config as pretrain_config
 
     from support import made_up_documents
     from tiny_config import tiny_config
@@ -153,8 +153,8 @@ def test_a_run_in_the_bucket_is_killed_and_resumes_exactly(tmp_path, tiny_tokeni
     c = tiny_config("maelm", tiny_tokenizer.model_path)
     c.data.sources = {"main": {"kind": "text", "path": str(corpus)}}
     c.prepare.update(num_workers=1, blocks_per_shard=64)
-    config_lib.validate(c)
-    prepare.run(config_lib.resolve_paths(c), str(tmp_path / "prepared"))
+    pretrain_config.validate(c)
+    prepare.run(pretrain_config.resolve_paths(c), str(tmp_path / "prepared"))
     steps = 30
     command = [sys.executable, "main.py", "--config=tests/tiny_config.py",
                "--config.data.prepared=gs://bkt/prepared", f"--config.train.num_steps={steps}",

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import paths
 from maelm_jax.data import pipeline, prepare, shards, sources
+from maelm_jax.pretrain import config as pretrain_config
 
 from fake_bucket import fake_gcs
 from support import made_up_documents
@@ -173,8 +173,8 @@ def test_the_job_and_beam_cut_the_same_blocks_from_columnar_sources(tmp_path, ti
     }
     c.data.validation_fraction = 0.1
     c.prepare.update(num_workers=1, blocks_per_shard=16)
-    config_lib.validate(c)
-    c = config_lib.resolve_paths(c)
+    pretrain_config.validate(c)
+    c = pretrain_config.resolve_paths(c)
     pipeline.validate_sources(c)
     in_job = pipeline.prepare_data(c, paths.Path(tmp_path / "job"), tiny_tokenizer)
     manifest = prepare.run(c, str(tmp_path / "beam"))

@@ -14,7 +14,7 @@ import pytest
 
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import pipeline, sources
-from maelm_jax.training import loop
+from maelm_jax.pretrain import train as pretrain_train
 
 from fake_bucket import fake_gcs
 from support import train_metrics
@@ -108,7 +108,7 @@ def test_a_text8_like_single_line_corpus_prepares_and_trains(tmp_path, caplog):
     c.data.validation_fraction = 0.01  # the default
     c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 2, 2, 2
     with caplog.at_level(logging.WARNING):
-        loop.train_and_evaluate(c, str(tmp_path / "run"))
+        pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
     assert ("config.data.sources.main: 2 control character(s) (NUL, form feed, ...) replaced "
             "by spaces; 1 line(s) longer than 4096 characters split at whitespace; 1 "
             "document(s) longer than 1000000 characters cut into parts of at most 20000"

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import layout, paths
 from maelm_jax.data import loader, pipeline, prepare, shards
-from maelm_jax.training import loop
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import train as pretrain_train
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from fake_bucket import fake_gcs
@@ -46,8 +46,8 @@ def _config(root, tokenizer_path, **prepare_fields):
     c.data.sources = _corpus(root)
     c.data.validation_fraction = 0.1
     c.prepare.update(blocks_per_shard=128, **prepare_fields)
-    config_lib.validate(c)
-    return config_lib.resolve_paths(c)
+    pretrain_config.validate(c)
+    return pretrain_config.resolve_paths(c)
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +145,11 @@ def test_training_resumes_exactly_from_shards(prepared, tmp_path, tiny_tokenizer
     c = c.copy_and_resolve_references()
     c.data.prepared = str(root / "shards")
     c.train.update(num_steps=6, checkpoint_every=3, eval_every=3, log_every=1)
-    loop.train_and_evaluate(c, str(tmp_path / "straight"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "straight"))
     c.train.num_steps = 3
-    loop.train_and_evaluate(c, str(tmp_path / "stopped"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "stopped"))
     c.train.num_steps = 6
-    loop.train_and_evaluate(c, str(tmp_path / "stopped"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "stopped"))
     straight, resumed = train_metrics(tmp_path / "straight"), train_metrics(tmp_path / "stopped")
     assert sorted(resumed) == list(range(1, 7))
     for step in range(1, 7):  # the same program on the same machine: the same numbers
@@ -315,7 +315,7 @@ def test_a_damaged_shard_of_a_large_set_is_named_when_read(prepared, tmp_path, m
     run_config.data.prepared, run_config.data.validation_fraction = str(copy), 0.1
     run_config.train.num_steps = 50
     with pytest.raises(errors.UserError, match=rf"shard {re.escape(str(shard))} is damaged"):
-        loop.train_and_evaluate(run_config, str(tmp_path / "run"))
+        pretrain_train.train_and_evaluate(run_config, str(tmp_path / "run"))
 
 
 def test_a_failed_prepare_is_one_line_not_the_workers_tracebacks(prepared, tmp_path):

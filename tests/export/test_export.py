@@ -19,7 +19,6 @@ import pytest
 from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
 from configs.pretrain import quickstart as quickstart_config
-from maelm_jax import config as config_lib
 from maelm_jax import fill_mask, masking, run_configs, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.export import config as export_config
@@ -30,9 +29,10 @@ from maelm_jax.finetune import heads
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import relative_position
-from maelm_jax.objectives import recipes
-from maelm_jax.training import loop
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.pretrain.objectives import recipes
 
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
@@ -84,7 +84,7 @@ def _config(recipe: str, changes: dict, tokenizer_path: str = ""):
         for section in sections:
             node = node[section]
         node[field] = value
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     return c
 
 
@@ -119,7 +119,7 @@ def _our_logits(c, params, ids):
     """Our model's logits [k, V] at the <mask>s of one text, as fill-mask computes them."""
     ids = np.asarray(ids, np.int32)
     masked = np.flatnonzero(ids == tokenizer_lib.MASK_ID).astype(np.int32)
-    objective = config_lib.objective(c)
+    objective = pretrain_config.objective(c)
     cfg, fitted = objective.for_length(setup_lib.model_config(c, TINY_VOCAB), params, len(ids))
     kept = np.setdiff1d(np.arange(len(ids), dtype=np.int32), masked)
     batch = masking.MaskedBatch(
@@ -137,7 +137,7 @@ def test_every_architecture_computes_ours_in_pytorch(name):
     model = setup_lib.model(c, TINY_VOCAB)
     batch = jax.tree.map(np.asarray, masking.apply_mask(
         jax.random.PRNGKey(0), jax.numpy.full((1, c.data.seq_len), 7, np.int32),
-        config_lib.mask_counts(c), TINY_VOCAB))
+        pretrain_config.mask_counts(c), TINY_VOCAB))
     params = _perturbed(nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch))["params"])
     hf_config = export_run.pretraining_config(c, TINY_VOCAB)
     torch_model = _torch_model(modeling_maelm.MaelmForMaskedLM, hf_config, params)
@@ -289,7 +289,7 @@ def exports(tmp_path_factory):
         c.tokenizer.model_path = str(tmp / "maelm" / "tokenizer.model")
         c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 4
         c.train.eval_batches, c.train.fill_mask_examples = 2, 0
-        loop.train_and_evaluate(c, str(tmp / name))
+        pretrain_train.train_and_evaluate(c, str(tmp / name))
         out[name] = (tmp / name, tmp / f"{name}_hf")
     glue_dir = tmp / "glue"
     _write_glue(glue_dir, "RTE", ("sentence1", "sentence2"),

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train
 from maelm_jax.models import flash_attention
 
@@ -46,7 +46,7 @@ def test_pallas_fine_tunes_as_the_einsum_reference(sst2_settings, tmp_path,  # n
 
 def test_heads_the_kernel_cannot_tile_are_named(sst2_settings, tmp_path):  # noqa: F811
     c = tiny_finetuning(sst2_settings, **{"model.num_heads": 4, "model.attention_impl": "pallas"})
-    with pytest.raises(config_lib.FinetuneConfigError,
+    with pytest.raises(finetune_config.FinetuneConfigError,
                        match=r"config\.model\.attention_impl: .* 4 heads of 8") as info:
         train.run(c, str(tmp_path / "run"))
     assert "\n" not in str(info.value)

@@ -12,10 +12,10 @@ import pytest
 from configs.finetune import glue as glue_config
 from maelm_jax import runs
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.training import loop
+from maelm_jax.pretrain import train as pretrain_train
 
 from conftest import require_shared_data
 from tiny_config import tiny_config
@@ -29,7 +29,7 @@ def pretrained(tmp_path_factory, tiny_tokenizer):
     c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 10
     c.train.log_every = 5
     workdir = tmp_path_factory.mktemp("pretrain")
-    loop.train_and_evaluate(c, str(workdir))
+    pretrain_train.train_and_evaluate(c, str(workdir))
     return workdir
 
 
@@ -61,17 +61,17 @@ def test_random_weights_keep_the_architecture_and_tokenizer_of_init_from(pretrai
     c.init_from, c.data.data_dir = str(pretrained), "glue"
     loaded = train.encoder_and_tokenizer(c)
     c.init_weights = "random"
-    config_lib.validate(c)
+    finetune_config.validate(c)
     cfg, params, tok, description = train.encoder_and_tokenizer(c)
     assert params is None  # fresh weights from the seed, as with no init_from
     assert cfg == loaded[0] and tok.model_path == loaded[2].model_path
     assert description == f"random weights in the architecture of {loaded[3]}"
     c.init_from = ""
     c.tokenizer_path = tok.model_path
-    with pytest.raises(config_lib.FinetuneConfigError,
+    with pytest.raises(finetune_config.FinetuneConfigError,
                        match=r"^config.init_from: expected a workdir to take the architecture "
                              r"and tokenizer from \(init_weights='random'\), got nothing$"):
-        config_lib.validate(c)
+        finetune_config.validate(c)
 
 
 def _copy_run(pretrained, tmp_path, edit):

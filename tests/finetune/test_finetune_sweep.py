@@ -8,7 +8,7 @@ import pytest
 from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
 from maelm_jax import layout
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import sweep, train
 
 from support import sst2_like
@@ -34,8 +34,8 @@ def tiny_sweep(tmp_path, tokenizer_path, num_epochs=1):
     c.train.eval_batch_size, c.train.log_every = 16, 10
     c.mesh.shape, c.fast_compile = (1, 1, 1), True
     c.sweep = True
-    config_lib.set_grid(c, {"learning_rate": (1e-3, 3e-3), "batch_size": (16,),
-                            "num_epochs": (num_epochs,), "warmup_ratio": (0.1,)})
+    finetune_config.set_grid(c, {"learning_rate": (1e-3, 3e-3), "batch_size": (16,),
+                                 "num_epochs": (num_epochs,), "warmup_ratio": (0.1,)})
     c.grid.seeds = (1, 2)
     return c
 
@@ -162,24 +162,25 @@ def test_the_two_aggregation_rules():
 def test_config_mistakes_name_the_field(tiny_sweep_config, tmp_path):
     c = tiny_sweep_config
     # main.py runs a sweep config with sweep.run_sweep; train.run is one run.
-    with pytest.raises(config_lib.FinetuneConfigError,
+    with pytest.raises(finetune_config.FinetuneConfigError,
                        match=r"^config.sweep: expected False for a single run"):
         train.run(c, str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
     c.sweep = False
     c.train.select = "median"
-    with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.train.select: expected"):
+    with pytest.raises(finetune_config.FinetuneConfigError,
+                       match=r"^config.train.select: expected"):
         train.run(c, str(tmp_path / "x"))
     c.train.select = "best"
     c.data.max_seq_len = 64  # more than the encoder's 32 positions
-    with pytest.raises(config_lib.FinetuneConfigError,
+    with pytest.raises(finetune_config.FinetuneConfigError,
                        match=r"config.data.max_seq_len: expected at most the encoder's 32"):
         train.run(c, str(tmp_path / "x"))
     c.data.max_seq_len, c.tokenizer_path = 32, ""
-    with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.tokenizer_path: "):
+    with pytest.raises(finetune_config.FinetuneConfigError, match=r"^config.tokenizer_path: "):
         train.run(c, str(tmp_path / "x"))
     c.task = "sst3"
-    with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.task: expected a GLUE"):
+    with pytest.raises(finetune_config.FinetuneConfigError, match=r"^config.task: expected a GLUE"):
         train.run(c, str(tmp_path / "x"))
     pretraining_dir = tmp_path / "pre"
     pretraining_dir.mkdir()

@@ -18,7 +18,7 @@ from maelm_jax import run_configs, schema
 from maelm_jax.analysis import inputs
 from maelm_jax.export import run as export_run
 from maelm_jax.export.config import ExportError
-from maelm_jax.finetune import config as config_lib
+from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, heads, tasks, train
 from maelm_jax.training import preemption
 
@@ -95,7 +95,7 @@ def keyword_config(keyword_kind, tmp_path, tiny_tokenizer):
     """48 train texts = 6 steps of 8 per epoch, two epochs, evaluated after each."""
     path = tmp_path / "keyword.json"
     path.write_text(json.dumps({"train": _texts(48, 0), "dev": _texts(16, 1)}))
-    c = config_lib.finetune_defaults()
+    c = finetune_config.finetune_defaults()
     for name, value in {**FINETUNE_TINY, "task": "keyword", "keyword.path": str(path),
                         "tokenizer_path": tiny_tokenizer.model_path, "train.num_epochs": 2,
                         "train.checkpoint_every": 0}.items():
@@ -116,9 +116,9 @@ def test_the_registry_lists_glue_and_squad():
 
 
 def test_an_unknown_task_is_one_line_naming_the_known_ones(tmp_path, tiny_tokenizer):
-    c = config_lib.finetune_defaults()
+    c = finetune_config.finetune_defaults()
     c.task, c.tokenizer_path, c.data.data_dir = "sst3", tiny_tokenizer.model_path, str(tmp_path)
-    with pytest.raises(config_lib.FinetuneConfigError) as info:
+    with pytest.raises(finetune_config.FinetuneConfigError) as info:
         train.run(c, str(tmp_path / "run"))
     message = str(info.value)
     assert message.startswith("config.task: expected a GLUE task (CoLA, SST-2,")
@@ -129,16 +129,16 @@ def test_an_unknown_task_is_one_line_naming_the_known_ones(tmp_path, tiny_tokeni
 def test_a_registered_kind_is_one_of_the_known_values(keyword_kind):
     assert tasks.names() == ("glue", "squad", "keyword")
     assert tasks.kind_for("keyword") is KeywordTask
-    with pytest.raises(config_lib.FinetuneConfigError, match=r"squad or keyword, got 'x'$"):
+    with pytest.raises(finetune_config.FinetuneConfigError, match=r"squad or keyword, got 'x'$"):
         tasks.kind_for("x")
     with pytest.raises(ValueError, match="already registered"):
         tasks.register(KeywordTask)
-    with pytest.raises(config_lib.FinetuneConfigError, match=r"^config.task: keyword has no "
-                                                             r"paper grid"):
-        config_lib.paper_grid("keyword")
+    with pytest.raises(finetune_config.FinetuneConfigError,
+                       match=r"^config.task: keyword has no paper grid"):
+        finetune_config.paper_grid("keyword")
     # Its fields are part of every fine-tuning config while it is registered.
-    assert config_lib.finetune_defaults().keyword.word == "good"
-    assert "keyword.path" in config_lib.fields()
+    assert finetune_config.finetune_defaults().keyword.word == "good"
+    assert "keyword.path" in finetune_config.fields()
 
 
 def _outcome(workdir):
@@ -195,14 +195,14 @@ def test_a_new_kind_fine_tunes_resumes_and_reads_back(keyword_config, tmp_path, 
 ])
 def test_a_new_kinds_own_fields_are_checked(keyword_config, tmp_path, field, value, message):
     keyword_config.keyword[field] = value
-    with pytest.raises(config_lib.FinetuneConfigError, match=message):
+    with pytest.raises(finetune_config.FinetuneConfigError, match=message):
         train.run(keyword_config, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
 def test_a_mistyped_field_of_a_kind_is_named(keyword_config, tmp_path):
     keyword_config.keyword.wrod = "good"
-    with pytest.raises(config_lib.FinetuneConfigError,
+    with pytest.raises(finetune_config.FinetuneConfigError,
                        match=r"^config.keyword.wrod: unknown field; did you mean "
                              r"config.keyword.word\?"):
         train.run(keyword_config, str(tmp_path / "run"))

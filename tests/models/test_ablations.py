@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import masking, tokenizer, variants
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import maelm
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
 
 from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
@@ -24,7 +24,7 @@ PRETRAIN = REPO / "configs" / "pretrain"
 
 
 def _setup(c, batch_size=2, seed=0):
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     return tiny_model(c, batch_size, seed)
 
 
@@ -133,8 +133,8 @@ def test_reset_is_validated():
     c = tiny_config("maelm")
     c.model.decoder.reset_masks = True
     c.model.decoder.kind = "cross"
-    with pytest.raises(config_lib.ConfigError, match="model.decoder.reset_masks"):
-        config_lib.validate(c)
+    with pytest.raises(pretrain_config.ConfigError, match="model.decoder.reset_masks"):
+        pretrain_config.validate(c)
 
 
 def test_misaligned_positions_are_consecutive():
@@ -155,8 +155,8 @@ def test_misaligned_positions_are_consecutive():
 def test_misaligned_positions_need_maelm():
     c = tiny_config("mlm")
     c.model.misaligned_positions = True
-    with pytest.raises(config_lib.ConfigError, match="model.misaligned_positions"):
-        config_lib.validate(c)
+    with pytest.raises(pretrain_config.ConfigError, match="model.misaligned_positions"):
+        pretrain_config.validate(c)
 
 
 # --- presets and the variant syntax -----------------------------------------------------------
@@ -178,14 +178,14 @@ BUILT = {"base.py:maelm", "base.py:mlm", "base.py:enc_mask_reset", "base.py:dec_
                          + ["base_plus.py:misaligned", "large_plus.py", "quickstart.py:mlm"])
 def test_every_preset_validates_and_builds(spec):
     c = variants.load(str(PRETRAIN / spec))
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     model_cfg = setup_lib.model_config(c, c.tokenizer.vocab_size)
-    counts = config_lib.mask_counts(c)
+    counts = pretrain_config.mask_counts(c)
     assert setup_lib.step_flops(c, c.tokenizer.vocab_size) > 0
     if spec not in BUILT:
         return
     # Built abstractly (shapes only, no memory) at batch 1.
-    model = config_lib.objective(c).model(model_cfg)
+    model = pretrain_config.objective(c).model(model_cfg)
     def i32(*shape):
         return jax.ShapeDtypeStruct(shape, jnp.int32)
     batch = masking.MaskedBatch(i32(1, counts.seq_len), i32(1, counts.n_enc), i32(1, counts.k),

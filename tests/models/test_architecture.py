@@ -11,7 +11,7 @@ from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import tiny_config
 

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer
 from maelm_jax.models import maelm
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
@@ -22,12 +22,12 @@ def _cross_config(**decoder_options):
     c.model.decoder.update(kind="cross", num_layers=2, d_model=16, num_heads=2, d_ff=32,
                            pre_ln=True)
     c.model.decoder.update(decoder_options)
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     return c
 
 
 def _setup(c, batch_size=4, seed=0):
-    return (*tiny_model(c, batch_size, seed), config_lib.mask_counts(c))
+    return (*tiny_model(c, batch_size, seed), pretrain_config.mask_counts(c))
 
 
 def test_split_puts_removed_masks_in_the_decoder_and_the_rest_in_the_encoder():
@@ -125,8 +125,8 @@ def test_cross_train_step_compiles_once_and_learns():
 def test_kind_is_validated():
     c = tiny_config("maelm")
     c.model.decoder.kind = "bart"
-    with pytest.raises(config_lib.ConfigError, match="model.decoder.kind"):
-        config_lib.validate(c)
+    with pytest.raises(pretrain_config.ConfigError, match="model.decoder.kind"):
+        pretrain_config.validate(c)
 
 
 @pytest.mark.parametrize("kind", ["self", "cross"])

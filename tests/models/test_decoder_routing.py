@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
-from maelm_jax import masking, objectives, sharding, tokenizer
-from maelm_jax.training import setup as setup_lib
+from maelm_jax import masking, sharding, tokenizer
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import objectives
+from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import tiny_config
 
@@ -63,7 +64,7 @@ def _params(objective: str, **decoder_options):
     model = setup_lib.model(c, PAIRS_VOCAB)
     batch = masking.apply_mask(
         jax.random.PRNGKey(0), jnp.asarray(_pairs(np.random.default_rng(0), 2)),
-        config_lib.mask_counts(c), PAIRS_VOCAB,
+        pretrain_config.mask_counts(c), PAIRS_VOCAB,
     )
     return model, batch, nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
 
@@ -101,8 +102,8 @@ def test_shared_positions_use_the_encoders_table():
 
 def test_share_positions_needs_equal_widths():
     c = _pairs_config("maelm", share_positions=True, d_model=16, num_heads=2, d_ff=32)
-    with pytest.raises(config_lib.ConfigError, match="model.decoder.share_positions"):
-        config_lib.validate(c)
+    with pytest.raises(pretrain_config.ConfigError, match="model.decoder.share_positions"):
+        pretrain_config.validate(c)
 
 
 def test_decoder_relative_bias_lets_maelm_learn_pairs_like_mlm():
@@ -121,15 +122,17 @@ def test_decoder_relative_bias_lets_maelm_learn_pairs_like_mlm():
 
 def test_workdir_from_before_the_options_still_resumes():
     """A config.json without the new decoder fields counts them at their defaults."""
-    from maelm_jax.training import lifecycle, loop
+    from maelm_jax.pretrain import train as pretrain_train
+    from maelm_jax.training import lifecycle
 
-    new = json.loads(config_lib.to_json(tiny_config("maelm")))
+    new = json.loads(pretrain_config.to_json(tiny_config("maelm")))
     old = json.loads(json.dumps(new))
     for field in ("rel_pos_buckets", "rel_pos_max_distance", "share_positions"):
         del old["model"]["decoder"][field]
-    defaults = json.loads(config_lib.to_json(config_lib.pretrain_defaults()))
-    assert lifecycle.config_changes(old, new, defaults, loop.PRETRAINING.harmless) == []
+    defaults = json.loads(pretrain_config.to_json(pretrain_config.pretrain_defaults()))
+    assert lifecycle.config_changes(old, new, defaults, pretrain_train.PRETRAINING.harmless) == []
     changed = json.loads(json.dumps(new))
     changed["model"]["decoder"]["rel_pos_buckets"] = 16
     assert lifecycle.config_changes(old, changed, defaults,
-                                     loop.PRETRAINING.harmless) == ["model.decoder.rel_pos_buckets"]
+                                     pretrain_train.PRETRAINING.harmless) == [
+        "model.decoder.rel_pos_buckets"]

@@ -9,7 +9,7 @@ import pytest
 
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import layers
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 

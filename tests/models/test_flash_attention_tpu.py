@@ -12,7 +12,7 @@ from maelm_jax.models import by_position, relative_position
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import flash_attention_tpu as ft
 from maelm_jax.models.options import KernelOptions, OptionsError, TpuTile
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import setup as setup_lib
 
 from test_flash_attention import SCALE, _inputs, reference
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model

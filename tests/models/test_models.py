@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding, tokenizer
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers, relative_position
-from maelm_jax.training import optimizer, steps
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain import steps as pretrain_steps
+from maelm_jax.training import optimizer
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
@@ -36,7 +37,7 @@ def _model(objective="maelm", **overrides):
     c = tiny_config(objective)
     for key, value in overrides.items():
         c.model[key] = value
-    counts = config_lib.mask_counts(c)
+    counts = pretrain_config.mask_counts(c)
     return setup_lib.model(c, VOCAB), counts, c
 
 
@@ -133,7 +134,7 @@ def test_narrow_decoder_gets_a_projection():
     c = tiny_config("maelm")
     c.model.decoder.d_model = 16
     c.model.decoder.num_heads = 2
-    counts = config_lib.mask_counts(c)
+    counts = pretrain_config.mask_counts(c)
     model = setup_lib.model(c, VOCAB)
     b = _batch(counts)
     params = model.init(jax.random.PRNGKey(0), b)["params"]
@@ -200,12 +201,12 @@ def test_official_maelm_buckets_match_reference(buckets, distance):
 def test_bucket_fn_reaches_the_encoder():
     c = tiny_config("maelm")
     c.model.rel_pos_bucket_fn = "maelm"
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     cfg = setup_lib.model_config(c, TINY_VOCAB)
     assert cfg.encoder.rel_pos_bucket_fn == "maelm" and cfg.decoder.rel_pos_bucket_fn == "maelm"
     c.model.rel_pos_bucket_fn = "alibi"
-    with pytest.raises(config_lib.ConfigError, match="config.model.rel_pos_bucket_fn"):
-        config_lib.validate(c)
+    with pytest.raises(pretrain_config.ConfigError, match="config.model.rel_pos_bucket_fn"):
+        pretrain_config.validate(c)
 
 
 def test_local_relative_bias_starts_attention_at_the_neighbours():
@@ -322,8 +323,8 @@ def test_rel_pos_init_reaches_the_encoder_and_decoder_tables(objective):
     c.model.decoder.rel_pos_buckets = 8
     c.model.decoder.rel_pos_init = "local"
     model = setup_lib.model(c, 64)
-    counts = config_lib.mask_counts(c)
-    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), steps._dummy_batch(counts)))
+    counts = pretrain_config.mask_counts(c)
+    params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), pretrain_steps._dummy_batch(counts)))
     tables = {"/".join(k.key for k in path[:-1]): leaf
               for path, leaf in jax.tree_util.tree_flatten_with_path(params["params"])[0]
               if getattr(path[-1], "key", None) == "rel_embedding"}

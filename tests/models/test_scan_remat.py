@@ -10,8 +10,8 @@ import pytest
 from maelm_jax import runs, sharding, tokenizer
 from maelm_jax.models import layer_layout, layers
 from maelm_jax.models import stack as stack_lib
+from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import checkpoint
-from maelm_jax.training import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from maelm_jax import errors, layout
-from maelm_jax.study import config as config_lib
+from maelm_jax.study import config as study_config
 from maelm_jax.study import merge
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
@@ -28,7 +28,7 @@ def _rank_run(name):
 
 def _part(models, controls=()):
     """A finished study's study.json holding `models` (and `controls`)."""
-    config = config_lib.study_defaults()
+    config = study_config.study_defaults()
     config.models = tuple(models)
     names = [*models, *controls]
     return {
@@ -46,7 +46,7 @@ def _part(models, controls=()):
         "glue": {n: {"RTE": {"metric": "accuracy", "median": 55.0, "per_seed": {"1": 55.0},
                              "seconds": 30.0}} for n in names},
         "glue_dir": "/tmp/data/glue", "seeds": [1],
-        "identity": {"settings": config_lib.shared_settings(config),
+        "identity": {"settings": study_config.shared_settings(config),
                      "tokenizer_sha256": "ab" * 32, "data_fingerprint": "0123456789abcdef",
                      "glue": {"RTE": {"train.tsv": [10, "sha256:aa"],
                                       "dev.tsv": [5, "sha256:bb"]}}},
@@ -63,7 +63,7 @@ def _write(directory, record):
 
 def _merge(tmp_path, *records, out="merged"):
     dirs = [_write(tmp_path / f"part{i}", r) for i, r in enumerate(records)]
-    c = config_lib.merge_defaults()
+    c = study_config.merge_defaults()
     c.inputs = ",".join(map(str, dirs))
     return merge.merge(c, str(tmp_path / out))
 
@@ -144,7 +144,7 @@ def test_inputs_that_are_not_studies_are_named(tmp_path):
     with pytest.raises(errors.UserError, match=r"^config\.inputs: .*study\.json records no "
                        r"identity .*run that study's command again"):
         _merge(tmp_path, old)
-    c = config_lib.merge_defaults()
+    c = study_config.merge_defaults()
     c.inputs = str(tmp_path / "nowhere")
     with pytest.raises(errors.UserError, match=r"^config\.inputs: .*nowhere holds no study\.json"):
         merge.merge(c, str(tmp_path / "out"))
@@ -162,7 +162,7 @@ def test_inputs_that_are_not_studies_are_named(tmp_path):
 def test_the_workdir_is_never_an_input_or_another_run(tmp_path):
     part = _write(tmp_path / "part", _part(["mlm"]))
     before = (part / layout.STUDY_JSON_FILE).read_text()
-    c = config_lib.merge_defaults()
+    c = study_config.merge_defaults()
     c.inputs = str(part)
     with pytest.raises(errors.UserError, match=r"^--workdir .*part holds the input"):
         merge.merge(c, str(part))

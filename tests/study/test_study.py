@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from maelm_jax import errors, layout
-from maelm_jax.objectives import recipes
-from maelm_jax.study import config as config_lib
+from maelm_jax.pretrain.objectives import recipes
+from maelm_jax.study import config as study_config
 from maelm_jax.study import run as study_run
 
 from tiny_config import tiny_config
@@ -36,7 +36,7 @@ TEST_DIRS = [str(pathlib.Path(__file__).resolve().parents[1]), str(pathlib.Path(
 
 
 def _config(tokenizer_path, glue_dir=""):
-    c = config_lib.study_defaults()
+    c = study_config.study_defaults()
     c.pretrain = tiny_config("maelm", tokenizer_path)
     c.pretrain.train.num_steps = c.pretrain.train.checkpoint_every = 4
     c.pretrain.train.eval_every = 4
@@ -128,7 +128,7 @@ def test_tasks_too_small_or_absent_are_left_out(tiny_tokenizer, tmp_path, caplog
 
 def test_models_differ_only_in_what_defines_them(tiny_tokenizer):
     c = _config(tiny_tokenizer.model_path)
-    configs = {n: config_lib.model_config(c, n).to_dict() for n in recipes.MODELS}
+    configs = {n: study_config.model_config(c, n).to_dict() for n in recipes.MODELS}
     for name, cfg in configs.items():
         for section in ("tokenizer", "data", "train", "seed"):
             assert cfg[section] == configs["mlm"][section], (name, section)
@@ -225,7 +225,7 @@ def test_the_gpu_preset_holds_its_sizes_and_every_model():
 
 
 def names_of(value):
-    return config_lib.names(value)
+    return study_config.names(value)
 
 
 def _write_sst2_and_stsb(root, rows: int):
@@ -449,7 +449,7 @@ def test_parts_run_apart_merge_into_the_study_run_whole(study, tmp_path):
         kept.append(tmp_path / "back" / name / layout.STUDY_JSON_FILE)
         shutil.copy(tmp_path / name / layout.STUDY_JSON_FILE, kept[-1])
         shutil.rmtree(tmp_path / name)  # nothing of the part's workdir is left
-    m = config_lib.merge_defaults()
+    m = study_config.merge_defaults()
     m.inputs = f"{kept[0].parent},{kept[1]}"  # a directory holding study.json, or the file
     out = tmp_path / "merged"
     merged = merge.merge(m, str(out))

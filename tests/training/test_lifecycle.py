@@ -11,7 +11,8 @@ from configs.finetune import glue as glue_config
 from maelm_jax import layout
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train as finetune_train
-from maelm_jax.training import lifecycle, loop
+from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.training import lifecycle
 
 from tiny_config import tiny_config
 
@@ -20,7 +21,7 @@ START, CONTINUE, FINISHED = (lifecycle.Decision.START, lifecycle.Decision.CONTIN
 
 
 def _pretraining():
-    return loop.PRETRAINING, tiny_config("maelm", "/tmp/tiny.model")
+    return pretrain_train.PRETRAINING, tiny_config("maelm", "/tmp/tiny.model")
 
 
 def _fine_tuning():

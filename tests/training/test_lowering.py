@@ -23,13 +23,13 @@ import pytest
 from jax import export
 
 from configs.benchmark import peer
-from maelm_jax import config as config_lib
 from maelm_jax import sharding
 from maelm_jax.finetune import heads
 from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.objectives import recipes
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.training import steps
 
 TRITON = "__gpu$xla.gpu.triton"
@@ -86,7 +86,7 @@ def pretraining_config(size: str, model: str, impl: str):
     c = recipes.MODELS[model].apply(c)
     if impl == "cudnn":
         c.model.decoder.attention_dropout = 0.0  # 3ML's decoders copy the encoder's
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     return c
 
 

@@ -15,7 +15,8 @@ import pytest
 import sentencepiece as spm
 
 from maelm_jax import errors
-from maelm_jax.training import checkpoint, engine, loop, steps
+from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.training import checkpoint, engine, steps
 
 from conftest import HANG_SECONDS, REPO_ROOT, poison_steps, subprocess_env
 from support import (
@@ -79,7 +80,7 @@ def test_non_utf8_bytes_fail_or_are_replaced(tmp_path, tiny_tokenizer):
     expect_user_error(c, tmp_path / "run", "latin1.txt")
     c.data.encoding_errors = "replace"
     c.train.num_steps = 1
-    loop.train_and_evaluate(c, str(tmp_path / "run"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
     assert (tmp_path / "run" / "checkpoints" / "1").exists()
 
 
@@ -95,12 +96,13 @@ def test_tokenizer_without_special_tokens_is_refused(tmp_path, tiny_tokenizer):
 def test_workdir_of_another_run_is_refused_unless_allowed(tmp_path, tiny_tokenizer):
     run = tmp_path / "run"
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=2)
-    loop.train_and_evaluate(c, str(run))
+    pretrain_train.train_and_evaluate(c, str(run))
     changed = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=3)
     changed.model.d_ff = 128
     expect_user_error(changed, run, r"different config.model.d_ff; .*--allow_config_change")
     # Continuing with more steps is not a different run.
-    loop.train_and_evaluate(tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=3), str(run))
+    pretrain_train.train_and_evaluate(tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=3),
+                                      str(run))
     assert 3 in train_metrics(run)
 
 
@@ -135,14 +137,14 @@ def test_nonfinite_stop_names_the_step_and_keeps_the_good_checkpoint(
     _poison_from([4], monkeypatch)
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=8, checkpoint_every=2)
     with pytest.raises(engine.NonFiniteError, match="step 5: non-finite .* checkpoint is step 4"):
-        loop.train_and_evaluate(c, str(tmp_path / "run"))
+        pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
     assert checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", 3).latest_step() == 4
 
 
 def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer, monkeypatch):
     _poison_from([2, 3], monkeypatch)
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip")
-    loop.train_and_evaluate(c, str(tmp_path / "run"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
     m = train_metrics(tmp_path / "run")
     assert m[6]["skipped_updates"] == 2
     assert [m[s]["nonfinite"] for s in range(1, 7)] == [0, 0, 1, 1, 0, 0]
@@ -157,13 +159,13 @@ def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, m
 
     _poison_from([1, 2], monkeypatch)
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3)
-    loop.train_and_evaluate(c, str(tmp_path / "whole"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "whole"))
     real = engine.Loop.stop_requested
     monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 4)
     with pytest.raises(preemption.Preempted, match="at step 4"):
-        loop.train_and_evaluate(c, str(tmp_path / "resumed"))
+        pretrain_train.train_and_evaluate(c, str(tmp_path / "resumed"))
     monkeypatch.setattr(engine.Loop, "stop_requested", real)
-    loop.train_and_evaluate(c, str(tmp_path / "resumed"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "resumed"))
     whole, resumed = train_metrics(tmp_path / "whole"), train_metrics(tmp_path / "resumed")
     assert sorted(whole) == sorted(resumed) == [3, 6]
     assert [resumed[s]["skipped_updates"] for s in (3, 6)] == [2, 2]
@@ -226,7 +228,7 @@ def test_steps_between_logs_never_read_back_from_the_device(
         lambda self: (reads.append(len(dispatched)), value.fget(self))[1]))
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=8, log_every=4, eval_every=8,
                 checkpoint_every=100, peak_tflops_per_device=0.5)
-    loop.train_and_evaluate(c, str(tmp_path / "run"))
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
     assert len(dispatched) == 8
     # Orbax saves a fresh run's first step too (which also shows early that saving works).
     saved = {int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()}
@@ -258,14 +260,14 @@ def test_step_never_applies_a_nonfinite_update():
 def test_half_written_checkpoint_is_never_the_latest(tmp_path, tiny_tokenizer):
     run = tmp_path / "run"
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=4, checkpoint_every=2)
-    loop.train_and_evaluate(c, str(run))
+    pretrain_train.train_and_evaluate(c, str(run))
     # What a crash in the middle of saving step 6 leaves behind.
     partial = run / "checkpoints" / "6.orbax-checkpoint-tmp-1234567890"
     (partial / "state").mkdir(parents=True)
     (partial / "state" / "garbage").write_bytes(b"\0" * 10)
     assert checkpoint.Checkpointer(run / "checkpoints", 3).latest_step() == 4
     c.train.num_steps = 6
-    loop.train_and_evaluate(c, str(run))
+    pretrain_train.train_and_evaluate(c, str(run))
     assert checkpoint.Checkpointer(run / "checkpoints", 3).latest_step() == 6
 
 
@@ -283,9 +285,9 @@ def test_failed_save_is_reported_and_the_previous_checkpoint_survives(
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, checkpoint_every=2)
     with pytest.raises(checkpoint.CheckpointError,
                        match="step 4 .*No space left on device.*checkpoint of step 2 is intact"):
-        loop.train_and_evaluate(c, str(run))
+        pretrain_train.train_and_evaluate(c, str(run))
     monkeypatch.setattr(checkpoint.ocp.CheckpointManager, "save", real_save)
-    loop.train_and_evaluate(c, str(run))  # resumes from step 2 and finishes
+    pretrain_train.train_and_evaluate(c, str(run))  # resumes from step 2 and finishes
     assert min(s for s in train_metrics(run)) == 1 and 6 in train_metrics(run)
 
 

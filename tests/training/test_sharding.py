@@ -14,8 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from maelm_jax import sharding, tokenizer
+from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import checkpoint
-from maelm_jax.training import setup as setup_lib
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from support import free_port, log_tail

@@ -20,13 +20,13 @@ import optax
 import pytest
 
 from configs.benchmark import peer
-from maelm_jax import config as config_lib
 from maelm_jax import sharding, topology
 from maelm_jax.finetune import heads
 from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.objectives import recipes
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.training import steps
 
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -r "
@@ -205,7 +205,7 @@ def pretraining_step(model: str, shape, devices, dcn_shape=(-1, 1, 1)):
     bfloat16, attention through the Pallas kernels)."""
     c = recipes.MODELS[model].apply(peer.get_config("base"))
     setup_lib.resolve_auto(c, "tpu")
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     mesh = sharding.make_mesh(shape, devices, dcn_shape)
     trainer = setup_lib.build(c, c.tokenizer.vocab_size, mesh)
     return trainer, trainer.compile_train_step()

@@ -11,14 +11,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import config as config_lib
-from maelm_jax import distributed, layout, masking, objectives, paths, sharding
+from maelm_jax import distributed, layout, masking, paths, sharding
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import mfu, objectives
+from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine, lifecycle, mfu
+from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
-from maelm_jax.training import setup as setup_lib
 from maelm_jax.training import workdir as workdir_lib
 
 
@@ -66,8 +67,8 @@ def _throughput(steps: int, seconds: float, step: int, tokens_per_step: int,
 # Pretraining's lifecycle (training/lifecycle.py). A finished run is found by its
 # checkpoint: restored at train.num_steps, engine.train has nothing left to do.
 PRETRAINING = lifecycle.Policy(
-    mode="pretrain", noun="pretraining", defaults=config_lib.pretrain_defaults,
-    resolve_paths=config_lib.resolve_paths,
+    mode="pretrain", noun="pretraining", defaults=pretrain_config.pretrain_defaults,
+    resolve_paths=pretrain_config.resolve_paths,
     # What changes how the run proceeds, not what its checkpoints mean: steps, logging and
     # checkpoint cadence, the mesh (checkpoints restore onto any), the kernel, the layout.
     harmless=(
@@ -118,10 +119,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     Returns the last evaluation's metrics. A stop request (SIGTERM, the preemption sync
     point, the time limit) saves a checkpoint and raises preemption.Preempted (TimeLimit).
     """
-    config_lib.validate(config)
+    pretrain_config.validate(config)
     # Every path absolute, once: relative ones mean the current directory (orbax and
     # resumed runs started elsewhere would otherwise read other files).
-    config = config_lib.resolve_paths(config)
+    config = pretrain_config.resolve_paths(config)
     workdir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(workdir)
     t = config.train

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
 from maelm_jax import sharding, tokenizer, variants
-from maelm_jax.training import loop
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain import train as pretrain_train
 
 from conftest import HANG_SECONDS, REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
@@ -73,7 +73,7 @@ def test_train_step_compiles_once(objective, accum, ablation):
     c.train.grad_accum_steps = accum
     if ablation:
         variants.apply(c, ABLATIONS[ablation])
-        config_lib.validate(c)
+        pretrain_config.validate(c)
     state, train_step = _step_fn(c)
     rng = np.random.default_rng(0)
     losses = []
@@ -86,7 +86,7 @@ def test_train_step_compiles_once(objective, accum, ablation):
     assert np.all(np.isfinite(losses))
 
 
-@pytest.mark.parametrize("impl", config_lib.PRNG_IMPLS)
+@pytest.mark.parametrize("impl", pretrain_config.PRNG_IMPLS)
 def test_same_step_same_masks_and_dropout(impl):
     """A step's randomness is a function of (seed, step) only: what resumption needs."""
     c = tiny_config("maelm")
@@ -117,7 +117,7 @@ def test_eval_reports_each_category_of_80_10_10(objective):
     rng = np.random.default_rng(0)
     batches = [jnp.asarray(rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32)
                for _ in range(2)]
-    result = loop.evaluate(eval_step, state.params, batches, c.seed)
+    result = pretrain_train.evaluate(eval_step, state.params, batches, c.seed)
     names = ("mask", "random", "unchanged")
     assert set(result) == {f"{p}{m}" for p in ("", *(n + "_" for n in names))
                            for m in ("loss", "accuracy", "perplexity")}
@@ -151,7 +151,7 @@ def test_short_wikipedia_run_lowers_the_loss(tmp_path, tiny_tokenizer):
     c.train.warmup_steps = 5
     c.train.eval_every = 30
     c.train.checkpoint_every = 30
-    result = loop.train_and_evaluate(c, str(tmp_path))
+    result = pretrain_train.train_and_evaluate(c, str(tmp_path))
     train = _read_metrics(tmp_path)
     evals = _read_metrics(tmp_path, "eval")
     assert train[1]["loss"] > np.log(TINY_VOCAB) - 0.5  # starts near uniform

@@ -18,7 +18,8 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import objectives, variants
+from maelm_jax import variants
+from maelm_jax.pretrain import objectives
 
 
 @dataclasses.dataclass(frozen=True)

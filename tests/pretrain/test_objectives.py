@@ -16,15 +16,17 @@ import ml_collections
 import numpy as np
 import pytest
 
-from maelm_jax import config as config_lib
-from maelm_jax import flops, layout, masking, objectives, schema, sharding, tokenizer, variants
+from maelm_jax import layout, masking, schema, sharding, tokenizer, variants
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
-from maelm_jax.objectives import base, recipes
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import flops, objectives
+from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.pretrain import steps as pretrain_steps
+from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.pretrain.objectives import base, recipes
 from maelm_jax.study import config as study_config
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import loop, steps
-from maelm_jax.training import setup as setup_lib
 
 from conftest import REPO_ROOT
 from tiny_config import TINY_VOCAB, tiny_config
@@ -142,14 +144,14 @@ def _toy_config(tmp_path, tok):
 def test_a_registered_objective_brings_its_fields_and_rules(toy, tiny_tokenizer):
     c = tiny_config("toy", tiny_tokenizer.model_path)
     assert c.toy.head_bias is True  # its default, in every pretraining config
-    config_lib.validate(c)
+    pretrain_config.validate(c)
     head = lambda c: jax.eval_shape(  # noqa: E731
         setup_lib.model(c, TINY_VOCAB).init, jax.random.PRNGKey(0),
-        steps._dummy_batch(config_lib.mask_counts(c)))["params"]["head"]
+        pretrain_steps._dummy_batch(pretrain_config.mask_counts(c)))["params"]["head"]
     assert set(head(c)) == {"kernel", "bias"}
-    assert config_lib.mask_counts(c).n_enc == c.data.seq_len  # its encoder keeps [MASK]s
+    assert pretrain_config.mask_counts(c).n_enc == c.data.seq_len  # its encoder keeps [MASK]s
     assert setup_lib.step_flops(c, TINY_VOCAB) == Toy().step_flops(
-        c, config_lib.mask_counts(c), TINY_VOCAB)
+        c, pretrain_config.mask_counts(c), TINY_VOCAB)
     c.toy.head_bias = False
     assert set(head(c)) == {"kernel"}
     # Its loss reads its own field too: the z-loss weight changes the train step's loss by
@@ -165,20 +167,20 @@ def test_a_registered_objective_brings_its_fields_and_rules(toy, tiny_tokenizer)
         losses[weight] = (float(m["loss"]), float(m["aux"]))
     assert losses[0.5][0] - losses[0.0][0] == pytest.approx(0.5 * losses[0.0][1], rel=1e-3)
     c.toy = ml_collections.ConfigDict({"head_bias": "no", "z_weight": 0.0})  # as recorded
-    with pytest.raises(config_lib.ConfigError, match=r"^config\.toy\.head_bias: expected True "
+    with pytest.raises(pretrain_config.ConfigError, match=r"^config\.toy\.head_bias: expected True "
                        r"or False, got 'no'$"):
-        config_lib.validate(c)
+        pretrain_config.validate(c)
     c.toy = ml_collections.ConfigDict({"head_bias": False, "z_weight": 0.0})
     c.masking.mask_frac = 0.8
-    with pytest.raises(config_lib.ConfigError, match=r"config\.masking\.mask_frac: expected "
+    with pytest.raises(pretrain_config.ConfigError, match=r"config\.masking\.mask_frac: expected "
                        r"1\.0 for objective toy") as info:
-        config_lib.validate(c)
+        pretrain_config.validate(c)
     assert "\n" not in str(info.value)
     # The other objectives' configs carry its field too (one config switches objective by
     # one field), and lose it with the objective.
     assert tiny_config("mlm").toy.head_bias is True
     objectives.unregister("toy")
-    assert "toy" not in config_lib.pretrain_defaults()
+    assert "toy" not in pretrain_config.pretrain_defaults()
     objectives.register(toy)
 
 
@@ -193,9 +195,9 @@ def test_an_objective_may_not_redefine_a_field(toy):
 
 def test_an_unknown_objective_names_the_registered_ones(toy):
     c = tiny_config("electra")
-    with pytest.raises(config_lib.ConfigError, match="config.objective"):
-        config_lib.validate(c)
-    with pytest.raises(config_lib.ConfigError, match="expected one of maelm, mlm, toy"):
+    with pytest.raises(pretrain_config.ConfigError, match="config.objective"):
+        pretrain_config.validate(c)
+    with pytest.raises(pretrain_config.ConfigError, match="expected one of maelm, mlm, toy"):
         setup_lib.step_flops(c, TINY_VOCAB)
 
 
@@ -211,7 +213,7 @@ def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
 
     c = _toy_config(tmp_path, tiny_tokenizer)
     whole = tmp_path / "whole"
-    metrics = loop.train_and_evaluate(c, str(whole))
+    metrics = pretrain_train.train_and_evaluate(c, str(whole))
     # Its corruption is the train step's (traced for the shapes of the loss sums, then for
     # the step) and the eval step's.
     assert toy.corrupted == [(c.train.batch_size, c.data.seq_len)] * 3
@@ -229,9 +231,9 @@ def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
     real = engine.Loop.stop_requested
     monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 4)
     with pytest.raises(preemption.Preempted, match="at step 4"):
-        loop.train_and_evaluate(c, str(resumed))
+        pretrain_train.train_and_evaluate(c, str(resumed))
     monkeypatch.setattr(engine.Loop, "stop_requested", real)
-    loop.train_and_evaluate(c, str(resumed))
+    pretrain_train.train_and_evaluate(c, str(resumed))
     assert sorted(_metrics(resumed, "train")) == list(range(1, 9))
     for step in range(1, 9):
         for key in ("loss", "aux", "accuracy"):
@@ -283,16 +285,16 @@ def test_unregistering_leaves_the_built_in_objectives(toy):
     with pytest.raises(ValueError, match="built in"):
         objectives.unregister("mlm")
     assert objectives.names()[:2] == ("maelm", "mlm")
-    assert "toy" in config_lib.pretrain_defaults()
+    assert "toy" in pretrain_config.pretrain_defaults()
 
 
 # ------------------------------------------------------------------ the recipes
 
 def test_every_recipe_validates_and_changes_only_what_defines_it():
-    base_config = config_lib.pretrain_defaults()
+    base_config = pretrain_config.pretrain_defaults()
     for recipe in (*recipes.MODELS.values(), *recipes.TABLE2.values()):
         c = recipe.apply(base_config)
-        config_lib.validate(c)
+        pretrain_config.validate(c)
         for section in ("tokenizer", "data", "train", "seed", "mesh"):
             assert c[section] == base_config[section], (recipe.name, section)
         assert (c.model.num_layers, c.model.d_model) == (12, 768)
@@ -307,7 +309,7 @@ def test_every_recipe_validates_and_changes_only_what_defines_it():
 def test_a_recipe_refuses_a_field_the_config_lacks():
     bad = recipes.Recipe("bad", "bad", {"model.decoder.colour": "red"})
     with pytest.raises(KeyError, match="sets unknown config field 'model.decoder.colour'"):
-        bad.apply(config_lib.pretrain_defaults())
+        bad.apply(pretrain_config.pretrain_defaults())
 
 
 def _harness():
@@ -323,7 +325,7 @@ def test_configs_study_and_benchmarks_build_the_same_models():
     """3ML Table 4's config, the study's models and the benchmarks' objectives agree with
     the recipes on what defines each model."""
     harness = _harness()
-    pretrain = config_lib.pretrain_defaults()
+    pretrain = pretrain_config.pretrain_defaults()
     study = study_config.study_defaults()
     for name, recipe in recipes.MODELS.items():
         expected = recipe.apply(pretrain)
@@ -367,8 +369,8 @@ def test_parameter_trees_are_those_checkpoints_were_written_with():
     golden = json.loads(GOLDEN.read_text())
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
     for name, c in _golden_variants():
-        config_lib.validate(c)
-        counts = config_lib.mask_counts(c)
+        pretrain_config.validate(c)
+        counts = pretrain_config.mask_counts(c)
         batch = masking.MaskedBatch(i32(1, counts.seq_len), i32(1, counts.n_enc),
                                     i32(1, counts.k), i32(1, counts.k),
                                     jax.ShapeDtypeStruct((1, counts.k), jnp.float32))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from maelm_jax import config as config_lib
-from maelm_jax import flops
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import flops
+from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config
 
@@ -67,16 +67,16 @@ def test_roberta_equation_2():
     eq2 = 2 * b * (l * _paper_blk(n, d) + 2 * nr * (d * d + d * vocab))
     assert flops.mlm_step_flops(b, l, n, d, 4 * d, nr, vocab) == eq2
 
-    config = config_lib.pretrain_defaults()
+    config = pretrain_config.pretrain_defaults()
     config.objective = "mlm"
     config.train.batch_size = b
-    assert config_lib.mask_counts(config).k == nr
+    assert pretrain_config.mask_counts(config).k == nr
     assert setup_lib.step_flops(config, vocab) == eq2
 
 
 def test_3ml_self_equation_3():
     # 3ML_self: 40 % masking, 80-10-10, a 2-layer half-width decoder behind a projection.
-    config = config_lib.pretrain_defaults()
+    config = pretrain_config.pretrain_defaults()
     config.masking.mask_ratio = 0.4
     config.masking.mask_frac = 0.8
     config.masking.random_frac = 0.1
@@ -86,7 +86,7 @@ def test_3ml_self_equation_3():
     config.model.decoder.d_ff = 4 * 384
     config.train.batch_size = 256
     vocab = 32768
-    counts = config_lib.mask_counts(config)
+    counts = pretrain_config.mask_counts(config)
     # n_en = (1 - 0.8 r) n = 348.16 in the paper; our counts are exact ints.
     assert (counts.k, counts.k_mask, counts.n_enc) == (205, 164, 348)
     b, n, n_en, d_en, d_de, nr = 256, 512, 348, 768, 384, 205
@@ -97,7 +97,7 @@ def test_3ml_self_equation_3():
 
 def test_maelm_default_is_cheaper_encoder_plus_decoder():
     # MAE-LM base: the encoder at n_enc = 512 - 77 = 435 plus 4 full-width decoder layers.
-    config = config_lib.pretrain_defaults()
+    config = pretrain_config.pretrain_defaults()
     config.train.batch_size = 1
     vocab = 32768
     expected = 2 * (12 * _paper_blk(435, 768) + 4 * _paper_blk(512, 768)
@@ -118,21 +118,21 @@ def test_maelm_without_decoder_or_removal_is_mlm():
 
 def test_step_flops_maelm_delta_one_reduces_to_mlm():
     # The MAE-LM paper's delta ablation with delta = 1 keeps every [MASK] in the encoder.
-    config = config_lib.pretrain_defaults()
+    config = pretrain_config.pretrain_defaults()
     config.data.seq_len = 128
     config.train.batch_size = 8
     config.masking.delta = 1.0
     config.model.decoder.num_layers = 0
-    assert config_lib.mask_counts(config).n_enc == 128
+    assert pretrain_config.mask_counts(config).n_enc == 128
     mlm = config.copy_and_resolve_references()
     mlm.objective = "mlm"
     assert setup_lib.step_flops(config, 5000) == setup_lib.step_flops(mlm, 5000)
 
 
 def test_step_flops_rejects_unknown_objective():
-    config = config_lib.pretrain_defaults()
+    config = pretrain_config.pretrain_defaults()
     config.objective = "electra"
-    with pytest.raises(config_lib.ConfigError, match="objective"):
+    with pytest.raises(pretrain_config.ConfigError, match="objective"):
         setup_lib.step_flops(config, 1000)
 
 
@@ -152,12 +152,12 @@ def test_mca_and_cross_block_by_hand_and_paper_form():
 def test_3ml_cross_equation_4():
     # 3ML_cross-base shapes: 40 % of 512 = 205 predicted, 164 [MASK]s removed, 41 predicted
     # from the encoder; a 2-layer 384-wide decoder behind a projection.
-    config = config_lib.pretrain_defaults()
+    config = pretrain_config.pretrain_defaults()
     config.masking.mask_ratio, config.masking.mask_frac, config.masking.random_frac = 0.4, 0.8, 0.1
     config.model.decoder.update(kind="cross", num_layers=2, d_model=384, num_heads=6, d_ff=1536)
     config.train.batch_size = 2
     vocab = 50265
-    counts = config_lib.mask_counts(config)
+    counts = pretrain_config.mask_counts(config)
     n_en, n_de, k, d_en, d_de = counts.n_enc, 512 - counts.n_enc, counts.k, 768, 384
     assert (n_en, n_de, k) == (348, 164, 205)
     paper_cblk = (4 * n_en * d_de ** 2 + 28 * n_de * d_de ** 2 + 4 * n_en * n_de * d_de
@@ -187,14 +187,14 @@ TPU_PEAKS = {
 
 @pytest.mark.parametrize("kind", sorted(TPU_PEAKS))
 def test_tpu_peaks_come_from_jax_for_every_kind(kind):
-    from maelm_jax.training import mfu
+    from maelm_jax.pretrain import mfu
 
     assert mfu.peak_tflops(kind, "bfloat16") == TPU_PEAKS[kind]
     assert mfu.peak_tflops(kind, "float32") == TPU_PEAKS[kind]
 
 
 def test_peak_tflops_by_device_kind_dtype_and_override():
-    from maelm_jax.training import mfu
+    from maelm_jax.pretrain import mfu
 
     assert mfu.peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16") == 989.0
     assert mfu.peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.0
@@ -205,7 +205,7 @@ def test_peak_tflops_by_device_kind_dtype_and_override():
 
 
 def test_utilisation_is_model_flops_times_steps_per_second_over_devices():
-    from maelm_jax.training import mfu
+    from maelm_jax.pretrain import mfu
 
     c = tiny_config("maelm")
     c.train.peak_tflops_per_device = 2.0

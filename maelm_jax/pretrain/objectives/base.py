@@ -18,11 +18,11 @@ fill-mask, the benchmarks and the study see only this interface):
   below); the train step accumulates whatever sums it returns and reports each one per
   predicted token (`per_token`), so an extra term needs no change outside the objective;
 * the training FLOPs of one step (`step_flops`, counted as 3ML Appendix D does, with the
-  formulas of maelm_jax/flops.py).
+  formulas of maelm_jax/pretrain/flops.py).
 
 Fill-mask also asks an objective to fit a trained model to a text shorter than the
 pretraining length (`for_length`). Objectives are registered by name in
-maelm_jax/objectives/__init__.py; a new one is a module and a registry line.
+maelm_jax/pretrain/objectives/__init__.py; a new one is a module and a registry line.
 
 Importing an objective imports no Flax: config files and their validation read the
 objectives' fields, so the model code (maelm_jax/models) is imported where a model is
@@ -85,7 +85,7 @@ class Objective(abc.ABC):
                          ) -> list[ml_collections.ConfigDict]:
         """The config sections of this objective's stacks besides the encoder that run the
         encoder's attention kernel (each with d_model, num_heads, attention_dropout): what
-        `model.attention_impl="auto"` weighs beside the encoder (training/setup.py)."""
+        `model.attention_impl="auto"` weighs beside the encoder (pretrain/setup.py)."""
         del config
         return []
 

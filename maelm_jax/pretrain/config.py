@@ -8,7 +8,7 @@ maelm_jax/objectives), merged in here.
 
 Plain data: this module (and so every config file) imports no model code, no Flax and no
 Pallas kernel. What a config implies to build, its model and its FLOPs, is
-maelm_jax/training/setup.py's.
+maelm_jax/pretrain/setup.py's.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax import errors, masking, objectives, schema, sharding
+from maelm_jax import errors, masking, schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import options
+from maelm_jax.pretrain import objectives
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
 # bits on every backend and sharding, and the most work per random bit (it is computed
@@ -161,7 +162,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # in maelm_jax/training/steps.py and docs/performance.md).
     c.train.prng_impl = "threefry2x32"
     # Peak dense TFLOP/s of one device, for the MFU in the train logs; 0 looks the device
-    # kind up in maelm_jax/training/mfu.py (no MFU for a kind it does not list, such as CPUs).
+    # kind up in maelm_jax/pretrain/mfu.py (no MFU for a kind it does not list, such as CPUs).
     c.train.peak_tflops_per_device = 0.0
     c.train.log_every = 100
     c.train.eval_every = 2000

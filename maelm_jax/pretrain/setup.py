@@ -6,7 +6,7 @@ checks is the step the loop runs: the same model, optimiser and schedule, mask c
 state shardings and jitted steps. The model (`model_config`, `model`) and the FLOPs
 (`step_flops`) a config implies are built here too, for everything that needs one
 without a trainer (fill-mask, the analyses, reading a run back, MFU); the config itself
-(maelm_jax/config.py) stays plain data.
+(maelm_jax/pretrain/config.py) stays plain data.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from maelm_jax import config as config_lib
 from maelm_jax import masking, sharding
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers, options
+from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import steps as pretrain_steps
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
@@ -50,7 +51,7 @@ class Trainer:
     # eval_step(params, tokens [b, L] int32, key) -> masked-LM sums, replicated.
     eval_step: Callable
 
-    def init(self) -> steps.TrainState:
+    def init(self) -> pretrain_steps.TrainState:
         """The initial train state, sharded on the mesh."""
         return self.state.init()
 
@@ -78,16 +79,16 @@ def encoder_config(config: ml_collections.ConfigDict,
     m = config.model
     dtype = layers.resolve_dtype(m.dtype)
     try:
-        stacks = [m, *config_lib.objective(config).attention_stacks(config)]
-        length = config_lib.mask_counts(config).n_enc  # the encoder's, in pretraining
-    except config_lib.ConfigError:  # a recorded run's objective this process lacks: the
+        stacks = [m, *pretrain_config.objective(config).attention_stacks(config)]
+        length = pretrain_config.mask_counts(config).n_enc  # the encoder's, in pretraining
+    except pretrain_config.ConfigError:  # a recorded run's objective this process lacks: the
         stacks = [m]  # encoder alone is what is rebuilt from it (fine-tuning, analyses)
         length = config.data.seq_len
     attention_impl = layers.resolve_attention_impl(
         m.attention_impl, dtype,
         attention_dropout=max(s.attention_dropout for s in stacks),
         head_dims=tuple(s.d_model // s.num_heads for s in stacks))
-    pallas = config_lib.kernel_options(config)
+    pallas = pretrain_config.kernel_options(config)
     if attention_impl == "pallas":  # its tiles shrunk to pad the encoder's kept tokens least
         pallas = pallas.fitted(length)
     if attention_impl == "pallas" and jax.default_backend() == "tpu":
@@ -116,7 +117,7 @@ def check_tpu_vmem(pallas: Any, length: int, stacks: list, where: str) -> None:
         for s in stacks:
             pallas.check_tpu_vmem(length, length, s.d_model // s.num_heads, where)
     except options.OptionsError as e:
-        raise config_lib.ConfigError(str(e)) from None
+        raise pretrain_config.ConfigError(str(e)) from None
 
 
 def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
@@ -127,7 +128,7 @@ def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
     if m.dtype == "auto":
         m.dtype = layers.resolve_dtype("auto", backend).name
     if m.attention_impl == "auto":
-        stacks = [m, *config_lib.objective(config).attention_stacks(config)]
+        stacks = [m, *pretrain_config.objective(config).attention_stacks(config)]
         m.attention_impl = layers.resolve_attention_impl(
             "auto", layers.resolve_dtype(m.dtype, backend), backend,
             attention_dropout=max(s.attention_dropout for s in stacks),
@@ -137,21 +138,21 @@ def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
     """The frozen model description the objective's Flax module takes: the objective's
     parts around the shared encoder's (`encoder_config`)."""
-    return config_lib.objective(config).model_config(config,
-                                                     encoder_config(config, vocab_size))
+    return pretrain_config.objective(config).model_config(config,
+                                                          encoder_config(config, vocab_size))
 
 
 def model(config: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
     """The pretraining model (encoder, and the objective's decoder and head) of `config`."""
-    return config_lib.objective(config).model(model_config(config, vocab_size))
+    return pretrain_config.objective(config).model(model_config(config, vocab_size))
 
 
 def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Training FLOPs of one optimiser step (3ML Appendix D's count, maelm_jax/flops.py):
+    """Training FLOPs of one optimiser step (3ML Appendix D's count, maelm_jax/pretrain/flops.py):
     the objective's formula at the exact mask counts the train step uses and the global
     batch train.batch_size (gradient accumulation splits the same batch)."""
-    return config_lib.objective(config).step_flops(config, config_lib.mask_counts(config),
-                                                   vocab_size)
+    return pretrain_config.objective(config).step_flops(
+        config, pretrain_config.mask_counts(config), vocab_size)
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None = None,
@@ -163,18 +164,18 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh.shape,
                                                             dcn_shape=config.mesh.dcn_shape)
     rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
-    counts = config_lib.mask_counts(config)
-    objective = config_lib.objective(config)
+    counts = pretrain_config.mask_counts(config)
+    objective = pretrain_config.objective(config)
     model_cfg = model_config(config, vocab_size)
     model = objective.model(model_cfg)
     tx, schedule = optimizer_lib.make_optimizer(t)
-    state = steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
+    state = pretrain_steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
     train_step = steps.jit_train_step(
-        steps.make_train_step(model, model_cfg, objective, tx, schedule, counts, vocab_size,
-                              t.grad_accum_steps, t.prng_impl),
+        pretrain_steps.make_train_step(model, model_cfg, objective, tx, schedule, counts,
+                                       vocab_size, t.grad_accum_steps, t.prng_impl),
         state, mesh)
     eval_step = steps.jit_eval_step(
-        steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
+        pretrain_steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
         replicated_args=1)
     return Trainer(config, vocab_size, mesh, rules, counts, model, tx, schedule, state,
                    train_step, eval_step)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from maelm_jax import schema
-from maelm_jax.objectives import base, maelm, mlm
-from maelm_jax.objectives.base import Objective, category, masked_lm_sums, per_token
+from maelm_jax.pretrain.objectives import base, maelm, mlm
+from maelm_jax.pretrain.objectives.base import Objective, category, masked_lm_sums, per_token
 
 __all__ = ["Objective", "category", "defaults", "fields", "get", "masked_lm_sums", "names",
            "per_token", "register", "unregister"]

@@ -12,9 +12,10 @@ import dataclasses
 import ml_collections
 from absl import logging
 
-from maelm_jax import flops, masking, schema
+from maelm_jax import masking, schema
 from maelm_jax.models import options
-from maelm_jax.objectives import base
+from maelm_jax.pretrain import flops
+from maelm_jax.pretrain.objectives import base
 
 
 class MaeLm(base.Objective):

@@ -2,7 +2,7 @@
 peak they are (Chowdhery et al., 2022, PaLM, Appendix B).
 
 The FLOPs are the model's, not the hardware's: the 3ML Appendix D count of
-maelm_jax/flops.py rescaled to the usual convention of a backward pass costing twice the
+maelm_jax/pretrain/flops.py rescaled to the usual convention of a backward pass costing twice the
 forward (so forward + backward = 3 x forward, the "6 x parameters x tokens" of dense
 layers), with no credit for rematerialised recomputation. Attention and the decoder are
 counted, biases, LayerNorm and softmax are not (under 1 %).
@@ -24,7 +24,7 @@ import ml_collections
 
 from maelm_jax import topology
 from maelm_jax.models import layers
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import setup as setup_lib
 
 # Substring of jax.Device.device_kind -> (bfloat16, float32) dense peak TFLOP/s per GPU.
 # Checked in order: more specific names first. TPUs come from JAX's own table of chips
@@ -61,7 +61,7 @@ def model_flops(paper_flops: int) -> int:
 
 
 def model_flops_per_step(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Model FLOPs of one optimiser step: the objective's count (training/setup.py
+    """Model FLOPs of one optimiser step: the objective's count (pretrain/setup.py
     step_flops: forward + backward = 2 x forward) rescaled to forward + backward = 3 x
     forward."""
     return model_flops(setup_lib.step_flops(config, vocab_size))
