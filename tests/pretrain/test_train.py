@@ -225,3 +225,17 @@ def test_kill_and_resume_continues_exactly(tmp_path, tiny_tokenizer):
         assert after[step]["loss"] == reference[step]["loss"], step
     assert _read_metrics(tmp_path / "killed", "eval")[steps_total]["loss"] == \
         _read_metrics(full, "eval")[steps_total]["loss"]
+
+
+def test_step_never_applies_a_nonfinite_update():
+    state, train_step = _step_fn(tiny_config("maelm"))
+    host = jax.device_get(state)
+    host = host.replace(params=jax.tree.map(np.array, host.params))
+    host.params["lm_head"]["bias"][0] = np.inf
+    tokens = jnp.full((8, 32), 7, jnp.int32)
+    new, metrics = train_step(host, tokens)
+    assert float(metrics["nonfinite"]) == 1.0 and int(new.step) == 1
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(new.params), host.params)
+
+
+# ---------------------------------------------------------------- checkpoints

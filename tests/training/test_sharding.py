@@ -240,7 +240,7 @@ import jax, numpy as np
 sys.path.insert(0, "tests")
 from maelm_jax import distributed, sharding
 from maelm_jax.data import loader, packing
-from maelm_jax.training import setup as setup_lib
+from maelm_jax.pretrain import setup as setup_lib
 from tiny_config import TINY_VOCAB, tiny_config
 processes, pid, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 if processes > 1:
