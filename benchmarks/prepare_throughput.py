@@ -16,12 +16,17 @@ With --parquet the corpus's documents (as its kind reads them) are also written 
 one file per corpus file (zstd, --row_group rows per row group; not timed), and mode
 "prepare" runs on them too: the same documents, tokenizer and workers, so the ratio of the
 two Beam rates is the cost of reading Parquet instead of text (the token counts must agree).
+
+Each run writes its record (records.py) to --record_dir (default benchmarks/results/; ""
+writes none); the tables of README.md and docs/ are generated from the committed ones
+(`python benchmarks/tables.py`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 import resource
 import subprocess
 import sys
@@ -32,6 +37,8 @@ from absl import app, flags
 
 from maelm_jax import cli
 
+import records
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("corpus", None, "A corpus path (file, directory or glob).")
 flags.DEFINE_string("kind", "wikiextractor", "Its source kind (maelm_jax/data/sources.py).")
@@ -41,6 +48,8 @@ flags.DEFINE_integer("workers", os.cpu_count() or 1, "Beam worker processes.", l
 flags.DEFINE_bool("parquet", False, "Also time mode 'prepare' on the corpus as Parquet.")
 flags.DEFINE_integer("row_group", 8192, "Rows per Parquet row group (--parquet).",
                      lower_bound=1)
+flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record goes "
+                    "(<dir>/prepare_throughput/<date>_<device>_<commit>.json); '' for none.")
 flags.DEFINE_string("child", "", "Internal: 'job' or 'beam', and the output directory.")
 flags.DEFINE_string("tokenizer", "", "Internal: the tokenizer both paths use.")
 flags.mark_flag_as_required("corpus")
@@ -175,6 +184,14 @@ def main(argv) -> None:
             ratio = ((r["tokens"] / r["seconds"])
                      / (results["beam"]["tokens"] / results["beam"]["seconds"]))
             print(f"Parquet / text (Beam tokens/s): {ratio:.3f} ({(ratio - 1) * 100:+.1f} %)")
+            r["bytes"] = parquet_bytes
+        if FLAGS.record_dir:
+            path = records.write("prepare_throughput", {
+                "corpus": {"name": os.path.basename(os.path.normpath(FLAGS.corpus)),
+                           "bytes": corpus_bytes, "files": len(files)},
+                "kind": FLAGS.kind, "seq_len": FLAGS.seq_len, "vocab_size": FLAGS.vocab_size,
+                "workers": FLAGS.workers, "paths": results}, pathlib.Path(FLAGS.record_dir))
+            print(f"record: {path}")
 
 
 if __name__ == "__main__":

@@ -209,19 +209,27 @@ def test_shards_in_a_bucket(prepared, tmp_path, tiny_tokenizer):
     assert (tmp_path / "gcs" / "bucket" / "prepared" / layout.MANIFEST_FILE).is_file()
 
 
-def test_the_throughput_benchmark_runs(prepared):
+def test_the_throughput_benchmark_runs_and_records(prepared, tmp_path):
     root, _, _, _ = prepared
     run = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "prepare_throughput.py"),
          f"--corpus={root / 'text'}", "--kind=text", "--vocab_size=300", "--seq_len=32",
-         "--workers=2"], cwd=REPO_ROOT.parent, env=subprocess_env(), capture_output=True,
-        text=True, timeout=HANG_SECONDS, check=False)
+         "--workers=2", f"--record_dir={tmp_path}"], cwd=REPO_ROOT.parent,
+        env=subprocess_env(), capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     assert any(line.startswith("in-job (1 process)") and "tokens/s per core" in line
                for line in lines), run.stdout
     assert any(line.startswith("Beam (2 workers)") and "peak" in line for line in lines)
     assert any(line.startswith("160 GB of text") for line in lines)
+    # Its record, for the generated tables: the two paths' figures and the machine.
+    [path] = (tmp_path / "prepare_throughput").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["benchmark"] == "prepare_throughput" and record["workers"] == 2
+    assert record["paths"]["job"]["tokens"] == record["paths"]["beam"]["tokens"] > 0
+    assert record["machine"]["cores"] and record["machine"]["matmul_gflops"] > 0
+    assert record["corpus"] == {"name": "text", "bytes": sum(
+        f.stat().st_size for f in (root / "text").iterdir()), "files": 3}
 
 
 def test_a_damaged_file_is_one_line_and_leaves_nothing(prepared, tmp_path):

@@ -1,0 +1,71 @@
+"""Benchmark records: what a benchmark script measured and the machine it ran on, as one
+JSON file per run under benchmarks/results/<benchmark>/ (committed). The tables in
+README.md and docs/ are generated from them (tables.py), so no figure in the prose is
+typed by hand and none goes stale without a test saying so.
+
+A record: {"benchmark", "date", "machine": {device, cores, jax, commit, the jitted
+matmul's speed}, ...the script's own figures}.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import re
+import subprocess
+
+RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+REPO_ROOT = RESULTS_DIR.parents[1]
+
+
+def commit() -> str:
+    """The project's commit: $MAELM_JAX_COMMIT (a copy of the tree without its history, as
+    on a lent machine), else git's HEAD, with "+changes" when the tree differs from it."""
+    if os.environ.get("MAELM_JAX_COMMIT"):
+        return os.environ["MAELM_JAX_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=REPO_ROOT, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, cwd=REPO_ROOT,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def machine() -> dict:
+    """The machine a figure was measured on: its device, cores, jax version, commit and
+    the jitted matmul's speed (harness.machine_speed: fp32 2048^3 on a CPU, bf16 8192^3
+    on an accelerator), which absolute times are read against."""
+    import jax
+
+    import harness
+
+    what, tflops = harness.machine_speed()
+    return {"device": jax.devices()[0].device_kind, "platform": jax.default_backend(),
+            "cores": os.cpu_count(), "jax": jax.__version__, "commit": commit(),
+            "matmul": what, "matmul_gflops": round(tflops * 1e3, 1)}
+
+
+def write(benchmark: str, figures: dict, directory: pathlib.Path = RESULTS_DIR,
+          machine_facts: dict | None = None) -> pathlib.Path:
+    """Writes benchmark's record of `figures` (JSON-able) to
+    directory/<benchmark>/<date>_<device>_<commit>.json; returns the path."""
+    facts = machine_facts if machine_facts is not None else machine()
+    now = datetime.datetime.now(datetime.UTC)
+    record = {"benchmark": benchmark, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "machine": facts, **figures}
+    device = re.sub(r"[^A-Za-z0-9]+", "-", facts["device"]).strip("-").lower()
+    path = directory / benchmark / f"{now:%Y%m%dT%H%M%S}_{device}_{facts['commit'][:8]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def read(benchmark: str, directory: pathlib.Path = RESULTS_DIR) -> list[dict]:
+    """Every record of `benchmark`, oldest first."""
+    found = [json.loads(p.read_text()) for p in sorted((directory / benchmark).glob("*.json"))]
+    return sorted(found, key=lambda r: r["date"])
