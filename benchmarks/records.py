@@ -56,10 +56,13 @@ def write(benchmark: str, figures: dict, directory: pathlib.Path = RESULTS_DIR,
     directory/<benchmark>/<date>_<device>_<commit>.json; returns the path."""
     facts = machine_facts if machine_facts is not None else machine()
     now = datetime.datetime.now(datetime.UTC)
-    record = {"benchmark": benchmark, "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    record = {"benchmark": benchmark, "date": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
               "machine": facts, **figures}
     device = re.sub(r"[^A-Za-z0-9]+", "-", facts["device"]).strip("-").lower()
-    path = directory / benchmark / f"{now:%Y%m%dT%H%M%S}_{device}_{facts['commit'][:8]}.json"
+    stem = directory / benchmark / f"{now:%Y%m%dT%H%M%S}_{device}_{facts['commit'][:8]}"
+    path, n = stem.with_suffix(".json"), 1
+    while path.exists():  # two runs within a second: both kept
+        path, n = stem.with_name(f"{stem.name}-{n}.json"), n + 1
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path

@@ -49,12 +49,16 @@ def test_a_table_is_rendered_from_its_records_with_their_machines(tmp_path):
     assert cells[2] == "wiki_large: 103 MB, 25.0M tokens of 128"
     assert cells[3] == "10.0, 2.50M, 0.80 GB"  # 25M tokens in 10 s
     assert cells[4] == "2, 20.0, 1.25M (0.62M), 2.00 GB"
-    assert cells[5] == "not timed" and cells[6] == "01234567"
+    assert cells[5] == "not timed" and cells[7] == "01234567"
+    # 160e9 bytes x 25M / 103M tokens per byte = 38.8B tokens: / 2.5M/s; / 0.625M per core.
+    assert cells[6] == "4.3 h, 17 core-hours"
     _prepare_record(tmp_path, parquet_seconds=16.0)  # a second record: a second row
     rows = [line for line in tables.regenerate(text, tmp_path).splitlines()
             if line.startswith("| 20")]
     assert len(rows) == 2 and rows[1].split("|")[6].strip() == "16.0, 1.56M, 1.25x"
     assert tables.regenerate(out, tmp_path) != out  # the new record makes the old one stale
+    empty = text.replace("old rows\n", "")  # a block just written, with nothing inside yet
+    assert tables.regenerate(empty, tmp_path) == tables.regenerate(text, tmp_path)
 
 
 def test_a_block_naming_no_table_or_no_record_is_refused(tmp_path):
