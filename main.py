@@ -4,7 +4,7 @@ Pretraining configs (configs/pretrain/) run maelm_jax.pretrain.train; fine-tunin
 (configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train, or with
 `sweep = True` maelm_jax.finetune.sweep; the effective-rank analysis
 (configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
-(configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask; the laptop-scale
+(configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask.run; the laptop-scale
 study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run, and the merge of
 a study's parts run apart (configs/study/merge.py, `mode = "study_merge"`)
 maelm_jax.study.merge, and the pooling of a study's calls (configs/study/pool.py, `mode =
@@ -24,9 +24,10 @@ import sys
 from absl import app, flags
 from absl import logging as absl_logging
 
-from maelm_jax import cli, compile_cache, distributed, errors, fill_mask, host_memory
+from maelm_jax import cli, compile_cache, distributed, errors, host_memory
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.export import run as export_run
+from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.pretrain import config as pretrain_config
@@ -125,7 +126,7 @@ def _run_mode(mode: str) -> None:
     elif mode == "rank":
         analysis_run.analyse(FLAGS.config, FLAGS.workdir)
     elif mode == "fill_mask":
-        fill_mask.run(FLAGS.config, FLAGS.workdir)
+        fill_mask_run.run(FLAGS.config, FLAGS.workdir)
     elif mode == "study":
         study_run.run(FLAGS.config, FLAGS.workdir)
     elif mode == "study_merge":
@@ -142,7 +143,7 @@ def _run_mode(mode: str) -> None:
     else:
         pretrain_train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
         if FLAGS.config.train.fill_mask_examples and distributed.is_leader():
-            fill_mask.after_pretraining(FLAGS.workdir)  # what the finished run learned
+            fill_mask_run.after_pretraining(FLAGS.workdir)  # what the finished run learned
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@
 predictions are shown per mask (default 5).
 """
 
-from maelm_jax import fill_mask, variants
+from maelm_jax import variants
+from maelm_jax.fill_mask import config as fill_mask_config
 
 
 def get_config(arg: str | None = None):
     variants.require_none(arg)
-    return fill_mask.fill_mask_defaults()
+    return fill_mask_config.fill_mask_defaults()

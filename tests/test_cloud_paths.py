@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from configs.finetune import glue as glue_config
-from maelm_jax import fill_mask, layout, paths, runs
+from maelm_jax import layout, paths, runs
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.fill_mask import config as fill_mask_config
+from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import train
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
@@ -105,12 +107,12 @@ def test_pretraining_and_its_resumption_write_only_into_the_bucket(bucket, pretr
 
 
 def test_fill_mask_reads_the_bucket(bucket, pretrained):
-    c = fill_mask.fill_mask_defaults()
+    c = fill_mask_config.fill_mask_defaults()
     c.text = "the <mask> module"
-    (filled,) = fill_mask.run(c, "gs://bucket/run")
+    (filled,) = fill_mask_run.run(c, "gs://bucket/run")
     assert filled.top_ids.shape == (1, c.top_k)
     tok = tokenizer_lib.load_tokenizer("gs://bucket/run/tokenizer.model")
-    fill_mask.write_examples(paths.Path("gs://bucket/run"), [filled], tok, 14)
+    fill_mask_run.write_examples(paths.Path("gs://bucket/run"), [filled], tok, 14)
     assert "<mask>" in (pretrained.run / "fill_mask.md").read_text()
     assert list(bucket.cwd.iterdir()) == []
 

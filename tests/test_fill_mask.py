@@ -8,7 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from maelm_jax import fill_mask, layout, masking, tokenizer
+from maelm_jax import layout, masking, tokenizer
+from maelm_jax.fill_mask import config as fill_mask_config
+from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import steps as pretrain_steps
@@ -28,7 +30,7 @@ def maelm_run(tmp_path_factory, tiny_tokenizer):
     c.train.fill_mask_examples = 2
     workdir = tmp_path_factory.mktemp("fill_mask") / "maelm"
     pretrain_train.train_and_evaluate(c, str(workdir))
-    fill_mask.after_pretraining(str(workdir))  # what main.py does when a run has finished
+    fill_mask_run.after_pretraining(str(workdir))  # what main.py does when a run has finished
     return workdir
 
 
@@ -41,9 +43,9 @@ def test_a_run_ends_with_examples_from_held_out_blocks(maelm_run):
 
 
 def test_the_command_prints_the_top_predictions_of_each_mask(maelm_run, capsys):
-    c = fill_mask.fill_mask_defaults()
+    c = fill_mask_config.fill_mask_defaults()
     c.text = TEXT + "|The <mask> module."
-    first, second = fill_mask.run(c, str(maelm_run))
+    first, second = fill_mask_run.run(c, str(maelm_run))
     assert first.top_ids.shape == (2, 5) and second.top_ids.shape == (1, 5)
     for filled in (first, second):
         assert np.all(filled.top_probs > 0) and np.all(filled.top_probs <= 1)
@@ -54,7 +56,7 @@ def test_the_command_prints_the_top_predictions_of_each_mask(maelm_run, capsys):
     assert out.count("input: ") == 2 and "return a <mask> of the items in the <mask>." in out
     # The space before a mask is not a piece of its own: the mask is a word-initial piece.
     pieces = [first.ids[m - 1] for m in first.masked]
-    assert all(fill_mask.FillMasker.from_workdir(str(maelm_run)).tok.id_to_piece(int(p)) != "▁"
+    assert all(fill_mask_run.FillMasker.from_workdir(str(maelm_run)).tok.id_to_piece(int(p)) != "▁"
                for p in pieces)
 
 
@@ -64,7 +66,7 @@ def test_maelm_never_reads_the_masked_inputs_and_mlm_does(objective, tiny_tokeni
     model = setup_lib.model(c, tiny_tokenizer.vocab_size)
     batch = pretrain_steps._dummy_batch(pretrain_config.mask_counts(c))
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch))["params"]
-    masker = fill_mask.FillMasker(c, tiny_tokenizer, jax.device_get(params))
+    masker = fill_mask_run.FillMasker(c, tiny_tokenizer, jax.device_get(params))
     ids, masked = masker.encode_text(TEXT)
     other = ids.copy()
     other[masked] = 100  # what sits at the masked positions
@@ -77,7 +79,7 @@ def test_maelm_never_reads_the_masked_inputs_and_mlm_does(objective, tiny_tokeni
 
 
 def test_full_length_predictions_match_the_pretraining_model(maelm_run):
-    masker = fill_mask.FillMasker.from_workdir(str(maelm_run))
+    masker = fill_mask_run.FillMasker.from_workdir(str(maelm_run))
     L = masker.seq_len
     ids = np.arange(10, 10 + L, dtype=np.int32)
     masked = np.array([3, 7, L - 1])
@@ -97,14 +99,14 @@ def test_full_length_predictions_match_the_pretraining_model(maelm_run):
 
 @pytest.mark.slow
 def test_mistakes_are_one_line_errors(maelm_run, tmp_path):
-    masker = fill_mask.FillMasker.from_workdir(str(maelm_run))
-    with pytest.raises(fill_mask.FillMaskError, match="^config.text: .* has no <mask>"):
+    masker = fill_mask_run.FillMasker.from_workdir(str(maelm_run))
+    with pytest.raises(fill_mask_config.FillMaskError, match="^config.text: .* has no <mask>"):
         masker.encode_text("No mark here.")
-    with pytest.raises(fill_mask.FillMaskError, match="^config.text: .* pieces with <s>"):
+    with pytest.raises(fill_mask_config.FillMaskError, match="^config.text: .* pieces with <s>"):
         masker.encode_text("<mask> " + "word " * 200)
-    c = fill_mask.fill_mask_defaults()
-    with pytest.raises(fill_mask.FillMaskError, match="^config.text: "):
-        fill_mask.run(c, str(maelm_run))  # no text
+    c = fill_mask_config.fill_mask_defaults()
+    with pytest.raises(fill_mask_config.FillMaskError, match="^config.text: "):
+        fill_mask_run.run(c, str(maelm_run))  # no text
     bad = subprocess.run([sys.executable, "main.py", "--config=configs/fill_mask.py",
                           f"--workdir={tmp_path / 'missing'}", f"--config.text={TEXT}"],
                          cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True)

@@ -10,13 +10,12 @@ aggregates the seeds by its paper's rule.
 
 from __future__ import annotations
 
-import jax
 import ml_collections
 
 from maelm_jax import paths, schema, sharding
-from maelm_jax.finetune import heads, tasks
+from maelm_jax.finetune import tasks
 from maelm_jax.finetune.tasks.base import FinetuneConfigError, require
-from maelm_jax.models import flash_attention, layers
+from maelm_jax.models import options
 
 DATA_SOURCES = ("files", "tfds")
 SELECT = ("best", "final")
@@ -96,7 +95,7 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # attention dropout, cuDNN's fused attention when there is none; our einsums elsewhere.
     c.model.attention_impl = "auto"
     # The Pallas kernel's tiles and variants, as in pretraining (models/flash_attention.py).
-    c.model.pallas = ml_collections.ConfigDict(flash_attention.KernelOptions().fields())
+    c.model.pallas = ml_collections.ConfigDict(options.KernelOptions().fields())
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "files"  # "files" (GLUE TSVs / SQuAD JSON) or "tfds" (ArrayRecord)
@@ -212,8 +211,8 @@ COMMON_FIELDS: dict[str, schema.Field] = {
     **schema.encoder_fields("model"),
     "model.max_positions": schema.integer(1),
     "model.classifier_dropout": schema.rate(),
-    "model.pooling": schema.choice(*heads.POOLINGS),
-    "model.attention_impl": schema.choice(*layers.ATTENTION_IMPLS),
+    "model.pooling": schema.choice(*options.POOLINGS),
+    "model.attention_impl": schema.choice(*options.ATTENTION_IMPLS),
     **schema.pallas_fields("model.pallas"),
     "data.source": schema.choice(*DATA_SOURCES),
     "data.data_dir": schema.path("the GLUE data directory"),
@@ -312,34 +311,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
         require(len(set(seeds)) == len(seeds), "grid.seeds", "distinct seeds", seeds)
 
 
-def kernel_options(config: ml_collections.ConfigDict) -> flash_attention.KernelOptions:
+def kernel_options(config: ml_collections.ConfigDict) -> options.KernelOptions:
     """config.model.pallas as the kernel's options (one line naming a bad field)."""
     try:
-        return flash_attention.KernelOptions.from_fields(config.model.pallas.to_dict(),
-                                                         "config.model.pallas")
-    except flash_attention.OptionsError as e:
+        return options.KernelOptions.from_fields(config.model.pallas.to_dict(),
+                                                 "config.model.pallas")
+    except options.OptionsError as e:
         raise FinetuneConfigError(str(e)) from None
-
-
-def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: int) -> str:
-    """config.model.attention_impl resolved for this backend and the run's dtype, checked
-    against the encoder's heads (the Pallas kernel's tiles need a power-of-two head size of
-    at least 16, and a GPU or, interpreted, a CPU)."""
-    m = config.model
-    head_dim = d_model // num_heads
-    impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype),
-                                         attention_dropout=m.attention_dropout,
-                                         head_dims=(head_dim,))
-    if impl == "pallas" and not schema.pallas_heads(head_dim):
-        raise FinetuneConfigError(
-            f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
-            f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "
-            f"size >= 16), got 'pallas'")
-    if impl == "pallas" and jax.default_backend() == "tpu":
-        try:
-            length = config.data.max_seq_len or 512  # 0: at most 512 (the positions')
-            kernel_options(config).check_tpu_vmem(length, length, head_dim,
-                                                  "config.model.pallas")
-        except flash_attention.OptionsError as e:
-            raise FinetuneConfigError(str(e)) from None
-    return impl

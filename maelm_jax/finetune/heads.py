@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers
+from maelm_jax.models import layers, options
 from maelm_jax.models.dropout import Dropout
 
 # Padded positions' span logits; finite so start + end logits cannot overflow.
@@ -58,7 +58,7 @@ class ClassificationHead(nn.Module):
         return x.astype(jnp.float32)
 
 
-POOLINGS = ("first", "mean")  # config.model.pooling
+POOLINGS = options.POOLINGS  # config.model.pooling
 
 
 def pool(hidden: jax.Array, key_mask: jax.Array, pooling: str) -> jax.Array:

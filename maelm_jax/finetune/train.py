@@ -47,12 +47,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths, runs, sharding
+from maelm_jax import distributed, layout, paths, runs, schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import layers, options
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
@@ -109,6 +110,30 @@ def _check_workdir(workdir: paths.Path, init_from: str) -> None:
             f"another directory")
 
 
+def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: int) -> str:
+    """config.model.attention_impl resolved for this backend and the run's dtype, checked
+    against the encoder's heads (the Pallas kernel's tiles need a power-of-two head size of
+    at least 16, and a GPU or, interpreted, a CPU)."""
+    m = config.model
+    head_dim = d_model // num_heads
+    impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype),
+                                         attention_dropout=m.attention_dropout,
+                                         head_dims=(head_dim,))
+    if impl == "pallas" and not schema.pallas_heads(head_dim):
+        raise finetune_config.FinetuneConfigError(
+            f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
+            f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "
+            f"size >= 16), got 'pallas'")
+    if impl == "pallas" and jax.default_backend() == "tpu":
+        try:
+            length = config.data.max_seq_len or 512  # 0: at most 512 (the positions')
+            finetune_config.kernel_options(config).check_tpu_vmem(length, length, head_dim,
+                                                  "config.model.pallas")
+        except options.OptionsError as e:
+            raise finetune_config.FinetuneConfigError(str(e)) from None
+    return impl
+
+
 def encoder_and_tokenizer(config: ml_collections.ConfigDict):
     """(EncoderConfig, encoder params (numpy) or None, tokenizer, description)."""
     m = config.model
@@ -117,7 +142,7 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
         p = runs.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
                                  config.tokenizer_path, weights=pretrained)
         # The kernel changes no parameter: chosen once the architecture is known.
-        impl = finetune_config.attention_impl(config, p.encoder_cfg.stack.num_heads,
+        impl = attention_impl(config, p.encoder_cfg.stack.num_heads,
                                               p.encoder_cfg.stack.d_model)
         cfg = dataclasses.replace(p.encoder_cfg, stack=dataclasses.replace(
             p.encoder_cfg.stack, attention_impl=impl,
@@ -142,7 +167,7 @@ def scratch_encoder(config: ml_collections.ConfigDict,
     return encoder_lib.from_architecture(
         arch, where="config.model", dtype=m.dtype, dropout=m.dropout,
         attention_dropout=m.attention_dropout,
-        attention_impl=finetune_config.attention_impl(config, m.num_heads, m.d_model),
+        attention_impl=attention_impl(config, m.num_heads, m.d_model),
         pallas=finetune_config.kernel_options(config))
 
 

@@ -33,6 +33,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # compiles both alike). The attention diagnostics, which read the probabilities, always
 # take the einsum path.
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
+# How a fine-tuning head reads the encoder (finetune/heads.py): its first token's state or
+# the mean over real tokens.
+POOLINGS = ("first", "mean")
 
 # What a layer keeps for the backward pass, the rest being recomputed (stack.py maps each
 # name to its jax.checkpoint policy). "none": no rematerialisation, everything is kept.

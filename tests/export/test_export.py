@@ -19,11 +19,12 @@ import pytest
 from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
 from configs.pretrain import quickstart as quickstart_config
-from maelm_jax import fill_mask, masking, run_configs, runs
+from maelm_jax import masking, run_configs, runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.export import config as export_config
 from maelm_jax.export import run as export_run
 from maelm_jax.export import weights
+from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import heads
 from maelm_jax.finetune import train as finetune_train
@@ -407,7 +408,7 @@ def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path):
         if name in ("rte", "stsb", "squad"):
             _check_head(name, run_dir, pretrained, tokens, key_mask, hf)
         else:
-            masker = fill_mask.FillMasker.from_workdir(str(run_dir))
+            masker = fill_mask_run.FillMasker.from_workdir(str(run_dir))
             for i, text in enumerate(MASKED):
                 ids_, masked = masker.encode_text(text)
                 _assert_same_top5(hf[f"{name}/fill/{i}"],

@@ -208,7 +208,7 @@ def _metrics(workdir, split):
 
 def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
         toy, tmp_path, tiny_tokenizer, monkeypatch):
-    from maelm_jax import fill_mask
+    from maelm_jax.fill_mask import run as fill_mask_run
     from maelm_jax.training import engine, preemption
 
     c = _toy_config(tmp_path, tiny_tokenizer)
@@ -244,7 +244,7 @@ def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
     ckpt = checkpoint_lib.Checkpointer(whole / "checkpoints", 3)
     assert ckpt.latest_step() == 8
     ckpt.close()
-    masker = fill_mask.FillMasker.from_workdir(str(whole))
+    masker = fill_mask_run.FillMasker.from_workdir(str(whole))
     assert set(masker.params) == {"encoder", "head"}
     ids, masked = masker.encode_text("the <mask> of rivers")
     filled = masker.predict(ids, masked, top_k=3)

@@ -24,16 +24,19 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import flax.linen as nn
-import jax
 import ml_collections
 import numpy as np
 
 from maelm_jax import errors, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.models import encoder as encoder_lib
+
+if TYPE_CHECKING:  # a kind's config side is read by config files: plain data, no Flax
+    import flax.linen as nn
+    import jax
+
+    from maelm_jax.models import encoder as encoder_lib
 
 # (rows [B], outputs {name: [B, ...]}) per eval batch; rows of -1 are filler.
 BatchOutputs = list[tuple[np.ndarray, dict]]

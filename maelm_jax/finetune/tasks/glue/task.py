@@ -7,7 +7,8 @@ metrics are GLUE's (metrics.py); it writes the GLUE server's submission files.
 
 from __future__ import annotations
 
-import flax.linen as nn
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -16,10 +17,14 @@ from absl import logging
 
 from maelm_jax import layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import data, heads
+from maelm_jax.finetune import data
 from maelm_jax.finetune.tasks import base
 from maelm_jax.finetune.tasks.glue import examples, metrics, outputs
-from maelm_jax.models import encoder as encoder_lib
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+
+    from maelm_jax.models import encoder as encoder_lib
 
 # Table 5 of the MAE-LM paper, GLUE. "base" covers base and base++; "large" is large++.
 GLUE_SMALL_GRID = {
@@ -153,11 +158,15 @@ class GlueTask(base.Task):
                           {"labels": examples.labels}, examples.index)
 
     def model(self, encoder_cfg: encoder_lib.EncoderConfig) -> nn.Module:
+        from maelm_jax.finetune import heads  # Flax: the kind's config side stays plain data
+
         return heads.SequenceClassifier(encoder_cfg, self.task.num_outputs,
                                         self.config.model.classifier_dropout,
                                         self.config.model.pooling)
 
     def loss_sums(self, outputs: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
+        from maelm_jax.finetune import heads
+
         if self.task.is_regression:
             return heads.regression_loss_sums(outputs, batch["labels"], batch["weights"])
         return heads.classification_loss_sums(outputs, batch["labels"], batch["weights"])

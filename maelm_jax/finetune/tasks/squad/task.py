@@ -8,8 +8,8 @@ official script's (metrics.py), its outputs predictions.json and friends.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -17,10 +17,13 @@ from absl import logging
 
 from maelm_jax import layout, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.finetune import heads
 from maelm_jax.finetune.tasks import base
 from maelm_jax.finetune.tasks.squad import examples, metrics, outputs
-from maelm_jax.models import encoder as encoder_lib
+
+if TYPE_CHECKING:
+    import flax.linen as nn
+
+    from maelm_jax.models import encoder as encoder_lib
 
 VERSIONS = ("2.0", "1.1")
 # Table 6 of the MAE-LM paper, SQuAD 2.0.
@@ -133,9 +136,13 @@ class SquadTask(base.Task):
                      len(self.dev_features))
 
     def model(self, encoder_cfg: encoder_lib.EncoderConfig) -> nn.Module:
+        from maelm_jax.finetune import heads  # Flax: the kind's config side stays plain data
+
         return heads.SpanExtractor(encoder_cfg, self.config.squad.exclude_question)
 
     def loss_sums(self, outputs, batch: dict) -> tuple[jax.Array, jax.Array]:
+        from maelm_jax.finetune import heads
+
         start, end = outputs
         return heads.span_loss_sums(start, end, batch["start_positions"],
                                     batch["end_positions"], batch["weights"])

@@ -24,8 +24,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors, layout, masking, paths, run_configs, runs, schema
+from maelm_jax import layout, masking, paths, run_configs, runs, schema
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.fill_mask import config as fill_mask_config
+from maelm_jax.fill_mask.config import FillMaskError
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 
@@ -36,33 +38,6 @@ EXAMPLE_MASK_RATIO = 0.15
 # The held-out blocks the closing examples are spread over (the first of the validation
 # split; reading the whole split would only cost memory).
 _EXAMPLE_POOL = 4096
-
-
-class FillMaskError(errors.UserError):
-    """A fill-mask input mistake; the message names the field or file."""
-
-
-def fill_mask_defaults() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.mode = "fill_mask"  # main.py dispatches on it
-    # The texts, each with one or more <mask> marks: a string (several separated by "|")
-    # or a list of strings.
-    c.text = ""
-    c.top_k = 5  # predictions shown per <mask>
-    return c
-
-
-FIELDS: dict[str, schema.Field] = {
-    "mode": schema.choice("fill_mask"),
-    "text": schema.Field((str, list, tuple), "a text with <mask>, '|'-separated texts or a "
-                         "list", lambda v: bool(_texts(v))),
-    "top_k": schema.integer(1),
-}
-
-
-def _texts(value: Any) -> list[str]:
-    parts = value.split("|") if isinstance(value, str) else [str(v) for v in value]
-    return [p.strip() for p in parts if p.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,10 +213,11 @@ def after_pretraining(workdir: str) -> str | None:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> list[Filled]:
     """The fill-mask command: prints each text's predictions."""
-    schema.check(config, FIELDS, fill_mask_defaults(), FillMaskError)
+    schema.check(config, fill_mask_config.FIELDS, fill_mask_config.fill_mask_defaults(),
+                 fill_mask_config.FillMaskError)
     masker = FillMasker.from_workdir(str(paths.resolve(workdir, "--workdir")))
     results = []
-    for text in _texts(config.text):
+    for text in fill_mask_config.texts(config.text):
         ids, masked = masker.encode_text(text)
         filled = masker.predict(ids, masked, config.top_k)
         print(format_filled(filled, masker.tok), flush=True)
