@@ -6,8 +6,10 @@ r"""Everything the GPU path is judged by, measured in one call and written to on
 
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (and each part's record and log under
 DIR/parts/ and DIR/logs/), rewritten after every part, so a call cut short still returns
-what it measured. Each part runs in a process of its own, in this order, while
---budget_seconds (default 510: a 9-minute command with room to copy the results) lasts:
+what it measured; at the end, its record with the machine (records.py) to --record_dir,
+from which benchmarks/tables.py renders the suite's tables into the docs. Each part runs
+in a process of its own, in this order, while --budget_seconds (default 510: a 9-minute
+command with room to copy the results) lasts:
 
 1. attention (benchmarks/attention.py): the Pallas kernel against the einsum reference at
    the compute dtype (outputs; gradients of q, k, v and the bias; the dropout's kept
@@ -65,6 +67,7 @@ from absl import app, flags  # noqa: E402
 from maelm_jax import cli  # noqa: E402
 
 import harness  # noqa: E402
+import records  # noqa: E402
 
 PARTS = ("attention", "throughput", "profile", "quickstart", "compile")
 # The suite's name: its files (NAME.json, NAME.md) and its table's title
@@ -83,6 +86,9 @@ TARGETS = {"peer": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5}
 FLAGS = flags.FLAGS
 harness.define_config("peer.py:base,layers=2")
 flags.DEFINE_string("out", "", "Directory for the suite's NAME.json and NAME.md, parts/, logs/.")
+flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where the finished suite's record "
+                    "goes (<dir>/NAME/<date>_<device>_<commit>.json, records.py; commit it, and "
+                    "benchmarks/tables.py renders it into the docs); '' for none.")
 flags.DEFINE_list("parts", list(PARTS), f"Parts to run, from {', '.join(PARTS)}.")
 flags.DEFINE_enum("sweep", "quick", ["none", "quick", "full"], "Pallas variants of part 1.")
 flags.DEFINE_enum("kernel", "auto", ["auto", "tpu"], "Part 1's Pallas kernels: the platform's "
@@ -558,6 +564,8 @@ def main(argv) -> None:
         _write(out / f"{SUITE['name']}.json", results)
         (out / f"{SUITE['name']}.md").write_text(markdown(results))
     print((out / f"{SUITE['name']}.md").read_text())
+    if FLAGS.record_dir:
+        print(f"record: {records.write(SUITE['name'], results, pathlib.Path(FLAGS.record_dir))}")
 
 
 if __name__ == "__main__":

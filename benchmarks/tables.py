@@ -79,9 +79,23 @@ def prepare_throughput(found: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def suite(found: list[dict]) -> str:
+    """benchmarks/gpu_suite.py and tpu_suite.py: the newest run's tables, as the suite
+    writes them (NAME.md), under the machine and commit it ran on."""
+    import gpu_suite  # JAX and the suite's flags: only when a suite's table is rendered
+
+    r = found[-1]
+    gpu_suite.SUITE.update(name=r["benchmark"], title=r["benchmark"].replace("_", " "))
+    body = gpu_suite.markdown(r).split("\n", 1)[1].lstrip("\n")  # less the suite's title
+    return (f"Measured {r['date'][:10]} on {_machine(r)} at commit "
+            f"{r['machine']['commit'][:8]} ({len(found)} run(s) recorded).\n\n{body}")
+
+
 # Table name (the benchmark whose records it shows) -> its rendering of those records.
 TABLES: dict[str, Callable[[list[dict]], str]] = {
     "prepare_throughput": prepare_throughput,
+    "gpu_suite": suite,
+    "tpu_suite": suite,
 }
 
 

@@ -130,6 +130,7 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
     env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), f"--out={out}",
+         f"--record_dir={tmp_path / 'records'}",
          "--parts=attention,throughput,profile,compile", "--sweep=none", "--peer=none",
          "--impls=einsum,pallas", "--objectives=maelm", "--steps=1", "--repeats=1",
          "--attention_repeats=1", "--profile_steps=1",
@@ -162,10 +163,22 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
     for heading in ("## Attention", "## Train step", "## Profile", "## Compile",
                     "| maelm / pallas |", "**maelm/einsum:model.rel_pos_buckets=0**"):
         assert heading in table
+    # Its record, with the machine, renders as the docs' table of the suite.
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import tables
+    finally:
+        sys.path.pop(0)
+    [saved] = (tmp_path / "records" / "gpu_suite").glob("*.json")
+    assert json.loads(saved.read_text())["machine"]["platform"] == "cpu"
+    rendered = tables.render("gpu_suite", tmp_path / "records")
+    assert rendered.startswith("Measured ") and "(1 run(s) recorded)" in rendered
+    assert "## Train step" in rendered and "| maelm / pallas |" in rendered
 
     skipped = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), f"--out={out}",
-         "--parts=quickstart", "--budget_seconds=10", *tiny], cwd=REPO.parent, env=env,
+         "--record_dir=", "--parts=quickstart", "--budget_seconds=10", *tiny],
+        cwd=REPO.parent, env=env,
         capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
     assert skipped.returncode == 0, skipped.stderr[-3000:]
     record = json.loads((out / "gpu_suite.json").read_text())
@@ -180,8 +193,8 @@ def test_tpu_suite_runs_tiny_with_the_tpu_kernels(tmp_path):
     env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "tpu_suite.py"), f"--out={out}",
-         "--parts=attention,throughput", "--sweep=none", "--objectives=mlm", "--steps=1",
-         "--repeats=1", "--attention_repeats=1", *TINY],
+         f"--record_dir={tmp_path / 'records'}", "--parts=attention,throughput", "--sweep=none",
+         "--objectives=mlm", "--steps=1", "--repeats=1", "--attention_repeats=1", *TINY],
         cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
         check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -193,6 +206,7 @@ def test_tpu_suite_runs_tiny_with_the_tpu_kernels(tmp_path):
     assert set(sides) == {"mlm / einsum", "mlm / pallas"} and record["parts"]["throughput"][
         "peer"] is None
     assert (out / "tpu_suite.md").read_text().startswith("# TPU suite")
+    assert len(list((tmp_path / "records" / "tpu_suite").glob("*.json"))) == 1
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import attention as attention_bench
