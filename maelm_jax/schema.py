@@ -8,12 +8,13 @@ have (a mistyped ``--config.masking.mask_ration``), and suggests the nearest nam
 `resolve_paths` makes every `path` field absolute against the current directory, once,
 before anything reads it (orbax, for one, needs absolute paths).
 
-Fields shared by several config kinds (the encoder, the optimiser, the mesh) are declared
-here once; each kind adds its own (``FIELDS`` in maelm_jax/pretrain/config.py and
-maelm_jax/finetune/config.py; a later kind, e.g. an analysis config, builds its table from
-the same helpers and calls `check` with its own defaults and error class). Cross-field
-rules stay in the kind's ``validate``, bar a transformer stack's (``d_model`` a multiple
-of ``num_heads``, ...), which the encoder and the MAE-LM decoder share: `stack_rules`.
+The sections several config kinds share (the encoder, the optimiser, the mesh) are
+declared once, defaults beside these fields, in maelm_jax/config_sections.py; each kind adds
+its own (``FIELDS`` in maelm_jax/pretrain/config.py and maelm_jax/finetune/config.py; a
+later kind, e.g. an analysis config, builds its table from the same helpers and calls
+`check` with its own defaults and error class). Cross-field rules stay in the kind's
+``validate``, bar a transformer stack's (``d_model`` a multiple of ``num_heads``, ...),
+which the encoder and the MAE-LM decoder share: `stack_rules`.
 """
 
 from __future__ import annotations
@@ -160,63 +161,6 @@ def stack_rules(stack: Any, prefix: str, attention_impl: str,
             f"{prefix}.rel_pos_max_distance",
             f"an int > rel_pos_buckets / 4 = {stack.rel_pos_buckets // 4}",
             stack.rel_pos_max_distance)
-
-
-def encoder_fields(prefix: str = "model") -> dict[str, Field]:
-    """The encoder fields pretraining and fine-tuning share."""
-    return {
-        **stack_fields(prefix),
-        f"{prefix}.dropout": rate(),
-        f"{prefix}.attention_dropout": rate(),
-        f"{prefix}.pre_ln": boolean(),
-        f"{prefix}.rel_pos_buckets": integer(0),  # evenness: the kind's validate
-        f"{prefix}.rel_pos_max_distance": integer(1),
-        f"{prefix}.rel_pos_bucket_fn": choice("t5", "maelm"),  # relative_position.BUCKET_FNS
-        f"{prefix}.dtype": choice("auto", "float32", "bfloat16", "float16"),  # layers.DTYPES
-    }
-
-
-def pallas_fields(prefix: str = "model.pallas") -> dict[str, Field]:
-    """The Pallas attention kernel's options (models/flash_attention.py KernelOptions, whose
-    from_fields checks the tiles' own rules)."""
-    tile = text("a tile 'block_qxblock_k:warps:stages' such as '64x64:4:2'")
-    return {
-        **{f"{prefix}.{kernel}": tile for kernel in ("forward", "dkv", "dq")},
-        f"{prefix}.bias_grad": choice("batch", "rows"),  # flash_attention.BIAS_GRADS
-        f"{prefix}.bias_grad_groups": integer(1),
-        f"{prefix}.hash_elements": choice(1, 2, 4),  # flash_attention.HASH_ELEMENTS
-        **{f"{prefix}.tpu_{kernel}": text("a TPU tile 'block_qxblock_k' in multiples of 128 "
-                                          "such as '128x128'")
-           for kernel in ("forward", "dkv", "dq")},
-        f"{prefix}.tpu_vmem_limit_mb": integer(1),
-    }
-
-
-def optimizer_fields(prefix: str = "train") -> dict[str, Field]:
-    """AdamW, its learning rate and clipping (maelm_jax/training/optimizer.py)."""
-    return {
-        f"{prefix}.learning_rate": number(0.0, low_open=True),
-        f"{prefix}.weight_decay": number(0.0),
-        f"{prefix}.weight_decay_on": choice("weights", "all"),
-        f"{prefix}.adam_b1": number(0.0, 1.0, high_open=True),
-        f"{prefix}.adam_b2": number(0.0, 1.0, high_open=True),
-        f"{prefix}.adam_eps": number(0.0, low_open=True),
-        f"{prefix}.clip_norm": number(0.0),  # 0 disables clipping
-    }
-
-
-def mesh_fields() -> dict[str, Field]:
-    return {
-        "mesh.shape": sequence_of(
-            Field((int,), "an int", lambda v: v == -1 or v >= 1), min_len=1,
-            words="a tuple of mesh axis sizes (ints >= 1, or -1 for the devices left over)"),
-        "mesh.dcn_shape": sequence_of(
-            Field((int,), "an int", lambda v: v == -1 or v >= 1), min_len=1,
-            words="a tuple of sizes across slices (ints >= 1, or -1 for the slices left over)"),
-        "sharding_rules": sequence_of(
-            Field((tuple, list), "pair", lambda v: len(v) == 2 and isinstance(v[0], str)),
-            words="a tuple of (logical axis, mesh axes) pairs"),
-    }
 
 
 # ------------------------------------------------------------------- checks

@@ -73,6 +73,7 @@ def tiny_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
 UNIT_FILES = (
     "test_paths.py", "test_docs.py", "test_import_graph.py", "test_test_groups.py",
     "test_cloud_paths.py", "test_distributed.py", "test_reliability_inputs.py",
+    "test_config_sections.py",
     "pretrain/test_flops.py", "pretrain/test_masking.py", "pretrain/test_objectives.py",
     "data/test_tokenizer.py", "data/test_columnar.py", "data/test_sources.py",
     "data/test_corpus_inputs.py", "data/test_builtin_corpus.py", "data/test_data_pipeline.py",

@@ -125,7 +125,9 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 
 
 # The layers, lowest first: a module may import its own layer's and lower ones', never a
-# higher one's. The engine both trainers share (training/) knows no mode's config.
+# higher one's. The config sections both trainers declare once sit on the models' named
+# choices (models/options.py). The engine both trainers share (training/) knows no mode's
+# config.
 # Pretraining's objectives sit on the models and under the config that names them (and
 # merges their fields); pretraining's run, trainer and steps above its config (setup.py
 # counts a config's FLOPs for MFU: the config itself is plain data), beside reading its
@@ -133,7 +135,7 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 # study, the export) sit on both; main.py, outside the package, calls them.
 LAYERS = (
     ("maelm_jax.models",),
-    ("maelm_jax.data",),
+    ("maelm_jax.data", "maelm_jax.config_sections"),
     ("maelm_jax.training",),
     ("maelm_jax.pretrain.objectives", "maelm_jax.pretrain.flops"),
     ("maelm_jax.pretrain.config",),

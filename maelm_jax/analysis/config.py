@@ -23,7 +23,7 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import errors, paths, schema, sharding
+from maelm_jax import config_sections, errors, paths, schema
 from maelm_jax.data import sources
 
 CORPUS_KINDS = ("builtin", *sources.FILE_KINDS, "tfds")
@@ -63,10 +63,7 @@ def rank_defaults() -> ml_collections.ConfigDict:
     c.source = ml_collections.ConfigDict({"kind": "validation"})  # see the module docstring
     c.seed = 0  # which positions are masked
     c.dtype = "float32"  # compute dtype of the encoders; the Gram sums are always float32
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.shape = (-1, 1, 1)  # ('data', 'fsdp', 'tensor'), as in pretraining
-    c.mesh.dcn_shape = (-1, 1, 1)  # slices of a multislice TPU job, as in pretraining
-    c.sharding_rules = sharding.DEFAULT_RULES
+    config_sections.MESH.add_to(c)  # as in pretraining
     return c
 
 
@@ -89,7 +86,7 @@ FIELDS: dict[str, schema.Field] = {
     "source": schema.free_form("a source: kind='validation', a corpus kind, 'glue' or 'squad'"),
     "seed": schema.integer(0),
     "dtype": schema.choice("float32", "bfloat16", "float16"),
-    **schema.mesh_fields(),
+    **config_sections.MESH.fields(),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from maelm_jax import paths, schema, sharding
+from maelm_jax import config_sections, paths, schema
 from maelm_jax.finetune import tasks
 from maelm_jax.finetune.tasks.base import FinetuneConfigError, require
 from maelm_jax.models import options
@@ -71,17 +71,8 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # with init_from the checkpoint decides it. dropout, attention_dropout and dtype apply
     # to both: they change no parameter shape.
     c.model = ml_collections.ConfigDict()
-    c.model.num_layers = 12
-    c.model.d_model = 768
-    c.model.num_heads = 12
-    c.model.d_ff = 3072
-    c.model.pre_ln = False
-    c.model.rel_pos_buckets = 32
-    c.model.rel_pos_max_distance = 128
-    c.model.rel_pos_bucket_fn = "t5"  # "maelm": the official code's bucketing
+    config_sections.ENCODER.add_to(c, "model")
     c.model.max_positions = 512
-    c.model.dropout = 0.1  # Table 5 / 6
-    c.model.attention_dropout = 0.1
     # The GLUE head's two dropouts. The papers give one dropout (0.1); the official code's
     # head (fairseq's --pooler-dropout) defaults to 0.
     c.model.classifier_dropout = 0.1
@@ -89,13 +80,6 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # the papers' <s>), or "mean", the mean over the real tokens (sentence-embedding
     # style; helps small encoders whose <s> state carries little).
     c.model.pooling = "first"
-    c.model.dtype = "auto"  # compute dtype: bfloat16 on GPUs and TPUs, float32 on CPUs
-    # The attention kernel (models/options.py ATTENTION_IMPLS), as in pretraining: "auto"
-    # on GPUs at half precision is our Pallas kernel (dropout inside) when there is
-    # attention dropout, cuDNN's fused attention when there is none; our einsums elsewhere.
-    c.model.attention_impl = "auto"
-    # The Pallas kernel's tiles and variants, as in pretraining (models/flash_attention.py).
-    c.model.pallas = ml_collections.ConfigDict(options.KernelOptions().fields())
 
     c.data = ml_collections.ConfigDict()
     c.data.source = "files"  # "files" (GLUE TSVs / SQuAD JSON) or "tfds" (ArrayRecord)
@@ -117,20 +101,13 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.data.max_eval_examples = 0
 
     c.train = ml_collections.ConfigDict()
-    c.train.batch_size = 32
+    # The optimiser and the loop's shared fields (config_sections.TRAIN) at Table 5 / 6's
+    # values (a single run's point of the grid; no clipping).
+    config_sections.TRAIN.add_to(c, "train", batch_size=32, learning_rate=2e-5,
+                                 clip_norm=0.0, log_every=50)
     c.train.num_epochs = 3
-    c.train.learning_rate = 2e-5  # peak, after the warmup; then linear decay to 0
     c.train.warmup_ratio = 0.06  # Table 5: "warm-up proportion" of all steps
-    c.train.weight_decay = 0.01
-    # "weights": kernels and embeddings only (biases and LayerNorm exempt, BERT's rule);
-    # "all": every parameter, as the papers' fairseq code does (their presets set it).
-    c.train.weight_decay_on = "weights"
-    c.train.adam_b1 = 0.9
-    c.train.adam_b2 = 0.98
-    c.train.adam_eps = 1e-6
-    c.train.clip_norm = 0.0  # Table 5 / 6: no clipping
     c.train.eval_batch_size = 64
-    c.train.log_every = 50
     c.train.evals_per_epoch = 1
     # Which dev score a run reports: "best" over its evaluations (fairseq keeps the best
     # checkpoint by the dev metric, which is how RoBERTa and MAE-LM fine-tune) or "final".
@@ -143,16 +120,8 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # request) or "stop" (only on a stop request: SIGTERM, the time limit), for runs so
     # short that saving costs more than running again would (the study's).
     c.train.resume_saves = "evaluations"
-    # A non-finite loss or gradient: its update is dropped, then "stop" (the run ends with
-    # one line naming the step; the resume checkpoints stay) or "skip" (counted, logged).
-    c.train.nonfinite = "stop"
 
-    c.mesh = ml_collections.ConfigDict()
-    # Sizes of the ('data', 'fsdp', 'tensor') mesh axes, as in pretraining; -1 takes the
-    # devices left over. Fixed sizes use the first devices (e.g. (1, 1, 1): one device).
-    c.mesh.shape = (-1, 1, 1)
-    c.mesh.dcn_shape = (-1, 1, 1)  # slices of a multislice TPU job, as in pretraining
-    c.sharding_rules = sharding.DEFAULT_RULES  # logical axis -> mesh axes
+    config_sections.MESH.add_to(c)  # as in pretraining (docs/scaling.md)
     # XLA's backend optimisation level 0: compiles take about a third of the time, steps
     # run slower. For tiny models and tests on a CPU, never for real runs.
     c.fast_compile = False
@@ -208,12 +177,10 @@ COMMON_FIELDS: dict[str, schema.Field] = {
                              "checkpoints/<step>, or empty"),
     "init_weights": schema.choice(*INIT_WEIGHTS),
     "tokenizer_path": schema.path("a sentencepiece .model file, or empty"),
-    **schema.encoder_fields("model"),
+    **config_sections.ENCODER.fields("model"),
     "model.max_positions": schema.integer(1),
     "model.classifier_dropout": schema.rate(),
     "model.pooling": schema.choice(*options.POOLINGS),
-    "model.attention_impl": schema.choice(*options.ATTENTION_IMPLS),
-    **schema.pallas_fields("model.pallas"),
     "data.source": schema.choice(*DATA_SOURCES),
     "data.data_dir": schema.path("the GLUE data directory"),
     "data.tfds_name": schema.text(),
@@ -223,19 +190,16 @@ COMMON_FIELDS: dict[str, schema.Field] = {
                                        words="increasing lengths >= 8"),
     "data.max_train_examples": schema.integer(0),
     "data.max_eval_examples": schema.integer(0),
-    "train.batch_size": schema.integer(1),
     "train.num_epochs": schema.integer(1),
     "train.warmup_ratio": schema.number(0.0, 1.0, high_open=True),
-    **schema.optimizer_fields("train"),
+    **config_sections.TRAIN.fields("train"),
     "train.eval_batch_size": schema.integer(1),
-    "train.log_every": schema.integer(1),
     "train.evals_per_epoch": schema.integer(1),
     "train.select": schema.choice(*SELECT),
     "train.checkpoint_every": schema.integer(0),
     "train.resume_saves": schema.choice(*RESUME_SAVES),
     "data.one_bucket": schema.boolean(),
-    "train.nonfinite": schema.choice("stop", "skip"),
-    **schema.mesh_fields(),
+    **config_sections.MESH.fields(),
     "fast_compile": schema.boolean(),
     "save_checkpoint": schema.boolean(),
     "predict_test": schema.boolean(),

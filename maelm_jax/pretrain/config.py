@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax import errors, masking, schema, sharding
+from maelm_jax import config_sections, errors, masking, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.models import options
 from maelm_jax.pretrain import objectives
@@ -90,40 +90,18 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.masking.random_frac = 0.0  # of the k: fraction replaced by a random token (3ML: 0.1)
     c.masking.delta = 0.0  # of the [MASK]s: fraction kept in the encoder (MAE-LM ablation)
 
+    # The encoder (config_sections.ENCODER: sizes, dropouts, relative bias, dtype,
+    # attention kernel), and pretraining's own model fields.
     c.model = ml_collections.ConfigDict()
-    c.model.num_layers = 12
-    c.model.d_model = 768
-    c.model.num_heads = 12
-    c.model.d_ff = 3072
-    c.model.dropout = 0.1
-    c.model.attention_dropout = 0.1
+    config_sections.ENCODER.add_to(c, "model")
     c.model.activation_dropout = 0.0  # inside the MLP; the official MAE-LM code uses none
-    c.model.pre_ln = False
-    c.model.rel_pos_buckets = 32  # 0 disables the T5 relative position bias
-    c.model.rel_pos_max_distance = 128
     # "normal" N(0, 0.02) as in both papers, or "local": a locality prior that lets small
     # laptop runs leave the unigram plateau early (relative_position.local_bias_init)
     c.model.rel_pos_init = "normal"
-    # Bucketing of relative distances, for the encoder and the decoder: "t5" (Raffel et al.,
-    # as both papers cite) or "maelm", the official MAE-LM code's (options.BUCKET_FNS).
-    c.model.rel_pos_bucket_fn = "t5"
-    # Compute dtype (options.DTYPES): "auto" is bfloat16 on GPUs and TPUs, float32 on CPUs.
-    # Parameters, optimiser state, softmax, LayerNorm statistics and the loss stay float32.
-    c.model.dtype = "auto"
-    # Attention kernel of the encoder and decoder (options.ATTENTION_IMPLS): "auto" takes,
-    # on GPUs at half precision, our Pallas kernel when either stack has attention dropout
-    # (it drops inside the kernel) and cuDNN's fused attention when neither has; our
-    # einsums elsewhere.
-    c.model.attention_impl = "auto"
     # The masked-LM output layer's three dots (logits and their two gradients): "float32"
     # (TF32 on GPUs, as the papers' fp16 training keeps logits in float32), or "compute"
     # (bfloat16 operands where the model computes in it, float32 accumulation and logits).
     c.model.output_dtype = "float32"
-    # The Pallas kernel's tiles ("block_qxblock_k:warps:stages" for the forward, dK/dV and
-    # dQ kernels), how a bias shared by the batch gets its gradient ("batch": summed inside
-    # the kernel by bias_grad_groups groups of rows; "rows": per row, summed by XLA) and
-    # the dropout elements per 32-bit hash (1, 2 or 4); see models/flash_attention.py.
-    c.model.pallas = ml_collections.ConfigDict(options.KernelOptions().fields())
     # nn.scan over the layers of the encoder and of a self decoder: compile time and program
     # size no longer grow with depth; parameters gain a leading "layers" axis (checkpoints
     # of either layout restore into both).
@@ -132,39 +110,23 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # recomputed (options.REMAT_POLICIES): "none", "full", "dots", "dots_no_batch".
     c.model.remat_policy = "none"
 
-    c.mesh = ml_collections.ConfigDict()
-    # Sizes of the ('data', 'fsdp', 'tensor') mesh axes; -1 takes the devices left over.
-    c.mesh.shape = (-1, 1, 1)
-    # A multislice TPU job: how the slices lay out along the same axes (each axis is the
-    # product of the two); -1 takes the slices left over, so data parallel across slices
-    # by default. One slice: ones. See docs/scaling.md.
-    c.mesh.dcn_shape = (-1, 1, 1)
-    # Logical axis -> mesh axes; see maelm_jax/sharding.py.
-    c.sharding_rules = sharding.DEFAULT_RULES
+    # The mesh and the sharding rules (config_sections.MESH; docs/scaling.md).
+    config_sections.MESH.add_to(c)
 
     c.train = ml_collections.ConfigDict()
-    c.train.batch_size = 2048  # sequences per optimiser step (global)
+    # The optimiser and the loop's shared fields (config_sections.TRAIN), at the papers'
+    # pretraining values (MAE-LM Table 4: batch 2048, peak 5e-4).
+    config_sections.TRAIN.add_to(c, "train", batch_size=2048, learning_rate=5e-4,
+                                 clip_norm=2.0, log_every=100)
     c.train.grad_accum_steps = 1  # micro-batches per step; batch_size must divide
     c.train.num_steps = 125_000
-    c.train.learning_rate = 5e-4  # peak, after linear warmup; then linear decay to 0
-    c.train.warmup_steps = 10_000
-    c.train.weight_decay = 0.01
-    # "weights": kernels and embeddings only (biases and LayerNorm exempt, BERT's rule);
-    # "all": every parameter, as the papers' fairseq code does (their presets set it).
-    c.train.weight_decay_on = "weights"
-    c.train.adam_b1 = 0.9
-    c.train.adam_b2 = 0.98
-    c.train.adam_eps = 1e-6
-    c.train.clip_norm = 2.0  # global-norm clipping; 0 disables
-    c.train.nonfinite = "stop"  # a non-finite loss/gradient: "stop" (keep the last good
-    #                              checkpoint) or "skip" the update and count it
+    c.train.warmup_steps = 10_000  # linear warmup to the peak, then linear decay to 0
     # The PRNG implementation of masks and dropout (PRNG_IMPLS; the trade-offs are
     # in maelm_jax/training/steps.py and docs/performance.md).
     c.train.prng_impl = "threefry2x32"
     # Peak dense TFLOP/s of one device, for the MFU in the train logs; 0 looks the device
     # kind up in maelm_jax/pretrain/mfu.py (no MFU for a kind it does not list, such as CPUs).
     c.train.peak_tflops_per_device = 0.0
-    c.train.log_every = 100
     c.train.eval_every = 2000
     c.train.eval_batches = 20
     c.train.checkpoint_every = 2000
@@ -224,24 +186,19 @@ FIELDS: dict[str, schema.Field] = {
     "masking.mask_frac": schema.number(0.0, 1.0),
     "masking.random_frac": schema.number(0.0, 1.0),
     "masking.delta": schema.number(0.0, 1.0),
-    **schema.encoder_fields("model"),
+    **config_sections.ENCODER.fields("model"),
     "model.activation_dropout": schema.rate(),
-    "model.attention_impl": schema.choice(*options.ATTENTION_IMPLS),
     "model.output_dtype": schema.choice(*options.OUTPUT_DTYPES),
-    **schema.pallas_fields("model.pallas"),
     "model.scan_layers": schema.boolean(),
     "model.remat_policy": schema.choice(*options.REMAT_POLICIES),
     "model.rel_pos_init": schema.choice(*options.REL_POS_INITS),
-    **schema.mesh_fields(),
-    "train.batch_size": schema.integer(1),
+    **config_sections.MESH.fields(),
     "train.grad_accum_steps": schema.integer(1),
     "train.num_steps": schema.integer(1),
     "train.warmup_steps": schema.integer(0),
-    **schema.optimizer_fields("train"),
-    "train.nonfinite": schema.choice("stop", "skip"),
+    **config_sections.TRAIN.fields("train"),
     "train.prng_impl": schema.choice(*PRNG_IMPLS),
     "train.peak_tflops_per_device": schema.number(0.0),
-    "train.log_every": schema.integer(1),
     "train.eval_every": schema.integer(1),
     "train.eval_batches": schema.integer(1),
     "train.checkpoint_every": schema.integer(1),
