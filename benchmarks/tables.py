@@ -20,6 +20,7 @@ configs/study/pool.py in the same way.)
 from __future__ import annotations
 
 import argparse
+import math
 import pathlib
 import re
 import sys
@@ -79,6 +80,22 @@ def prepare_throughput(found: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def quickstart(found: list[dict]) -> str:
+    """benchmarks/quickstart.py: the README's first command after pip install, cold."""
+    rows = ["| date | machine (jitted fp32 matmul) | command | wall, peak memory | loss: first "
+            "logged, last eval (uniform) | eval accuracy (unigram baseline) | commit |",
+            "|---|---|---|---|---|---|---|"]
+    for r in found:
+        e, minutes = r["eval"], int(r["seconds"] // 60)
+        rows.append(
+            f"| {r['date'][:10]} | {_machine(r)} | `{r['command']}` "
+            f"({r['objective']}, {r['steps']:,} steps) | {minutes} min {r['seconds'] % 60:.0f} s,"
+            f" {r['peak_gb']:.1f} GB | {r['first_train_loss']:.1f}, {e['loss']:.1f} "
+            f"({math.log(r['vocab_size']):.1f}) | {100 * e['accuracy']:.1f} % "
+            f"({100 * e['unigram_accuracy']:.1f} %) | {r['machine']['commit'][:8]} |")
+    return "\n".join(rows) + "\n"
+
+
 def suite(found: list[dict]) -> str:
     """benchmarks/gpu_suite.py and tpu_suite.py: the newest run's tables, as the suite
     writes them (NAME.md), under the machine and commit it ran on."""
@@ -94,6 +111,7 @@ def suite(found: list[dict]) -> str:
 # Table name (the benchmark whose records it shows) -> its rendering of those records.
 TABLES: dict[str, Callable[[list[dict]], str]] = {
     "prepare_throughput": prepare_throughput,
+    "quickstart": quickstart,
     "gpu_suite": suite,
     "tpu_suite": suite,
 }

@@ -24,13 +24,18 @@ CONFIG_FILE = "config.json"  # the run's config (export: the Hugging Face config
 TOKENIZER_FILE = "tokenizer.model"  # a trained or copied sentencepiece model
 METRICS_FILE = "metrics.jsonl"  # a JSON line per log, eval or dev evaluation
 TENSORBOARD_DIR = "tensorboard"  # the same metrics as TensorBoard event files
-CHECKPOINTS = "checkpoints"  # <step>/: orbax checkpoints (pretraining; fine-tuning's final)
-STATE_ITEM = "state"  # checkpoints/<step>/state: the arrays (meta: the JSON record)
+# <step>/: orbax checkpoints, the one place every kind keeps them: pretraining's; a
+# fine-tuning run's resume states until it finishes, then its final checkpoint.
+CHECKPOINTS = "checkpoints"
+STATE_ITEM = "state"  # checkpoints/<step>/state: the arrays
+META_ITEM = "meta"  # checkpoints/<step>/meta: the loop's JSON record (a final has none)
 # Pretraining.
 DATA_DIR = "data"  # <fingerprint>/: blocks prepared in the job (unless data.cache_dir)
 FILL_MASK_FILE = "fill_mask.md"  # fill-mask examples after the run (train.fill_mask_examples)
 # Fine-tuning.
-RESUME_DIR = "resume"  # <step>/: the unfinished run's checkpoints, deleted once finished
+# Where fine-tuning kept its resume checkpoints before they moved into checkpoints/: an
+# unfinished run of that layout is refused with the one command that converts it.
+OLD_RESUME_DIR = "resume"
 RESULTS_FILE = "results.json"  # the finished run's scores
 PREDICTIONS_DIR = "predictions"  # GLUE test-set TSVs; SQuAD predictions.json and friends
 ENCODER_FILE = "encoder.json"  # the encoder's architecture, beside checkpoints/
@@ -75,8 +80,8 @@ KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TENSORBOARD_DIR + "/",
                       CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE, STUDY_TIMES_FILE)),
     Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
-    Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESUME_DIR + "/",
-                      RESULTS_FILE, PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
+    Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESULTS_FILE,
+                      PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
                       TOKENIZER_FILE)),
     Kind("sweep", (CONFIG_FILE, SWEEP_SUMMARY_FILE, SWEEP_TABLE_FILE, SWEEP_RUNS_DIR + "/",
                    STUDY_TIMES_FILE)),

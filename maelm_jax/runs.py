@@ -64,8 +64,10 @@ def resolve_checkpoint(init_from: str) -> tuple[paths.Path, paths.Path]:
     if not path.exists():
         raise CheckpointError(f"config.init_from: {init_from} does not exist")
     if path.name.isdigit() and path.parent.name == layout.CHECKPOINTS:
+        _check_finished(path.parent.parent, init_from)
         return path.parent.parent, path
     if (path / layout.CONFIG_FILE).is_file() and (path / layout.CHECKPOINTS).is_dir():
+        _check_finished(path, init_from)
         steps = [step for step in checkpoint_lib.finished_steps(path / layout.CHECKPOINTS)
                  if (path / layout.CHECKPOINTS / str(step) / layout.STATE_ITEM).is_dir()]
         if not steps:
@@ -74,6 +76,17 @@ def resolve_checkpoint(init_from: str) -> tuple[paths.Path, paths.Path]:
         return path, path / layout.CHECKPOINTS / str(max(steps))
     raise CheckpointError(f"config.init_from: {init_from} is neither a workdir (config.json and "
                           f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
+
+
+def _check_finished(workdir: paths.Path, init_from: str) -> None:
+    """Refuses an unfinished fine-tuning run: its checkpoints/ holds resume states (the
+    whole train state), not yet the parameters it selects."""
+    config_file = workdir / layout.CONFIG_FILE
+    if (config_file.is_file() and read_json(config_file).get("mode") == "finetune"
+            and not (workdir / layout.RESULTS_FILE).exists()):
+        raise CheckpointError(f"config.init_from: {init_from} is an unfinished fine-tuning "
+                              f"run (no {layout.RESULTS_FILE}); run its command again to "
+                              "finish it first")
 
 
 def read_json(path: paths.Path) -> dict:

@@ -135,7 +135,8 @@ def test_finetuning_reads_and_writes_the_bucket(bucket, pretrained):
     assert (out / "metrics.jsonl").read_text().count('"split": "dev"') == len(results["evals"])
     assert any((out / "tensorboard").iterdir())
     assert len((out / "predictions" / "SST-2.tsv").read_text().splitlines()) == 1 + 8
-    assert not (out / "resume").exists()  # finished: its resume checkpoints are gone
+    # Finished: its resume states are gone, the final checkpoint alone stays.
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [str(results["dev"]["step"])]
     assert (out / "tokenizer.model").read_bytes() == (
         pretrained.run / "tokenizer.model").read_bytes()
     # The fine-tuned workdir in the bucket is itself an init_from.

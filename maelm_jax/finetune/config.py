@@ -112,7 +112,7 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # Which dev score a run reports: "best" over its evaluations (fairseq keeps the best
     # checkpoint by the dev metric, which is how RoBERTa and MAE-LM fine-tune) or "final".
     c.train.select = "best"
-    # Resume checkpoints (<workdir>/resume/<step>) are written at every evaluation but the
+    # Resume states (<workdir>/checkpoints/<step>) are written at every evaluation but the
     # last and every checkpoint_every steps (0: at evaluations only), so a run killed
     # part-way continues from the latest; they are deleted when the run finishes.
     c.train.checkpoint_every = 1000

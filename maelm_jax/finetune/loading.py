@@ -1,7 +1,14 @@
-"""The checkpoint a fine-tuning run leaves: its selected parameters, with the encoder's
-architecture and the tokenizer beside them, so the workdir can be another run's init_from
-(MNLI -> RTE, MRPC, STS-B, as RoBERTa does). Reading any run back, this one included, is
-maelm_jax/runs.py's.
+"""The checkpoints of a fine-tuning workdir, all under checkpoints/ (the one place every
+kind of run keeps them): until the run finishes, its resume states (train/Checkpointer's
+steps, a `meta` record beside the arrays); once it has, the final checkpoint alone: the
+selected parameters, with the encoder's architecture and the tokenizer beside them, so
+the workdir can be another run's init_from (MNLI -> RTE, MRPC, STS-B, as RoBERTa does).
+Reading any run back, this one included, is maelm_jax/runs.py's.
+
+A run finishes in an order that a crash at any point leaves resumable: the final
+checkpoint is written beside the resume states, then results.json, then the resume
+states go (`drop_resume`). Continuing an unfinished run first removes a final checkpoint
+that a crashed finish left (`drop_final`): it holds no train state to resume from.
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ def save_finetuned(workdir: paths.Path, step: int, params: Any,
     tokenizer.model, so the workdir can be another run's init_from. `workdir` is
     absolute (or a bucket's URI). Every process of a job calls it with the same host
     `params`: orbax's save is collective (process 0 writes the arrays), and process 0
-    alone writes the other two files."""
+    alone writes the other two files. A resume state saved at `step` gives way to it
+    (the others stay until results.json is written)."""
     import orbax.checkpoint as ocp
 
+    with distributed.as_one("fine-tuning checkpoint"):
+        if distributed.is_leader():
+            paths.remove(workdir / layout.CHECKPOINTS / str(step))
     if distributed.is_leader():
         record = encoder_lib.architecture(encoder_cfg)
         paths.write_text(workdir / layout.ENCODER_FILE, json.dumps(record, indent=2))
@@ -33,7 +44,7 @@ def save_finetuned(workdir: paths.Path, step: int, params: Any,
             paths.Path(tokenizer.model_path).copy(workdir / layout.TOKENIZER_FILE, overwrite=True)
     manager = ocp.CheckpointManager(
         workdir / layout.CHECKPOINTS,
-        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                              enable_async_checkpointing=False),
         item_names=(layout.STATE_ITEM,),
     )
@@ -44,7 +55,28 @@ def save_finetuned(workdir: paths.Path, step: int, params: Any,
     return workdir / layout.CHECKPOINTS / str(step)
 
 
-def clear_finetuned(workdir: paths.Path) -> None:
-    """Removes an earlier fine-tuning run's checkpoints from workdir (never a pretraining
-    run's: train.py refuses such a workdir first)."""
-    paths.remove(workdir / layout.CHECKPOINTS)
+def _is_final(step_dir: paths.Path) -> bool:
+    return step_dir.name.isdigit() and not (step_dir / layout.META_ITEM).exists()
+
+
+def drop_final(workdir: paths.Path) -> None:
+    """Before an unfinished run continues: removes a final checkpoint that a finish cut
+    short left among the resume states (process 0)."""
+    directory = workdir / layout.CHECKPOINTS
+    if directory.is_dir():
+        for step_dir in directory.iterdir():
+            if _is_final(step_dir):
+                paths.remove(step_dir)
+
+
+def drop_resume(workdir: paths.Path, final_step: int | None) -> None:
+    """Once results.json is written: removes everything under checkpoints/ but the final
+    checkpoint at `final_step` (resume states, steps set aside as damaged, unfinished
+    saves); all of checkpoints/ when the run keeps none (process 0)."""
+    directory = workdir / layout.CHECKPOINTS
+    if final_step is None or not directory.is_dir():
+        paths.remove(directory)
+        return
+    for entry in directory.iterdir():
+        if entry.name != str(final_step):
+            paths.remove(entry)

@@ -159,7 +159,6 @@ def _clear_run(workdir: paths.Path) -> None:
     """Removes what an earlier run of this seed left in its directory (a single run's
     metrics, checkpoints and results): the group writes its record there afresh."""
     train.start_over(workdir)
-    loading.clear_finetuned(workdir)
     for name in (layout.METRICS_FILE, layout.TENSORBOARD_DIR, layout.PREDICTIONS_DIR):
         paths.remove(workdir / name)
 
@@ -221,7 +220,7 @@ def run(config: ml_collections.ConfigDict, seeds: Sequence[int], workdir: str,
             own.seed = seed
             layout.write_config(seed_dir, own)
             paths.write_text(seed_dir / layout.RESULTS_FILE, json.dumps(record, indent=2))
-        paths.remove(p.workdir / layout.RESUME_DIR)  # finished: nothing to resume
+        loading.drop_resume(p.workdir, None)  # finished: nothing to resume, nothing kept
     logging.info("%s dev %s (%s) per seed: %s; %.0fs for %d runs", p.task.name, primary,
                  t.select, ", ".join(f"{r['seed']}: {r['dev'][primary]:.2f}" for r in results),
                  seconds, len(seeds))

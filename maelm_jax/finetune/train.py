@@ -12,13 +12,14 @@ predictions/ (GLUE <TASK>.tsv test files; SQuAD predictions.json, null_odds.json
 with save_checkpoint, checkpoints/<step>/ + encoder.json + tokenizer.model, so it can be
 another run's init_from (MNLI -> RTE, MRPC, STS-B).
 
-Until the run finishes, the workdir also holds resume/<step>/: orbax checkpoints of the
+Until the run finishes, checkpoints/ holds resume states instead: orbax checkpoints of the
 whole train state, written at every evaluation but the last, every
 train.checkpoint_every steps and on SIGTERM. Running the same command again continues
 from the latest one exactly as if the run had not stopped: epoch e's data order is drawn
 from (seed, e) and dropout from (seed, step), and the checkpoint carries the evaluations
 so far, the best one's parameters (select="best") and the train metrics since the last
-log line. resume/ is deleted once results.json is written. The workdir's lifecycle is
+log line. They are deleted once results.json is written (finetune/loading.py: the order
+that keeps a finish cut short resumable). The workdir's lifecycle is
 every mode's (training/lifecycle.py): the same command again finds a finished run
 (its results.json, nothing trained), and a changed config is refused with one line
 naming the fields (--allow_config_change: start the run again with the new config).
@@ -94,9 +95,11 @@ class ResumeState:
 
 def start_over(workdir: paths.Path) -> None:
     """Removes what an earlier run left that this one could take for its own: results.json
-    (a finished run) and resume checkpoints. metrics.jsonl is emptied by the writer."""
+    (a finished run) and checkpoints (resume states or a final one, in either layout).
+    metrics.jsonl is emptied by the writer."""
     paths.make_dirs(workdir)
-    paths.remove(workdir / layout.RESUME_DIR)
+    paths.remove(workdir / layout.OLD_RESUME_DIR)
+    paths.remove(workdir / layout.CHECKPOINTS)
     paths.remove(workdir / layout.RESULTS_FILE)
 
 
@@ -262,7 +265,8 @@ class FineTuning:
         return scores[self.task.primary_metric] > best[self.task.primary_metric]
 
     def save(self, ckpt, step, state, progress, best_params) -> None:
-        """Starts writing resume/<step> (asynchronously), with this attempt's seconds."""
+        """Starts writing the resume state checkpoints/<step> (asynchronously), with this
+        attempt's seconds."""
         best = None
         if self.t.select == "best":  # before the first evaluation, the stand-in
             best = state.params if best_params is None else best_params
@@ -309,6 +313,11 @@ def check_run(config: ml_collections.ConfigDict, workdir: str,
             decision = lifecycle.decide(FINE_TUNING, config, workdir, allow_config_change)
     finished = distributed.leader_says_ok(decision is lifecycle.Decision.FINISHED)
     resume = distributed.leader_says_ok(decision is lifecycle.Decision.CONTINUE)
+    if resume and (workdir / layout.OLD_RESUME_DIR).is_dir():
+        raise layout.WorkdirError(
+            f"{workdir}/{layout.OLD_RESUME_DIR}: resume checkpoints in an older layout; "
+            f"move them where runs keep them now (mv {workdir}/{layout.OLD_RESUME_DIR} "
+            f"{workdir}/{layout.CHECKPOINTS}) and run again")
     return config, workdir, (lifecycle.Decision.FINISHED if finished else
                              lifecycle.Decision.CONTINUE if resume else lifecycle.Decision.START)
 
@@ -334,9 +343,10 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: paths.Path,
     # Process 0 prepares the workdir; the others wait, so none reads it half cleared.
     with distributed.as_one("fine-tuning workdir"):
         if distributed.is_leader():
-            if not resume:
+            if resume:
+                loading.drop_final(workdir)  # a finish cut short: resumed, then written again
+            else:
                 start_over(workdir)
-            loading.clear_finetuned(workdir)  # the final checkpoint is written at the end
             layout.write_config(workdir, config)
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
@@ -384,7 +394,7 @@ def train_prepared(p: Prepared, trainer: setup_lib.Trainer, make_run: Callable,
     sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
     run_eval_with = evaluator(trainer, t.eval_batch_size, p.buckets)
     keeps_best = t.select == "best"
-    with contextlib.closing(checkpoint_lib.Checkpointer(p.workdir / layout.RESUME_DIR,
+    with contextlib.closing(checkpoint_lib.Checkpointer(p.workdir / layout.CHECKPOINTS,
                                                         KEEP_RESUME)) as ckpt:
         target = ResumeState(trainer.state.abstract,
                              trainer.state.abstract.params if keeps_best else None)
@@ -448,7 +458,8 @@ def run(config: ml_collections.ConfigDict, workdir: str,
                              progress.seconds + time.perf_counter() - started)
     if distributed.is_leader():
         paths.write_text(workdir / layout.RESULTS_FILE, json.dumps(results, indent=2))
-        paths.remove(workdir / layout.RESUME_DIR)  # finished: nothing to resume
+        # Finished: nothing to resume; the final checkpoint alone stays.
+        loading.drop_resume(workdir, selected["step"] if config.save_checkpoint else None)
     logging.info("%s dev %s = %.2f (%s, step %d); %.0fs", p.task.name, p.task.primary_metric,
                  selected[p.task.primary_metric], t.select, selected["step"],
                  results["wall_seconds"])

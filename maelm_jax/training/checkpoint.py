@@ -33,7 +33,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from maelm_jax import distributed, errors, paths
+from maelm_jax import distributed, errors, layout, paths
 from maelm_jax.models import layer_layout
 
 DAMAGED_SUFFIX = ".damaged"
@@ -59,7 +59,7 @@ class Checkpointer:
                 create=True,
                 enable_async_checkpointing=async_save,
             ),
-            item_names=("state", "meta"),
+            item_names=(layout.STATE_ITEM, layout.META_ITEM),
         )
         self._undigested: list[int] = []  # saves started whose digests are not written
 

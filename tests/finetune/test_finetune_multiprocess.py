@@ -84,7 +84,8 @@ def _assert_same_run(workdir, single):
     for record in metrics + expected_metrics:
         record.pop("examples_per_sec", None)
     assert_close(metrics, expected_metrics, "metrics", atol=1e-5)
-    assert not (workdir / "resume").exists()
+    # Finished: the final checkpoint alone (no resume state left beside it).
+    assert [p.name for p in (workdir / "checkpoints").iterdir()] == [str(results["dev"]["step"])]
     assert (workdir / "checkpoints" / str(results["dev"]["step"]) / "state").is_dir()
     assert (workdir / "encoder.json").is_file() and (workdir / "tokenizer.model").is_file()
 
@@ -118,12 +119,10 @@ def test_a_run_stopped_in_one_process_is_finished_by_two(settings, single, tmp_p
     workdir = tmp_path / "stopped"
     with pytest.raises(Interrupt):
         train.run(tiny_finetuning(settings), str(workdir))
-    assert sorted(p.name for p in (workdir / "resume").iterdir()) == ["3", "6"]
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["3", "6"]
     logs = _two_processes(settings, workdir)
-    assert f"resumed from checkpoint at step 6 ({workdir}/resume/6)" in logs[0]
+    assert f"resumed from checkpoint at step 6 ({workdir}/checkpoints/6)" in logs[0]
     _assert_same_run(workdir, single)
-    assert [p.name for p in (workdir / "checkpoints").iterdir()] == [
-        str(single[0]["dev"]["step"])]
 
 
 def test_a_sweep_runs_as_one_job_of_two_processes(settings, tmp_path):

@@ -29,7 +29,7 @@ def test_stop_names_the_step_and_keeps_the_resume_checkpoints(sst2_settings, tmp
                        match=r"step 3: non-finite .* checkpoint is step 2") as info:
         train.run(tiny_finetuning(sst2_settings, **RUN), str(workdir))
     assert "\n" not in str(info.value)
-    assert (workdir / "resume" / "2").is_dir() and not (workdir / "results.json").exists()
+    assert (workdir / "checkpoints" / "2").is_dir() and not (workdir / "results.json").exists()
 
 
 def test_skip_counts_the_dropped_update_and_finishes(sst2_settings, tmp_path,  # noqa: F811

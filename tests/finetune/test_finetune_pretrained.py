@@ -128,11 +128,12 @@ def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
 
 
 def _finetuning_run(pretrained, tmp_path, record):
-    """A fine-tuning workdir with this encoder.json over the pretraining checkpoints (they
-    hold params["encoder"] as a fine-tuning checkpoint does)."""
+    """A finished fine-tuning workdir with this encoder.json over the pretraining
+    checkpoints (they hold params["encoder"] as a fine-tuning checkpoint does)."""
     run = tmp_path / "finetuned"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"mode": "finetune"}))
+    (run / "results.json").write_text("{}")
     (run / "encoder.json").write_text(json.dumps(record))
     (run / "checkpoints").symlink_to(pretrained / "checkpoints")
     return run

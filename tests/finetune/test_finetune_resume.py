@@ -1,7 +1,8 @@
 """An interrupted fine-tuning run continues from its last resume checkpoint and ends
 exactly where an uninterrupted run ends: the same dev scores, metrics.jsonl lines and
 selected parameters. Interrupted in-process (an exception, SIGTERM) and for real (main.py
-killed with SIGKILL); a finished run is found, a changed config refused.
+killed with SIGKILL, or after its final checkpoint); a finished run is found, a changed
+config refused, a workdir of the older layout converted.
 """
 
 import json
@@ -16,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from maelm_jax import layout
+from maelm_jax import layout, runs
 from maelm_jax.finetune import tasks, train
 from maelm_jax.training import preemption
 
@@ -47,7 +48,7 @@ def _outcome(workdir):
 
 
 def _resume_steps(workdir):
-    return sorted(int(p.name) for p in (workdir / "resume").iterdir() if p.name.isdigit())
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
 
 
 def _leaves(tree):
@@ -104,7 +105,9 @@ def test_an_interrupted_run_resumes_exactly(sst2_settings, tmp_path, monkeypatch
     scores.calls = 2  # steps 3 and 6 were evaluated before the interruption
     train.run(c, str(workdir))
     assert starts == [0, saved[-1]]
-    assert not (workdir / "resume").exists()  # finished: nothing left to resume
+    # Finished: the resume states are gone, the final checkpoint alone stays.
+    final = json.loads((workdir / "results.json").read_text())["dev"]["step"]
+    assert [p.name for p in (workdir / "checkpoints").iterdir()] == [str(final)]
     results, metrics, params = _outcome(workdir)
     assert results == whole[0]
     assert metrics == whole[1]  # no line twice, the train means over the interruption too
@@ -143,6 +146,65 @@ def test_a_finished_run_is_found_and_a_changed_config_refused(sst2_settings, tmp
     assert len(steps) == len(set(steps)) == 3 + 4  # train at 4, 8, 12; dev at 3, 6, 9, 12
 
 
+
+def test_a_finish_cut_short_resumes_and_an_older_layout_is_converted_in_one_command(
+        sst2_settings, tmp_path, monkeypatch):
+    """checkpoints/ is the one place: a run killed after its final checkpoint but before
+    results.json continues from its resume states (the half-finished final removed) and
+    ends as an uninterrupted run; an unfinished run of the older layout (resume/) is
+    refused in one line naming the command that converts it, and after that command it
+    continues; an unfinished run is no init_from."""
+    scores, batches = Scripted(monkeypatch, SCORES), train.train_batches
+    c = tiny_finetuning(sst2_settings, **RUN)
+    train.run(c, str(tmp_path / "whole"))
+    whole = _outcome(tmp_path / "whole")
+
+    scores.calls, workdir, real = 0, tmp_path / "cut", train.results_record
+
+    def killed_after_the_final_checkpoint(*args, **kwargs):
+        raise Interrupt
+
+    monkeypatch.setattr(train, "results_record", killed_after_the_final_checkpoint)
+    with pytest.raises(Interrupt):
+        train.run(c, str(workdir))
+    monkeypatch.setattr(train, "results_record", real)
+    # The final checkpoint (step 3's selected parameters) beside the last two resume
+    # states (6 and 9); no results.
+    assert _resume_steps(workdir) == [3, 6, 9] and not (workdir / "results.json").exists()
+    assert [(workdir / "checkpoints" / str(step) / "meta").exists()
+            for step in (3, 6, 9)] == [False, True, True]
+    starts = []
+    interrupt_batches(monkeypatch, starts)
+    scores.calls = 3  # steps 3, 6 and 9 were evaluated before the state of step 9
+    train.run(c, str(workdir))
+    assert starts == [9]  # from the newest resume state, not the final checkpoint
+    results, metrics, params = _outcome(workdir)
+    assert (results, metrics) == whole[:2]
+    assert all(np.array_equal(a, b) for a, b in zip(_leaves(params), _leaves(whole[2]),
+                                                    strict=True))
+
+    scores.calls, old, starts = 0, tmp_path / "old", []
+    monkeypatch.setattr(train, "train_batches", batches)
+    interrupt_batches(monkeypatch, starts, 9, "raise")
+    with pytest.raises(Interrupt):
+        train.run(c, str(old))
+    with pytest.raises(runs.CheckpointError, match=(
+            rf"^config.init_from: {old} is an unfinished fine-tuning run \(no results.json\); "
+            r"run its command again to finish it first$")):
+        runs.resolve_checkpoint(str(old))
+    (old / "checkpoints").rename(old / "resume")  # as the older version left it
+    before = snapshot(old)
+    with pytest.raises(layout.WorkdirError) as refused:
+        train.run(c, str(old))
+    assert str(refused.value) == (
+        f"{old}/resume: resume checkpoints in an older layout; move them where runs keep "
+        f"them now (mv {old}/resume {old}/checkpoints) and run again")
+    assert snapshot(old) == before
+    subprocess.run(str(refused.value).split("(", 1)[1].split(")")[0], shell=True, check=True)
+    scores.calls = 2
+    train.run(c, str(old))
+    assert starts == [0, 6] and _outcome(old)[:2] == whole[:2]
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_main_killed_or_preempted_continues_where_it_stopped(sst2_settings, tmp_path, how):
@@ -161,7 +223,7 @@ def test_main_killed_or_preempted_continues_where_it_stopped(sst2_settings, tmp_
         proc = subprocess.Popen(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
                                 env=subprocess_env(), stderr=stderr)
     deadline = time.monotonic() + HANG_SECONDS
-    while not ((killed / "resume").is_dir() and _resume_steps(killed)):
+    while not ((killed / "checkpoints").is_dir() and _resume_steps(killed)):
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.02)
     proc.send_signal(how)
@@ -175,7 +237,7 @@ def test_main_killed_or_preempted_continues_where_it_stopped(sst2_settings, tmp_
     resumed = subprocess.run(cmd + [f"--workdir={killed}"], cwd=REPO_ROOT,
                              env=subprocess_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert re.search(rf"resumed from checkpoint at step \d+ \({killed}/resume/\d+\)",
+    assert re.search(rf"resumed from checkpoint at step \d+ \({killed}/checkpoints/\d+\)",
                      resumed.stderr)
 
     # In-process, uninterrupted.

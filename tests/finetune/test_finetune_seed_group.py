@@ -56,7 +56,7 @@ def test_each_run_of_a_group_is_its_seeds_single_run(sst2_settings, tmp_path):
             assert mine["learning_rate"] == pytest.approx(theirs["learning_rate"])
         losses[seed] = [r[f"seed_{seed}/loss"] for r in group_train]
     assert losses[1] != losses[2]
-    assert not (tmp_path / "group" / "seeds_1_2" / "resume").exists()
+    assert not (tmp_path / "group" / "seeds_1_2" / "checkpoints").exists()
 
 
 def test_stacked_batches_pad_each_step_to_its_longest_run():
@@ -127,7 +127,7 @@ def test_an_interrupted_group_resumes_exactly(sst2_settings, tmp_path, monkeypat
     with pytest.raises(preemption.Preempted if how == "sigterm" else Interrupt):
         _group(c, seeds, tmp_path / "cut")
     group_dir = tmp_path / "cut" / "seeds_1_2"
-    saved = sorted(int(p.name) for p in (group_dir / "resume").iterdir() if p.name.isdigit())
+    saved = sorted(int(p.name) for p in (group_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved == ([3, 6] if how == "raise" else [6, 7])
     assert not (tmp_path / "cut" / "seed_1" / "results.json").exists()
     resumed, _ = _group(c, seeds, tmp_path / "cut")

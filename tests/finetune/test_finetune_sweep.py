@@ -212,7 +212,7 @@ def test_a_preempted_sweep_exits_143_and_the_same_command_finishes(tmp_path, tin
            f"--workdir={tmp_path / 'sweep'}", "--config.train.log_every=1"]
     first = tmp_path / "sweep" / "runs" / "lr0.001_bs16_ep20_wu0.1" / "seed_1"
     step = preempt_main(cmd, first / "metrics.jsonl", cwd=REPO_ROOT)
-    assert (first / "resume" / str(step)).is_dir() and step < 60
+    assert (first / "checkpoints" / str(step)).is_dir() and step < 60
     assert not (tmp_path / "sweep" / "sweep.json").exists()
     assert not (tmp_path / "sweep" / "runs" / "lr0.001_bs16_ep20_wu0.1" / "seed_2").exists()
     subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(), check=True, capture_output=True,

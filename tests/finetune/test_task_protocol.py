@@ -181,7 +181,8 @@ def test_a_new_kind_fine_tunes_resumes_and_reads_back(keyword_config, tmp_path, 
     interrupted = tmp_path / "interrupted"
     with pytest.raises(preemption.Preempted):
         train.run(keyword_config, str(interrupted))
-    assert sorted(p.name for p in (interrupted / "resume").iterdir() if p.name.isdigit()) == ["6"]
+    saved = sorted(p.name for p in (interrupted / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == ["6"]
     assert not (interrupted / "results.json").exists()
     train.run(keyword_config, str(interrupted))
     assert len(calls) == 2  # step 6's evaluation came from the checkpoint

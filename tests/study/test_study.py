@@ -290,7 +290,7 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
         [group] = (tmp_path / "one" / "finetune" / name / "SST-2").glob("runs/*/seeds_1_2_3")
         config = json.loads((group.parent / "seed_1" / "config.json").read_text())
         assert config["data"]["one_bucket"] and config["train"]["resume_saves"] == "stop"
-        assert not (group / "resume").exists()
+        assert not (group / "checkpoints").exists()
     assert json.loads((tmp_path / "one" / "finetune" / "scratch" / "SST-2" / "config.json")
                       .read_text())["grid"]["learning_rate"] == [1e-3]
     assert [r["label"] for r in first["rank"]["runs"]] == ["mlm", "maelm", "3ml_self"]

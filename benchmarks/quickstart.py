@@ -1,0 +1,91 @@
+r"""The README's first command, as a new user runs it: wall time, peak memory and where the
+model ends, recorded.
+
+    python benchmarks/quickstart.py [--config=configs/pretrain/quickstart.py] [-- --config.x=y]
+
+Runs ``python main.py --config=<config> --workdir=<fresh directory>`` in a process of its
+own with an empty compilation cache (a first run compiles everything), after the
+``pip install`` (not timed: it depends on the network). Recorded: the wall seconds, the
+process's peak resident memory, the steps, the first logged train loss and the last
+evaluation (loss, masked-token accuracy and the unigram baseline's accuracy, the plateau a
+small model must leave), beside the jitted fp32 matmul's speed, which the seconds are
+read against. Arguments after ``--`` go to main.py (e.g. a shorter run for a test).
+
+Each run writes its record (records.py) to --record_dir (default benchmarks/results/; ""
+writes none); README.md's table is generated from the committed ones
+(`python benchmarks/tables.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+import records
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("config", "configs/pretrain/quickstart.py", "The config main.py runs.")
+flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record goes "
+                    "(<dir>/quickstart/<date>_<device>_<commit>.json); '' for none.")
+
+
+def _lines(path: pathlib.Path, split: str) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in rows if r["split"] == split]
+
+
+def measure(config: str, extra: list[str]) -> dict:
+    """Runs main.py on `config` in a fresh workdir and compilation cache; its figures."""
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = pathlib.Path(scratch) / "run"
+        command = [sys.executable, "main.py", f"--config={config}", f"--workdir={workdir}",
+                   *extra]
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(pathlib.Path(scratch) / "jax")}
+        started = time.perf_counter()
+        done = subprocess.run(command, cwd=records.REPO_ROOT, env=env, capture_output=True,
+                              text=True, check=False)
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            raise SystemExit(f"main.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        # ru_maxrss: the largest child's peak, in KiB on Linux (bytes on macOS).
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        peak_bytes = peak if sys.platform == "darwin" else peak * 1024
+        train = _lines(workdir / "metrics.jsonl", "train")
+        evals = _lines(workdir / "metrics.jsonl", "eval")
+        run_config = json.loads((workdir / "config.json").read_text())
+    last = evals[-1]
+    return {
+        "command": " ".join(["python", "main.py", f"--config={config}",
+                             "--workdir=runs/quickstart", *extra]),
+        "objective": run_config["objective"],
+        "steps": run_config["train"]["num_steps"],
+        "seconds": round(seconds, 1),
+        "peak_gb": round(peak_bytes / 2**30, 2),
+        "first_train_loss": train[0]["loss"],
+        "vocab_size": run_config["tokenizer"]["vocab_size"],
+        "eval": {"step": last["step"], "loss": last["loss"], "accuracy": last["accuracy"],
+                 "unigram_accuracy": last["unigram_accuracy"]},
+    }
+
+
+def main(argv):
+    figures = measure(FLAGS.config, argv[1:])
+    e = figures["eval"]
+    print(f"{figures['command']}: {figures['seconds']:.0f} s, peak {figures['peak_gb']:.2f} GB; "
+          f"step {e['step']}: loss {figures['first_train_loss']:.2f} -> {e['loss']:.2f}, "
+          f"accuracy {e['accuracy']:.3f} (unigram {e['unigram_accuracy']:.3f})")
+    if FLAGS.record_dir:
+        path = records.write("quickstart", figures, pathlib.Path(FLAGS.record_dir))
+        print(f"record: {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)
