@@ -280,13 +280,32 @@ def define_config(file_name: str) -> None:
         f"configs/benchmark/{file_name}).", prefix=cli.program())
 
 
-def define_timing_flags(steps: int) -> None:
-    """--steps, --warmup and --repeats: how step_time.py and peer_hf.py time each side."""
+def define_timing_flags(steps: int, benchmark: str | None = None) -> None:
+    """--steps, --warmup and --repeats: how step_time.py and peer_hf.py time each side;
+    with a `benchmark` name, --record_dir: where the run's record goes (records.py)."""
+    import records
+
     flags.DEFINE_integer("steps", steps, "Timed steps per measurement.", lower_bound=1)
     flags.DEFINE_integer("warmup", 1, "Untimed steps after compiling.", lower_bound=0)
     flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
                          "median is reported.", lower_bound=1)
+    if benchmark:
+        flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record "
+                            f"goes (<dir>/{benchmark}/<date>_<device>_<commit>.json, records.py;"
+                            " the tables in README and docs/ are generated from the committed "
+                            "ones); '' for none.")
     define_host_memory_flag()
+
+
+def sizes(config: ml_collections.ConfigDict) -> dict:
+    """What a record says of the model and batch a benchmark timed."""
+    m = config.model
+    return {"num_layers": m.num_layers, "d_model": m.d_model, "num_heads": m.num_heads,
+            "d_ff": m.d_ff, "decoder_layers": m.decoder.num_layers,
+            "decoder_d_model": m.decoder.d_model, "seq_len": config.data.seq_len,
+            "batch_size": config.train.batch_size, "vocab_size": config.tokenizer.vocab_size,
+            "dropout": m.dropout, "attention_dropout": m.attention_dropout,
+            "prng_impl": config.train.prng_impl}
 
 
 def define_objectives_flag(default: list[str], help_text: str) -> None:

@@ -78,6 +78,7 @@ import os
 # Before JAX starts: on a GPU the peer needs memory too (JAX takes 75 % by default).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import pathlib  # noqa: E402
 import statistics  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -85,6 +86,7 @@ from absl import app, flags  # noqa: E402
 from maelm_jax import cli  # noqa: E402
 
 import harness  # noqa: E402
+import records  # noqa: E402
 from roberta_peer import PeerBench  # noqa: E402
 
 # Minimum throughput ratio ours / peer, per machine kind.
@@ -93,7 +95,7 @@ TARGETS = {"cpu": {"mlm": 1.5, "maelm": 1.2},
 
 FLAGS = flags.FLAGS
 harness.define_config("peer.py")
-harness.define_timing_flags(steps=3)
+harness.define_timing_flags(steps=3, benchmark="peer")
 flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads on the CPU (XLA uses "
                      "every core regardless).", lower_bound=1)
 flags.DEFINE_enum("peer", "hf", ["hf", "none"], "none: time only our side (no torch needed).")
@@ -192,6 +194,7 @@ def main(argv) -> None:
     peer = min(peers, key=lambda side: wall[side])  # eager or compiled: the faster counts
     if len(peers) > 1:
         print(f"the peer is its faster mode: {peer}")
+    verdicts = {}
     # The verdict is on the median of the per-round ratios (each round times both sides
     # back to back); the ratio of the fastest steps shows each side's best on this machine.
     for objective in objectives:
@@ -205,6 +208,15 @@ def main(argv) -> None:
         print(f"{objective} / peer: {ratio:.2f}x tokens/s, median of {len(ratios)} rounds "
               f"(range {min(ratios):.2f}-{max(ratios):.2f}x; fastest steps {best:.2f}x; "
               f"target >= {target}x: {verdict})")
+        verdicts[objective] = {"ratio": ratio, "low": min(ratios), "high": max(ratios),
+                               "fastest": best, "target": target}
+    if FLAGS.record_dir:
+        path = records.write("peer", {
+            "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
+            "host_memory_kept": kept, "peer": peer,
+            "ms": {side: 1e3 * wall[side] for side in benches}, "ratios": verdicts},
+            pathlib.Path(FLAGS.record_dir), records.machine((what, peak)))
+        print(f"record: {path}")
 
 
 if __name__ == "__main__":

@@ -36,15 +36,16 @@ def commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def machine() -> dict:
+def machine(speed: tuple[str, float] | None = None) -> dict:
     """The machine a figure was measured on: its device, cores, jax version, commit and
-    the jitted matmul's speed (harness.machine_speed: fp32 2048^3 on a CPU, bf16 8192^3
-    on an accelerator), which absolute times are read against."""
+    the jitted matmul's speed (`speed`, harness.machine_speed's (what, TFLOP/s) measured
+    in the same run, else measured now: fp32 2048^3 on a CPU, bf16 8192^3 on an
+    accelerator), which absolute times are read against."""
     import jax
 
     import harness
 
-    what, tflops = harness.machine_speed()
+    what, tflops = speed or harness.machine_speed()
     return {"device": jax.devices()[0].device_kind, "platform": jax.default_backend(),
             "cores": os.cpu_count(), "jax": jax.__version__, "commit": commit(),
             "matmul": what, "matmul_gflops": round(tflops * 1e3, 1)}

@@ -37,6 +37,7 @@ CPU-time ratio (process CPU time, all threads) are steadier there.
 from __future__ import annotations
 
 import os
+import pathlib
 import statistics
 
 from absl import app, flags
@@ -45,12 +46,13 @@ from maelm_jax import cli
 from maelm_jax.pretrain import mfu
 
 import harness
+import records
 
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
 
 FLAGS = flags.FLAGS
 harness.define_config("step_time.py")
-harness.define_timing_flags(steps=2)
+harness.define_timing_flags(steps=2, benchmark="step_time")
 harness.define_objectives_flag(list(harness.OBJECTIVES), "Comma-separated, from "
                                f"{', '.join(harness.OBJECTIVES)} (mlm always runs).")
 
@@ -98,11 +100,14 @@ def main(argv) -> None:
               f"{mfu.model_flops(b.flops) / s / 1e12 / peak:6.1%}")
 
     print()
+    ratios = {}
     for objective in objectives[1:]:
         flops_ratio = benches[objective].flops / benches["mlm"].flops
         time_ratio = wall[objective] / wall["mlm"]
         gap = time_ratio / flops_ratio - 1.0
         cpu_gap = (cpu[objective] / cpu["mlm"]) / flops_ratio - 1.0
+        ratios[objective] = {"time": time_ratio, "flops": flops_ratio,
+                             "cpu_time": cpu[objective] / cpu["mlm"]}
         verdict = "holds" if abs(gap) <= TARGET else "MISSED"
         print(f"{objective} / mlm ratio: time {time_ratio:.3f}, FLOPs {flops_ratio:.3f}, "
               f"relative difference {gap:+.1%} (target within {TARGET:.0%}: {verdict}; "
@@ -110,6 +115,16 @@ def main(argv) -> None:
     print("FLOPs as in 3ML App. D: fwd+bwd = 2 x fwd; biases, norms, softmax, dropout, "
           "gathers/scatters and the optimiser update not counted. MFU: the same model FLOPs "
           f"counted fwd+bwd = 3 x fwd (as the training logs do), against the {what}.")
+    if FLAGS.record_dir:
+        steps = {objective: {"ms": 1e3 * wall[objective], "min_ms": 1e3 * min(b.wall),
+                             "cpu_ms": 1e3 * cpu[objective], "gflop": b.flops / 1e9,
+                             "n_enc": b.counts.n_enc}
+                 for objective, b in benches.items()}
+        path = records.write("step_time", {
+            "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
+            "host_memory_kept": kept, "objectives": steps, "ratios": ratios},
+            pathlib.Path(FLAGS.record_dir), records.machine((what, peak)))
+        print(f"record: {path}")
 
 
 if __name__ == "__main__":

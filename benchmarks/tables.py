@@ -96,6 +96,53 @@ def quickstart(found: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _sizes(r: dict) -> str:
+    z = r["sizes"]
+    return (f"{z['num_layers']} x {z['d_model']} ({z['num_heads']} heads, FFN {z['d_ff']}), "
+            f"L {z['seq_len']}, batch {z['batch_size']}, dropout {z['dropout']:g}; "
+            f"{r['repeats']} x {r['steps']} steps")
+
+
+def step_time(found: list[dict]) -> str:
+    """benchmarks/step_time.py: each objective's step time over MLM's against its FLOPs
+    ratio (the claim: within 5 %), all measured in one run."""
+    names = {"maelm": "MAE-LM", "3ml_self": "3ML_self", "3ml_cross": "3ML_cross"}
+    rows = ["| date | machine (jitted fp32 matmul) | encoder, batch, repeats | MLM ms/step | "
+            + " | ".join(f"{name}: time / FLOPs ratio to MLM" for name in names.values())
+            + " | commit |", "|---|---|---|---|---|---|---|---|"]
+    for r in found:
+        cells = []
+        for objective in names:
+            q = r["ratios"].get(objective)
+            cells.append("not run" if q is None else
+                         f"{q['time']:.3f} / {q['flops']:.3f} ({q['time'] / q['flops'] - 1:+.1%})")
+        rows.append(f"| {r['date'][:10]} | {_machine(r)} | {_sizes(r)} | "
+                    f"{r['objectives']['mlm']['ms']:,.0f} | {' | '.join(cells)} | "
+                    f"{r['machine']['commit'][:8]} |")
+    return "\n".join(rows) + "\n"
+
+
+def peer(found: list[dict]) -> str:
+    """benchmarks/peer_hf.py: our train steps' tokens/s over Hugging Face RoBERTa's, the
+    median of the rounds' ratios (both sides of a round back to back) and its range."""
+    rows = ["| date | machine (jitted matmul) | encoder, batch, repeats | ms/step: MLM, MAE-LM, "
+            "peer | MLM / peer (range; target) | MAE-LM / peer (range; target) | commit |",
+            "|---|---|---|---|---|---|---|"]
+    for r in found:
+        ms = r["ms"]
+        cells = []
+        for objective in ("mlm", "maelm"):
+            q = r["ratios"].get(objective)
+            cells.append("not run" if q is None else
+                         f"{q['ratio']:.2f}x ({q['low']:.2f}-{q['high']:.2f}x; "
+                         f">= {q['target']:g}x)")
+        rows.append(f"| {r['date'][:10]} | {_machine(r)} | {_sizes(r)} | "
+                    f"{ms['mlm']:,.0f}, {ms.get('maelm', float('nan')):,.0f}, "
+                    f"{ms[r['peer']]:,.0f} ({r['peer']}) | {' | '.join(cells)} | "
+                    f"{r['machine']['commit'][:8]} |")
+    return "\n".join(rows) + "\n"
+
+
 def suite(found: list[dict]) -> str:
     """benchmarks/gpu_suite.py and tpu_suite.py: the newest run's tables, as the suite
     writes them (NAME.md), under the machine and commit it ran on."""
@@ -112,6 +159,8 @@ def suite(found: list[dict]) -> str:
 TABLES: dict[str, Callable[[list[dict]], str]] = {
     "prepare_throughput": prepare_throughput,
     "quickstart": quickstart,
+    "step_time": step_time,
+    "peer": peer,
     "gpu_suite": suite,
     "tpu_suite": suite,
 }

@@ -31,13 +31,15 @@ def run_script(*flags: str) -> subprocess.CompletedProcess:
     # Run from outside the repository: the installed package and the script's own
     # directory are all its imports need, and its default config is found from the script.
     return subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "step_time.py"), *flags],
+        # No record unless a test asks for one (in its own directory, never the repository's).
+        [sys.executable, str(REPO / "benchmarks" / "step_time.py"), "--record_dir=", *flags],
         cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
 
 
-def test_step_time_script_runs_tiny():
+def test_step_time_script_runs_tiny(tmp_path):
     result = run_script(*TINY, "--steps=2", "--warmup=0", "--repeats=1",
-                        "--objectives=3ml_cross")  # mlm always runs; the others build alike
+                        "--objectives=3ml_cross",  # mlm always runs; the others build alike
+                        f"--record_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert any(line.startswith("encoder 1 x 64 (2 heads, FFN 256)") and "L=32" in line
@@ -48,6 +50,14 @@ def test_step_time_script_runs_tiny():
         assert any(line.startswith(f"{objective} ") for line in lines), result.stdout
         ratio = [line for line in lines if line.startswith(f"{objective} / mlm ratio")]
         assert len(ratio) == 1 and "FLOPs" in ratio[0] and "relative difference" in ratio[0]
+    # Its record, as printed, for the generated tables.
+    [path] = (tmp_path / "step_time").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["sizes"]["d_model"] == 64 and record["sizes"]["batch_size"] == 2
+    assert set(record["objectives"]) == {"mlm", "3ml_cross"} and set(record["ratios"]) == {
+        "3ml_cross"}
+    shown = f"time {record['ratios']['3ml_cross']['time']:.3f}, FLOPs"
+    assert shown in ratio[0] and record["machine"]["matmul_gflops"] > 0
 
 
 @pytest.mark.parametrize("flag, message", [

@@ -1,5 +1,6 @@
 """Smoke tests: benchmarks/peer_hf.py runs end to end at tiny sizes, as a script."""
 
+import json
 import os
 import subprocess
 import sys
@@ -29,7 +30,9 @@ def run_script(*flags: str, pythonpath: str = "") -> subprocess.CompletedProcess
     # Run from outside the repository: the installed package and the script's own
     # directory are all its imports need.
     return subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "peer_hf.py"), *TINY, *flags],
+        # No record unless a test asks for one (in its own directory, never the repository's).
+        [sys.executable, str(REPO / "benchmarks" / "peer_hf.py"), *TINY, "--record_dir=",
+         *flags],
         cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
 
 
@@ -53,17 +56,23 @@ def test_peer_script_runs_without_peer():
     assert not any(line.startswith(("peer ", "mlm / peer")) for line in lines)
 
 
-def test_peer_script_runs_with_hf():
+def test_peer_script_runs_with_hf(tmp_path):
     pytest.importorskip("torch", reason="torch is optional: pip install -r requirements-bench.txt")
     pytest.importorskip("transformers",
                         reason="transformers is optional: pip install -r requirements-bench.txt")
-    lines = run_ok("--peer=hf", "--threads=1")
+    lines = run_ok("--peer=hf", "--threads=1", f"--record_dir={tmp_path}")
     assert any(line.startswith("torch ") and "get_num_threads() = 1" in line for line in lines)
     assert any(line.startswith("peer ") for line in lines), lines
     for side, target in (("mlm", "1.5x"), ("maelm", "1.2x")):
         ratio = [line for line in lines if line.startswith(f"{side} / peer: ")]
         assert len(ratio) == 1 and f"target >= {target}" in ratio[0], lines
         assert ratio[0].endswith(("meets)", "misses)")), ratio
+    [path] = (tmp_path / "peer").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["peer"].startswith("peer")
+    assert set(record["ratios"]) == {"mlm", "maelm"} and record["sizes"]["seq_len"] == 16
+    ratio = [line for line in lines if line.startswith("mlm / peer: ")][0]
+    assert ratio.startswith(f"mlm / peer: {record['ratios']['mlm']['ratio']:.2f}x")
 
 
 def test_peer_script_says_what_to_install(tmp_path):
