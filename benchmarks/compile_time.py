@@ -11,16 +11,20 @@ wide, L = 64, batch 4; any --config.<field>=<value> applies) except model.num_la
 model.scan_layers, which the benchmark sets: each of --depths, per layer and scanned.
 --objective picks the step, derived from the config as step_time.py's objectives are. The
 claim checked: a scanned deep encoder compiles within 1.5x of a scanned 2-layer one (a
-per-layer stack grows about linearly with depth).
+per-layer stack grows about linearly with depth). Each run writes its record (records.py)
+to --record_dir; docs/performance.md's table is generated from the committed ones.
 """
 
 from __future__ import annotations
+
+import pathlib
 
 from absl import app, flags
 
 from maelm_jax import cli
 
 import harness
+import records
 
 TARGET = 1.5  # scanned deepest / scanned shallowest compile time
 
@@ -29,6 +33,7 @@ harness.define_config("compile_time.py")
 flags.DEFINE_list("depths", ["2", "24"], "Comma-separated encoder depths, two or more.")
 flags.DEFINE_enum("objective", "maelm", harness.OBJECTIVES, "The objective whose step is "
                   "compiled.")
+harness.define_record_flag("compile_time")
 
 
 @flags.validator("depths")
@@ -63,6 +68,13 @@ def main(argv) -> None:
         note = f" (target <= {TARGET}x: {'meets' if ratio <= TARGET else 'misses'})" if scan \
             else ""
         print(f"{name}: {hi} layers / {lo} layers = {ratio:.2f}x{note}")
+    if FLAGS.record_dir:
+        path = records.write("compile_time", {
+            "objective": FLAGS.objective, "sizes": harness.sizes(config), "target": TARGET,
+            "seconds": {layout: {str(depth): seconds[scan, depth] for depth in depths}
+                        for scan, layout in ((False, "per_layer"), (True, "scanned"))}},
+            pathlib.Path(FLAGS.record_dir))
+        print(f"record: {path}")
 
 
 if __name__ == "__main__":

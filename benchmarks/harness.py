@@ -283,18 +283,23 @@ def define_config(file_name: str) -> None:
 def define_timing_flags(steps: int, benchmark: str | None = None) -> None:
     """--steps, --warmup and --repeats: how step_time.py and peer_hf.py time each side;
     with a `benchmark` name, --record_dir: where the run's record goes (records.py)."""
-    import records
-
     flags.DEFINE_integer("steps", steps, "Timed steps per measurement.", lower_bound=1)
     flags.DEFINE_integer("warmup", 1, "Untimed steps after compiling.", lower_bound=0)
     flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
                          "median is reported.", lower_bound=1)
     if benchmark:
-        flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record "
-                            f"goes (<dir>/{benchmark}/<date>_<device>_<commit>.json, records.py;"
-                            " the tables in README and docs/ are generated from the committed "
-                            "ones); '' for none.")
+        define_record_flag(benchmark)
     define_host_memory_flag()
+
+
+def define_record_flag(benchmark: str) -> None:
+    """--record_dir: where a run of `benchmark` writes its record (records.py)."""
+    import records
+
+    flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record "
+                        f"goes (<dir>/{benchmark}/<date>_<device>_<commit>.json, records.py; "
+                        "the tables in README and docs/ are generated from the committed "
+                        "ones); '' for none.")
 
 
 def sizes(config: ml_collections.ConfigDict) -> dict:

@@ -122,6 +122,27 @@ def step_time(found: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def compile_time(found: list[dict]) -> str:
+    """benchmarks/compile_time.py: compile seconds per depth, per-layer and scanned stacks,
+    and the deepest over the shallowest (the claim: scanned within the target)."""
+    rows = ["| date | machine (jitted fp32 matmul) | step, width | per layer: s by depth, "
+            "ratio | scanned: s by depth, ratio (target) | commit |",
+            "|---|---|---|---|---|---|"]
+    for r in found:
+        cells = []
+        for layout in ("per_layer", "scanned"):
+            by_depth = sorted(r["seconds"][layout].items(), key=lambda kv: int(kv[0]))
+            ratio = by_depth[-1][1] / by_depth[0][1]
+            target = f"; <= {r['target']:g}x" if layout == "scanned" else ""
+            cells.append(", ".join(f"{d}: {v:.1f}" for d, v in by_depth)
+                         + f"; {ratio:.2f}x{target}")
+        z = r["sizes"]
+        rows.append(f"| {r['date'][:10]} | {_machine(r)} | {r['objective']}, {z['d_model']} wide, "
+                    f"L {z['seq_len']}, batch {z['batch_size']} | {' | '.join(cells)} | "
+                    f"{r['machine']['commit'][:8]} |")
+    return "\n".join(rows) + "\n"
+
+
 def peer(found: list[dict]) -> str:
     """benchmarks/peer_hf.py: our train steps' tokens/s over Hugging Face RoBERTa's, the
     median of the rounds' ratios (both sides of a round back to back) and its range."""
@@ -161,6 +182,7 @@ TABLES: dict[str, Callable[[list[dict]], str]] = {
     "quickstart": quickstart,
     "step_time": step_time,
     "peer": peer,
+    "compile_time": compile_time,
     "gpu_suite": suite,
     "tpu_suite": suite,
 }

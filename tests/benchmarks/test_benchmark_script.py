@@ -60,6 +60,23 @@ def test_step_time_script_runs_tiny(tmp_path):
     assert shown in ratio[0] and record["machine"]["matmul_gflops"] > 0
 
 
+def test_compile_time_script_records_each_depth_and_layout(tmp_path):
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "compile_time.py"), "--depths=1,2",
+         "--objective=mlm", *TINY, f"--record_dir={tmp_path}"],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
+        check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [path] = (tmp_path / "compile_time").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["objective"] == "mlm" and record["sizes"]["d_model"] == 64
+    assert {layout: sorted(by_depth) for layout, by_depth in record["seconds"].items()} == {
+        "per_layer": ["1", "2"], "scanned": ["1", "2"]}
+    ratio = record["seconds"]["scanned"]["2"] / record["seconds"]["scanned"]["1"]
+    assert f"scanned: 2 layers / 1 layers = {ratio:.2f}x" in result.stdout
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--config.model.num_layerz=1",
      "--config.model.num_layerz: config.model has no field 'num_layerz'; did you mean "
