@@ -19,12 +19,14 @@ batches fall into its buckets much as GLUE's sentence-pair tasks do; single sent
 
 Prints ms per step and per run of each, the speedup, and what the study's fine-tuning
 costs either way (its tasks' runs at max_train_examples, upper bounds): the figures that
-choose the study's finetune.seeds_per_program.
+choose the study's finetune.seeds_per_program. Each run writes its record (records.py) to
+--record_dir; docs/finetuning.md's table is generated from the committed ones.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 import statistics
 import time
 import types
@@ -40,12 +42,13 @@ from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.study import config as study_config
 
 import harness
+import records
 
 FLAGS = flags.FLAGS
 cli.define_config(str(harness.CONFIGS.parent / "study" / "gpu.py"),
                   "Study config file[:variant] whose model and fine-tuning sizes to time "
                   "(default: configs/study/gpu.py).", prefix=cli.program())
-harness.define_timing_flags(steps=20)
+harness.define_timing_flags(steps=20, benchmark="finetune_seeds")
 flags.DEFINE_integer("runs", 3, "Seeds in the group.", lower_bound=2)
 flags.DEFINE_integer("eval_examples", 2000, "Dev sequences in the timed evaluation.",
                      lower_bound=1)
@@ -132,7 +135,8 @@ def main(argv) -> None:
                 state, metrics = trainer.train_step(state, next(batches))
             jax.block_until_ready((state, metrics))
         sides[name].state = state
-        print(f"  {name}: compiled and warmed up in {time.perf_counter() - start:.1f} s")
+        sides[name].compile_seconds = time.perf_counter() - start
+        print(f"  {name}: compiled and warmed up in {sides[name].compile_seconds:.1f} s")
 
     for r in range(FLAGS.repeats):
         for name in (("alone", "group") if r % 2 == 0 else ("group", "alone")):
@@ -168,6 +172,21 @@ def main(argv) -> None:
           f"{t.num_epochs} epochs / batch {t.batch_size}) trains in {steps * alone:.0f} s "
           f"alone, {steps * group / runs:.0f} s as one of a group of {runs} (evaluations "
           "not counted)")
+    if FLAGS.record_dir:
+        m = c.model
+        path = records.write("finetune_seeds", {
+            "encoder": {"num_layers": m.num_layers, "d_model": m.d_model,
+                        "num_heads": m.num_heads, "d_ff": m.d_ff, "vocab_size": vocab_size,
+                        "dtype": jax.numpy.dtype(encoder_cfg.stack.dtype).name,
+                        "attention_impl": encoder_cfg.stack.attention_impl},
+            "batch_size": t.batch_size, "max_seq_len": max_len, "runs": runs,
+            "repeats": FLAGS.repeats, "steps": FLAGS.steps,
+            "eval_examples": FLAGS.eval_examples,
+            "step_ms": {"alone": 1e3 * alone, "group": 1e3 * group},
+            "eval_seconds": evals,
+            "compile_seconds": {name: side.compile_seconds for name, side in sides.items()}},
+            pathlib.Path(FLAGS.record_dir), records.machine((what, peak)))
+        print(f"record: {path}")
 
 
 if __name__ == "__main__":

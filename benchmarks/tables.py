@@ -143,6 +143,24 @@ def compile_time(found: list[dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def finetune_seeds(found: list[dict]) -> str:
+    """benchmarks/finetune_seeds.py: a fine-tuning run's step alone against one of a seed
+    group's (per run), and the evaluation's, with what each side took to compile."""
+    rows = ["| date | machine (jitted matmul) | encoder, batch, lengths, group | ms per "
+            "run-step: alone, group | speedup per run: train, eval | compiled and warmed "
+            "up: alone, group | commit |", "|---|---|---|---|---|---|---|"]
+    for r in found:
+        e, n, ms, ev = r["encoder"], r["runs"], r["step_ms"], r["eval_seconds"]
+        rows.append(
+            f"| {r['date'][:10]} | {_machine(r)} | {e['num_layers']} x {e['d_model']} "
+            f"({e['dtype']}), batch {r['batch_size']}, 8-{r['max_seq_len']} tokens, "
+            f"{n} runs | {ms['alone']:.1f}, {ms['group'] / n:.1f} | "
+            f"{ms['alone'] * n / ms['group']:.2f}x, {ev['alone'] * n / ev['group']:.2f}x | "
+            f"{r['compile_seconds']['alone']:.0f} s, {r['compile_seconds']['group']:.0f} s | "
+            f"{r['machine']['commit'][:8]} |")
+    return "\n".join(rows) + "\n"
+
+
 def peer(found: list[dict]) -> str:
     """benchmarks/peer_hf.py: our train steps' tokens/s over Hugging Face RoBERTa's, the
     median of the rounds' ratios (both sides of a round back to back) and its range."""
@@ -183,6 +201,7 @@ TABLES: dict[str, Callable[[list[dict]], str]] = {
     "step_time": step_time,
     "peer": peer,
     "compile_time": compile_time,
+    "finetune_seeds": finetune_seeds,
     "gpu_suite": suite,
     "tpu_suite": suite,
 }

@@ -345,14 +345,15 @@ def test_gpu_suite_bad_profile_side_is_one_line(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
-def test_finetune_seeds_script_times_runs_alone_and_grouped():
+def test_finetune_seeds_script_times_runs_alone_and_grouped(tmp_path):
     """benchmarks/finetune_seeds.py at the study's tiny preset: both sides timed, the
-    speedups and the per-run cost printed; a bad flag is one line."""
+    speedups and the per-run cost printed and recorded; a bad flag is one line."""
     env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
     script = str(REPO / "benchmarks" / "finetune_seeds.py")
     tiny = f"--config={REPO / 'configs' / 'study' / 'gpu.py'}:tiny"
     result = subprocess.run(
-        [sys.executable, script, tiny, "--steps=2", "--repeats=1", "--eval_examples=8"],
+        [sys.executable, script, tiny, "--steps=2", "--repeats=1", "--eval_examples=8",
+         f"--record_dir={tmp_path}"],
         cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
         check=False)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -364,9 +365,14 @@ def test_finetune_seeds_script_times_runs_alone_and_grouped():
     # Per run, a group's step costs its step over the runs.
     assert rows["group"][1] == pytest.approx(rows["group"][0] / 3, abs=0.01)
     assert "speedup per run: train steps" in out and "one run of 4 steps" in out
+    [path] = (tmp_path / "finetune_seeds").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["runs"] == 3 and record["step_ms"]["alone"] == pytest.approx(
+        rows["alone"][0], abs=0.01)
     for flag, named in (("--runs=1", "--runs"),
                         ("--config.finetune.batch_size=0", "config.finetune.batch_size")):
-        bad = subprocess.run([sys.executable, script, tiny, flag], cwd=REPO.parent, env=env,
+        bad = subprocess.run([sys.executable, script, tiny, flag, "--record_dir="],
+                             cwd=REPO.parent, env=env,
                              capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
         assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert named in bad.stderr
