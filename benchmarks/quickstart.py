@@ -54,7 +54,8 @@ def measure(config: str, extra: list[str]) -> dict:
                               text=True, check=False)
         seconds = time.perf_counter() - started
         if done.returncode != 0:
-            raise SystemExit(f"main.py failed ({done.returncode}):\n{done.stderr[-3000:]}")
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise SystemExit(f"quickstart.py: main.py exited {done.returncode}: {last}")
         # ru_maxrss: the largest child's peak, in KiB on Linux (bytes on macOS).
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         peak_bytes = peak if sys.platform == "darwin" else peak * 1024

@@ -48,14 +48,21 @@ def _rate(tokens: float, seconds: float) -> str:
     return f"{tokens / seconds / 1e6:.2f}M"
 
 
+def _table(columns: list[str], found: list[dict], cells: Callable[[dict], list[str]],
+           machine: str = "machine (jitted fp32 matmul)") -> str:
+    """A record per row: its date, its machine, `cells(record)` under `columns`, its
+    commit."""
+    head = ["date", machine, *columns, "commit"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows += ["| " + " | ".join([r["date"][:10], _machine(r), *cells(r),
+                                r["machine"]["commit"][:8]]) + " |" for r in found]
+    return "\n".join(rows) + "\n"
+
+
 def prepare_throughput(found: list[dict]) -> str:
     """benchmarks/prepare_throughput.py: the in-job path against mode "prepare" (Beam), and
     Beam on the same documents as Parquet when it was timed."""
-    rows = ["| date | machine (jitted fp32 matmul) | corpus | in the job: s, tokens/s, "
-            "peak | Beam: workers, s, tokens/s (per core), peak | Beam on Parquet: s, "
-            "tokens/s, / text | 160 GB of text: in one job, in Beam | commit |",
-            "|---|---|---|---|---|---|---|---|"]
-    for r in found:
+    def cells(r):
         job, beam, c = r["paths"]["job"], r["paths"]["beam"], r["corpus"]
         w = r["workers"]
         parquet = r["paths"].get("parquet")
@@ -70,30 +77,31 @@ def prepare_throughput(found: list[dict]) -> str:
         tokens = 160e9 * job["tokens"] / c["bytes"]
         hours = (f"{tokens / (job['tokens'] / job['seconds']) / 3600:.1f} h, "
                  f"{tokens / (beam['tokens'] / beam['seconds'] / w) / 3600:.0f} core-hours")
-        rows.append(
-            f"| {r['date'][:10]} | {_machine(r)} | {c['name']}: {c['bytes'] / 1e6:.0f} MB, "
-            f"{job['tokens'] / 1e6:.1f}M tokens of {r['seq_len']} | {job['seconds']:.1f}, "
-            f"{_rate(job['tokens'], job['seconds'])}, {job['peak_gb']:.2f} GB | {w}, "
-            f"{beam['seconds']:.1f}, {_rate(beam['tokens'], beam['seconds'])} "
-            f"({_rate(beam['tokens'] / w, beam['seconds'])}), {beam['peak_gb']:.2f} GB | "
-            f"{on_parquet} | {hours} | {r['machine']['commit'][:8]} |")
-    return "\n".join(rows) + "\n"
+        return [f"{c['name']}: {c['bytes'] / 1e6:.0f} MB, {job['tokens'] / 1e6:.1f}M tokens of "
+                f"{r['seq_len']}",
+                f"{job['seconds']:.1f}, {_rate(job['tokens'], job['seconds'])}, "
+                f"{job['peak_gb']:.2f} GB",
+                f"{w}, {beam['seconds']:.1f}, {_rate(beam['tokens'], beam['seconds'])} "
+                f"({_rate(beam['tokens'] / w, beam['seconds'])}), {beam['peak_gb']:.2f} GB",
+                on_parquet, hours]
+    return _table(["corpus", "in the job: s, tokens/s, peak",
+                   "Beam: workers, s, tokens/s (per core), peak",
+                   "Beam on Parquet: s, tokens/s, / text",
+                   "160 GB of text: in one job, in Beam"], found, cells)
 
 
 def quickstart(found: list[dict]) -> str:
     """benchmarks/quickstart.py: the README's first command after pip install, cold."""
-    rows = ["| date | machine (jitted fp32 matmul) | command | wall, peak memory | loss: first "
-            "logged, last eval (uniform) | eval accuracy (unigram baseline) | commit |",
-            "|---|---|---|---|---|---|---|"]
-    for r in found:
+    def cells(r):
         e, minutes = r["eval"], int(r["seconds"] // 60)
-        rows.append(
-            f"| {r['date'][:10]} | {_machine(r)} | `{r['command']}` "
-            f"({r['objective']}, {r['steps']:,} steps) | {minutes} min {r['seconds'] % 60:.0f} s,"
-            f" {r['peak_gb']:.1f} GB | {r['first_train_loss']:.1f}, {e['loss']:.1f} "
-            f"({math.log(r['vocab_size']):.1f}) | {100 * e['accuracy']:.1f} % "
-            f"({100 * e['unigram_accuracy']:.1f} %) | {r['machine']['commit'][:8]} |")
-    return "\n".join(rows) + "\n"
+        return [f"`{r['command']}` ({r['objective']}, {r['steps']:,} steps)",
+                f"{minutes} min {r['seconds'] % 60:.0f} s, {r['peak_gb']:.1f} GB",
+                f"{r['first_train_loss']:.1f}, {e['loss']:.1f} "
+                f"({math.log(r['vocab_size']):.1f})",
+                f"{100 * e['accuracy']:.1f} % ({100 * e['unigram_accuracy']:.1f} %)"]
+    return _table(["command", "wall, peak memory",
+                   "loss: first logged, last eval (uniform)",
+                   "eval accuracy (unigram baseline)"], found, cells)
 
 
 def _sizes(r: dict) -> str:
@@ -107,79 +115,64 @@ def step_time(found: list[dict]) -> str:
     """benchmarks/step_time.py: each objective's step time over MLM's against its FLOPs
     ratio (the claim: within 5 %), all measured in one run."""
     names = {"maelm": "MAE-LM", "3ml_self": "3ML_self", "3ml_cross": "3ML_cross"}
-    rows = ["| date | machine (jitted fp32 matmul) | encoder, batch, repeats | MLM ms/step | "
-            + " | ".join(f"{name}: time / FLOPs ratio to MLM" for name in names.values())
-            + " | commit |", "|---|---|---|---|---|---|---|---|"]
-    for r in found:
-        cells = []
-        for objective in names:
-            q = r["ratios"].get(objective)
-            cells.append("not run" if q is None else
-                         f"{q['time']:.3f} / {q['flops']:.3f} ({q['time'] / q['flops'] - 1:+.1%})")
-        rows.append(f"| {r['date'][:10]} | {_machine(r)} | {_sizes(r)} | "
-                    f"{r['objectives']['mlm']['ms']:,.0f} | {' | '.join(cells)} | "
-                    f"{r['machine']['commit'][:8]} |")
-    return "\n".join(rows) + "\n"
+
+    def ratio(q):
+        return ("not run" if q is None else
+                f"{q['time']:.3f} / {q['flops']:.3f} ({q['time'] / q['flops'] - 1:+.1%})")
+    return _table(["encoder, batch, repeats", "MLM ms/step",
+                   *(f"{name}: time / FLOPs ratio to MLM" for name in names.values())], found,
+                  lambda r: [_sizes(r), f"{r['objectives']['mlm']['ms']:,.0f}",
+                             *(ratio(r["ratios"].get(o)) for o in names)])
 
 
 def compile_time(found: list[dict]) -> str:
     """benchmarks/compile_time.py: compile seconds per depth, per-layer and scanned stacks,
     and the deepest over the shallowest (the claim: scanned within the target)."""
-    rows = ["| date | machine (jitted fp32 matmul) | step, width | per layer: s by depth, "
-            "ratio | scanned: s by depth, ratio (target) | commit |",
-            "|---|---|---|---|---|---|"]
-    for r in found:
-        cells = []
+    def cells(r):
+        z = r["sizes"]
+        out = [f"{r['objective']}, {z['d_model']} wide, L {z['seq_len']}, "
+               f"batch {z['batch_size']}"]
         for layout in ("per_layer", "scanned"):
             by_depth = sorted(r["seconds"][layout].items(), key=lambda kv: int(kv[0]))
             ratio = by_depth[-1][1] / by_depth[0][1]
             target = f"; <= {r['target']:g}x" if layout == "scanned" else ""
-            cells.append(", ".join(f"{d}: {v:.1f}" for d, v in by_depth)
-                         + f"; {ratio:.2f}x{target}")
-        z = r["sizes"]
-        rows.append(f"| {r['date'][:10]} | {_machine(r)} | {r['objective']}, {z['d_model']} wide, "
-                    f"L {z['seq_len']}, batch {z['batch_size']} | {' | '.join(cells)} | "
-                    f"{r['machine']['commit'][:8]} |")
-    return "\n".join(rows) + "\n"
+            out.append(", ".join(f"{d}: {v:.1f}" for d, v in by_depth)
+                       + f"; {ratio:.2f}x{target}")
+        return out
+    return _table(["step, width", "per layer: s by depth, ratio",
+                   "scanned: s by depth, ratio (target)"], found, cells)
 
 
 def finetune_seeds(found: list[dict]) -> str:
     """benchmarks/finetune_seeds.py: a fine-tuning run's step alone against one of a seed
     group's (per run), and the evaluation's, with what each side took to compile."""
-    rows = ["| date | machine (jitted matmul) | encoder, batch, lengths, group | ms per "
-            "run-step: alone, group | speedup per run: train, eval | compiled and warmed "
-            "up: alone, group | commit |", "|---|---|---|---|---|---|---|"]
-    for r in found:
+    def cells(r):
         e, n, ms, ev = r["encoder"], r["runs"], r["step_ms"], r["eval_seconds"]
-        rows.append(
-            f"| {r['date'][:10]} | {_machine(r)} | {e['num_layers']} x {e['d_model']} "
-            f"({e['dtype']}), batch {r['batch_size']}, 8-{r['max_seq_len']} tokens, "
-            f"{n} runs | {ms['alone']:.1f}, {ms['group'] / n:.1f} | "
-            f"{ms['alone'] * n / ms['group']:.2f}x, {ev['alone'] * n / ev['group']:.2f}x | "
-            f"{r['compile_seconds']['alone']:.0f} s, {r['compile_seconds']['group']:.0f} s | "
-            f"{r['machine']['commit'][:8]} |")
-    return "\n".join(rows) + "\n"
+        return [f"{e['num_layers']} x {e['d_model']} ({e['dtype']}), batch {r['batch_size']}, "
+                f"8-{r['max_seq_len']} tokens, {n} runs",
+                f"{ms['alone']:.1f}, {ms['group'] / n:.1f}",
+                f"{ms['alone'] * n / ms['group']:.2f}x, {ev['alone'] * n / ev['group']:.2f}x",
+                f"{r['compile_seconds']['alone']:.0f} s, {r['compile_seconds']['group']:.0f} s"]
+    return _table(["encoder, batch, lengths, group", "ms per run-step: alone, group",
+                   "speedup per run: train, eval", "compiled and warmed up: alone, group"],
+                  found, cells, machine="machine (jitted matmul)")
 
 
 def peer(found: list[dict]) -> str:
     """benchmarks/peer_hf.py: our train steps' tokens/s over Hugging Face RoBERTa's, the
     median of the rounds' ratios (both sides of a round back to back) and its range."""
-    rows = ["| date | machine (jitted matmul) | encoder, batch, repeats | ms/step: MLM, MAE-LM, "
-            "peer | MLM / peer (range; target) | MAE-LM / peer (range; target) | commit |",
-            "|---|---|---|---|---|---|---|"]
-    for r in found:
+    def ratio(q):
+        return ("not run" if q is None else
+                f"{q['ratio']:.2f}x ({q['low']:.2f}-{q['high']:.2f}x; >= {q['target']:g}x)")
+
+    def cells(r):
         ms = r["ms"]
-        cells = []
-        for objective in ("mlm", "maelm"):
-            q = r["ratios"].get(objective)
-            cells.append("not run" if q is None else
-                         f"{q['ratio']:.2f}x ({q['low']:.2f}-{q['high']:.2f}x; "
-                         f">= {q['target']:g}x)")
-        rows.append(f"| {r['date'][:10]} | {_machine(r)} | {_sizes(r)} | "
-                    f"{ms['mlm']:,.0f}, {ms.get('maelm', float('nan')):,.0f}, "
-                    f"{ms[r['peer']]:,.0f} ({r['peer']}) | {' | '.join(cells)} | "
-                    f"{r['machine']['commit'][:8]} |")
-    return "\n".join(rows) + "\n"
+        return [_sizes(r), f"{ms['mlm']:,.0f}, {ms.get('maelm', float('nan')):,.0f}, "
+                           f"{ms[r['peer']]:,.0f} ({r['peer']})",
+                *(ratio(r["ratios"].get(o)) for o in ("mlm", "maelm"))]
+    return _table(["encoder, batch, repeats", "ms/step: MLM, MAE-LM, peer",
+                   "MLM / peer (range; target)", "MAE-LM / peer (range; target)"], found,
+                  cells, machine="machine (jitted matmul)")
 
 
 def suite(found: list[dict]) -> str:

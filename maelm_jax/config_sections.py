@@ -108,6 +108,18 @@ ENCODER = Section({
        for name, value in options.KernelOptions().fields().items()},
 })
 
+
+def kernel_options(config: ml_collections.ConfigDict,
+                   error: type[Exception]) -> options.KernelOptions:
+    """ENCODER's model.pallas fields of `config` as the kernels' options; a bad field is
+    `error` (the config kind's) with one line naming it."""
+    try:
+        return options.KernelOptions.from_fields(config.model.pallas.to_dict(),
+                                                 "config.model.pallas")
+    except options.OptionsError as e:
+        raise error(str(e)) from None
+
+
 # config.train: AdamW with a linear warmup and decay, clipping, and what a non-finite step
 # does (training/optimizer.py, training/engine.py).
 TRAIN = Section({

@@ -276,9 +276,5 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 
 def kernel_options(config: ml_collections.ConfigDict) -> options.KernelOptions:
-    """config.model.pallas as the kernel's options (one line naming a bad field)."""
-    try:
-        return options.KernelOptions.from_fields(config.model.pallas.to_dict(),
-                                                 "config.model.pallas")
-    except options.OptionsError as e:
-        raise FinetuneConfigError(str(e)) from None
+    """config.model.pallas as the kernels' options (FinetuneConfigError naming a bad field)."""
+    return config_sections.kernel_options(config, FinetuneConfigError)

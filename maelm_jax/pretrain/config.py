@@ -281,12 +281,8 @@ def objective(config: ml_collections.ConfigDict) -> objectives.Objective:
 
 
 def kernel_options(config: ml_collections.ConfigDict) -> options.KernelOptions:
-    """config.model.pallas as the kernel's options (ConfigError naming a bad field)."""
-    try:
-        return options.KernelOptions.from_fields(config.model.pallas.to_dict(),
-                                                 "config.model.pallas")
-    except options.OptionsError as e:
-        raise ConfigError(str(e)) from None
+    """config.model.pallas as the kernels' options (ConfigError naming a bad field)."""
+    return config_sections.kernel_options(config, ConfigError)
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:

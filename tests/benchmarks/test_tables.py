@@ -179,3 +179,15 @@ def test_the_seed_group_table_gives_the_speedup_per_run(tmp_path):
     cells = _quickstart_row(tables.regenerate(block, tmp_path))
     assert cells[2:] == ["6 x 256 (float32), batch 32, 8-64 tokens, 3 runs", "100.0, 50.0",
                          "2.00x, 2.00x", "24 s, 65 s", "01234567"]
+
+
+@pytest.mark.slow
+def test_the_quickstart_benchmark_names_a_bad_config_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "benchmarks/quickstart.py",
+                           "--config=configs/pretrain/nope.py", f"--record_dir={tmp_path}"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "quickstart.py: main.py exited 1: error: --config: configs/pretrain/nope.py does not "
+        "exist"), done.stderr[-2000:]
+    assert not (tmp_path / "quickstart").exists()
