@@ -3,13 +3,13 @@ model ends, recorded.
 
     python benchmarks/quickstart.py [--config=configs/pretrain/quickstart.py] [-- --config.x=y]
 
-Runs ``python main.py --config=<config> --workdir=<fresh directory>`` in a process of its
-own with an empty compilation cache (a first run compiles everything), after the
-``pip install`` (not timed: it depends on the network). Recorded: the wall seconds, the
-process's peak resident memory, the steps, the first logged train loss and the last
-evaluation (loss, masked-token accuracy and the unigram baseline's accuracy, the plateau a
-small model must leave), beside the jitted fp32 matmul's speed, which the seconds are
-read against. Arguments after ``--`` go to main.py (e.g. a shorter run for a test).
+Runs ``python main.py --config=<config> --workdir=<fresh directory>`` cold (cold_run.py: a
+process of its own, an empty compilation cache), after the ``pip install`` (not timed: it
+depends on the network). Recorded: the wall seconds, the process's peak resident memory,
+the steps, the first logged train loss and the last evaluation (loss, masked-token
+accuracy and the unigram baseline's accuracy, the plateau a small model must leave),
+beside the jitted fp32 matmul's speed, which the seconds are read against. Arguments
+after ``--`` go to main.py (e.g. a shorter run for a test).
 
 Each run writes its record (records.py) to --record_dir (default benchmarks/results/; ""
 writes none); README.md's table is generated from the committed ones
@@ -19,16 +19,12 @@ writes none); README.md's table is generated from the committed ones
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import resource
-import subprocess
-import sys
 import tempfile
-import time
 
 from absl import app, flags
 
+import cold_run
 import records
 
 FLAGS = flags.FLAGS
@@ -46,19 +42,8 @@ def measure(config: str, extra: list[str]) -> dict:
     """Runs main.py on `config` in a fresh workdir and compilation cache; its figures."""
     with tempfile.TemporaryDirectory() as scratch:
         workdir = pathlib.Path(scratch) / "run"
-        command = [sys.executable, "main.py", f"--config={config}", f"--workdir={workdir}",
-                   *extra]
-        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(pathlib.Path(scratch) / "jax")}
-        started = time.perf_counter()
-        done = subprocess.run(command, cwd=records.REPO_ROOT, env=env, capture_output=True,
-                              text=True, check=False)
-        seconds = time.perf_counter() - started
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise SystemExit(f"quickstart.py: main.py exited {done.returncode}: {last}")
-        # ru_maxrss: the largest child's peak, in KiB on Linux (bytes on macOS).
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        peak_bytes = peak if sys.platform == "darwin" else peak * 1024
+        timed = cold_run.run_main([f"--config={config}", f"--workdir={workdir}", *extra],
+                                  pathlib.Path(scratch) / "jax", "quickstart.py")
         train = _lines(workdir / "metrics.jsonl", "train")
         evals = _lines(workdir / "metrics.jsonl", "eval")
         run_config = json.loads((workdir / "config.json").read_text())
@@ -68,8 +53,7 @@ def measure(config: str, extra: list[str]) -> dict:
                              "--workdir=runs/quickstart", *extra]),
         "objective": run_config["objective"],
         "steps": run_config["train"]["num_steps"],
-        "seconds": round(seconds, 1),
-        "peak_gb": round(peak_bytes / 2**30, 2),
+        **timed,
         "first_train_loss": train[0]["loss"],
         "vocab_size": run_config["tokenizer"]["vocab_size"],
         "eval": {"step": last["step"], "loss": last["loss"], "accuracy": last["accuracy"],

@@ -52,9 +52,16 @@ def _fmt(value, spec: str = ".2f", empty: str = "—") -> str:
     return empty if value is None else format(value, spec)
 
 
-def markdown(result: dict) -> str:
+def _tasks(result: dict) -> list[str]:
+    return sorted({t for per_task in result["glue"].values() for t in per_task})
+
+
+def table(result: dict) -> list[str]:
+    """The study's table: a row per model (its [MASK] loss and accuracy beside the unigram
+    baseline, last-layer ranks, the GLUE medians and their average, wall time, training
+    FLOPs, MFU) and one per control; Markdown lines."""
     names, glue = result["models"], result["glue"]
-    tasks = sorted({t for per_task in glue.values() for t in per_task})
+    tasks = _tasks(result)
     rank = {r["path"]: r["last_layer"] for r in result["rank"]["runs"]}
     centred = {r["path"]: r.get("centred", {}).get("last_layer", {})
                for r in result["rank"]["runs"]}
@@ -62,25 +69,7 @@ def markdown(result: dict) -> str:
                "rank (with [MASK])", "centred rank (no [MASK])", "centred rank (with [MASK])"]
               + tasks + (["GLUE avg."] if tasks else [])
               + ["pretraining time", "training FLOPs", "MFU"])
-    tau = result["rank"]["tau"]
-    lines = [f"# {result.get('title', 'Study')}", ""]
-    if not result.get("finished", True):
-        lines += [f"**Not finished**: {len(result['parts_done'])} of "
-                  f"{len(result['parts_done']) + len(result['parts_left'])} parts done; "
-                  f"left: {', '.join(result['parts_left'])}. The same command continues.", ""]
-    lines += ["Same corpus, tokenizer, token budget, optimiser settings and seed for every "
-              "model; rank_tau with tau = "
-              + ("(not yet analysed)" if tau is None else f"{tau:g}") + " on held-out blocks "
-              "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians "
-              f"over seeds {result['seeds']}"
-              + (f" from {result['glue_dir']}" if result["glue_dir"] else
-                 " (no glue_dir given: no fine-tuning)") + ".", ""]
-    parts = result.get("parts", [])
-    if parts:
-        lines += ["Run on " + "; ".join(
-            (f"{', '.join(map(_name, p['models'] + p['controls']))}: " if len(parts) > 1 else "")
-            + f"{p['device']} (jax {p['jax']})" for p in parts) + ".", ""]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for n in names:
         p = result["pretraining"][n]
         r, c = rank.get(p["workdir"], {}), centred.get(p["workdir"], {})
@@ -106,6 +95,30 @@ def markdown(result: dict) -> str:
             row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
         row += ["—", "—", "—"]
         lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def markdown(result: dict) -> str:
+    names, glue, tasks = result["models"], result["glue"], _tasks(result)
+    tau = result["rank"]["tau"]
+    lines = [f"# {result.get('title', 'Study')}", ""]
+    if not result.get("finished", True):
+        lines += [f"**Not finished**: {len(result['parts_done'])} of "
+                  f"{len(result['parts_done']) + len(result['parts_left'])} parts done; "
+                  f"left: {', '.join(result['parts_left'])}. The same command continues.", ""]
+    lines += ["Same corpus, tokenizer, token budget, optimiser settings and seed for every "
+              "model; rank_tau with tau = "
+              + ("(not yet analysed)" if tau is None else f"{tau:g}") + " on held-out blocks "
+              "(last encoder layer; centred: the mean row subtracted first); GLUE: dev medians "
+              f"over seeds {result['seeds']}"
+              + (f" from {result['glue_dir']}" if result["glue_dir"] else
+                 " (no glue_dir given: no fine-tuning)") + ".", ""]
+    parts = result.get("parts", [])
+    if parts:
+        lines += ["Run on " + "; ".join(
+            (f"{', '.join(map(_name, p['models'] + p['controls']))}: " if len(parts) > 1 else "")
+            + f"{p['device']} (jax {p['jax']})" for p in parts) + ".", ""]
+    lines += table(result)
     if tasks:
         lines += ["", "Per seed (dev, the task's metric):", ""]
         for t in tasks:
@@ -146,8 +159,7 @@ def plot(result: dict, root: paths.Path) -> list[paths.Path]:
         rank_plot.copy(root / layout.RANK_LAYERS_PLOT, overwrite=True)
         written.append(root / layout.RANK_LAYERS_PLOT)
 
-    glue = result["glue"]
-    tasks = sorted({t for per_task in glue.values() for t in per_task})
+    glue, tasks = result["glue"], _tasks(result)
     if tasks:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         shown = result["models"] + result.get("controls", [])
