@@ -175,6 +175,24 @@ def peer(found: list[dict]) -> str:
                   cells, machine="machine (jitted matmul)")
 
 
+def laptop_study(found: list[dict]) -> str:
+    """benchmarks/laptop_study.py: the newest study's command, the data and machine it ran
+    on, and its table as the study writes it (maelm_jax/study/report.py)."""
+    from maelm_jax.study import report  # the study's own table, not a copy of it
+
+    r = found[-1]
+    s, d = r["study"], r["data"]
+    command = r["command"].replace(" --", " \\\n    --")  # a flag per line
+    corpus = (f"`{d['corpus']['name']}` ({d['corpus']['bytes'] / 1e6:.0f} MB of "
+              f"{d['corpus']['kind']} files)" if "corpus" in d else "the built-in corpus")
+    glue = (f"fine-tuned on the GLUE copy `{d['glue']['name']}`, dev medians over seeds "
+            f"{', '.join(map(str, s['seeds']))}" if "glue" in d else "not fine-tuned")
+    return (f"Measured {r['date'][:10]} on {_machine(r)} at commit {r['machine']['commit'][:8]} "
+            f"({len(found)} run(s) recorded): {r['seconds'] / 60:.0f} min in all, peak "
+            f"{r['peak_gb']:.1f} GB; pretrained on {corpus}, {glue}.\n\n"
+            f"```bash\n{command}\n```\n\n" + "\n".join(report.table(s)) + "\n")
+
+
 def suite(found: list[dict]) -> str:
     """benchmarks/gpu_suite.py and tpu_suite.py: the newest run's tables, as the suite
     writes them (NAME.md), under the machine and commit it ran on."""
@@ -195,8 +213,24 @@ TABLES: dict[str, Callable[[list[dict]], str]] = {
     "peer": peer,
     "compile_time": compile_time,
     "finetune_seeds": finetune_seeds,
+    "laptop_study": laptop_study,
     "gpu_suite": suite,
     "tpu_suite": suite,
+}
+
+
+# The tables of machines lent now and then: until a first record is committed the block
+# says how to make one (any other table without a record is an error).
+PENDING = {
+    "gpu_suite": "No GPU run of the suite is recorded yet (the figures of the first runs, "
+                 "taken before the changes since, are in the history of docs/performance.md). On a "
+                 "GPU: `python benchmarks/gpu_suite.py --out=DIR "
+                 "--config=configs/benchmark/peer.py:base`, then commit its record under "
+                 "`benchmarks/results/gpu_suite/`.\n",
+    "tpu_suite": "No TPU run of the suite is recorded yet. On a Cloud TPU VM: "
+                 "`python benchmarks/tpu_suite.py --out=DIR "
+                 "--config=configs/benchmark/peer.py:base`, then commit its record under "
+                 "`benchmarks/results/tpu_suite/`.\n",
 }
 
 
@@ -204,6 +238,8 @@ def render(name: str, results: pathlib.Path = records.RESULTS_DIR) -> str:
     if name not in TABLES:
         raise TableError(f"table {name!r}: expected one of {', '.join(TABLES)}")
     found = records.read(name, results)
+    if not found and name in PENDING:
+        return PENDING[name]
     if not found:
         raise TableError(f"table {name!r}: no record under {results / name}; run its "
                          "benchmark first")
