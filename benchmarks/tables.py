@@ -193,6 +193,26 @@ def laptop_study(found: list[dict]) -> str:
             f"```bash\n{command}\n```\n\n" + "\n".join(report.table(s)) + "\n")
 
 
+def plateau(found: list[dict]) -> str:
+    """benchmarks/plateau.py: the newest run's eval loss / masked-token accuracy per
+    variant and evaluation, beside the unigram baseline."""
+    r = found[-1]
+    steps = sorted({e["step"] for v in r["variants"] for e in v["evals"]})
+    baseline = r["variants"][0]["evals"][-1]["unigram_accuracy"]
+    rows = [f"Measured {r['date'][:10]} on {_machine(r)} at commit {r['machine']['commit'][:8]} "
+            f"({len(found)} run(s) recorded): `{r['config']}`, {r['steps']:,} steps each; "
+            f"eval loss / masked-token accuracy (always predicting the most frequent piece: "
+            f"{100 * baseline:.1f} %).", "",
+            "| run | " + " | ".join(f"step {s:,}" for s in steps) + " | wall |",
+            "|" + "---|" * (len(steps) + 2)]
+    for v in r["variants"]:
+        at = {e["step"]: e for e in v["evals"]}
+        cells = [f"{at[s]['loss']:.2f} / {100 * at[s]['accuracy']:.1f} %" if s in at else "—"
+                 for s in steps]
+        rows.append(f"| {v['name']} | " + " | ".join(cells) + f" | {v['seconds']:.0f} s |")
+    return "\n".join(rows) + "\n"
+
+
 def suite(found: list[dict]) -> str:
     """benchmarks/gpu_suite.py and tpu_suite.py: the newest run's tables, as the suite
     writes them (NAME.md), under the machine and commit it ran on."""
@@ -214,6 +234,7 @@ TABLES: dict[str, Callable[[list[dict]], str]] = {
     "compile_time": compile_time,
     "finetune_seeds": finetune_seeds,
     "laptop_study": laptop_study,
+    "plateau": plateau,
     "gpu_suite": suite,
     "tpu_suite": suite,
 }
