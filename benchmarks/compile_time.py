@@ -17,8 +17,6 @@ to --record_dir; docs/performance.md's table is generated from the committed one
 
 from __future__ import annotations
 
-import pathlib
-
 from absl import app, flags
 
 from maelm_jax import cli
@@ -33,7 +31,7 @@ harness.define_config("compile_time.py")
 flags.DEFINE_list("depths", ["2", "24"], "Comma-separated encoder depths, two or more.")
 flags.DEFINE_enum("objective", "maelm", harness.OBJECTIVES, "The objective whose step is "
                   "compiled.")
-harness.define_record_flag("compile_time")
+records.define_flag("compile_time")
 
 
 @flags.validator("depths")
@@ -68,13 +66,10 @@ def main(argv) -> None:
         note = f" (target <= {TARGET}x: {'meets' if ratio <= TARGET else 'misses'})" if scan \
             else ""
         print(f"{name}: {hi} layers / {lo} layers = {ratio:.2f}x{note}")
-    if FLAGS.record_dir:
-        path = records.write("compile_time", {
-            "objective": FLAGS.objective, "sizes": harness.sizes(config), "target": TARGET,
-            "seconds": {layout: {str(depth): seconds[scan, depth] for depth in depths}
-                        for scan, layout in ((False, "per_layer"), (True, "scanned"))}},
-            pathlib.Path(FLAGS.record_dir))
-        print(f"record: {path}")
+    records.save("compile_time", {
+        "objective": FLAGS.objective, "sizes": harness.sizes(config), "target": TARGET,
+        "seconds": {layout: {str(depth): seconds[scan, depth] for depth in depths}
+                    for scan, layout in ((False, "per_layer"), (True, "scanned"))}})
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ choose the study's finetune.seeds_per_program. Each run writes its record (recor
 from __future__ import annotations
 
 import os
-import pathlib
 import statistics
 import time
 import types
@@ -172,21 +171,17 @@ def main(argv) -> None:
           f"{t.num_epochs} epochs / batch {t.batch_size}) trains in {steps * alone:.0f} s "
           f"alone, {steps * group / runs:.0f} s as one of a group of {runs} (evaluations "
           "not counted)")
-    if FLAGS.record_dir:
-        m = c.model
-        path = records.write("finetune_seeds", {
-            "encoder": {"num_layers": m.num_layers, "d_model": m.d_model,
-                        "num_heads": m.num_heads, "d_ff": m.d_ff, "vocab_size": vocab_size,
-                        "dtype": jax.numpy.dtype(encoder_cfg.stack.dtype).name,
-                        "attention_impl": encoder_cfg.stack.attention_impl},
-            "batch_size": t.batch_size, "max_seq_len": max_len, "runs": runs,
-            "repeats": FLAGS.repeats, "steps": FLAGS.steps,
-            "eval_examples": FLAGS.eval_examples,
-            "step_ms": {"alone": 1e3 * alone, "group": 1e3 * group},
-            "eval_seconds": evals,
-            "compile_seconds": {name: side.compile_seconds for name, side in sides.items()}},
-            pathlib.Path(FLAGS.record_dir), records.machine((what, peak)))
-        print(f"record: {path}")
+    m = c.model
+    records.save("finetune_seeds", {
+        "encoder": {"num_layers": m.num_layers, "d_model": m.d_model, "num_heads": m.num_heads,
+                    "d_ff": m.d_ff, "vocab_size": vocab_size,
+                    "dtype": jax.numpy.dtype(encoder_cfg.stack.dtype).name,
+                    "attention_impl": encoder_cfg.stack.attention_impl},
+        "batch_size": t.batch_size, "max_seq_len": max_len, "runs": runs,
+        "repeats": FLAGS.repeats, "steps": FLAGS.steps, "eval_examples": FLAGS.eval_examples,
+        "step_ms": {"alone": 1e3 * alone, "group": 1e3 * group}, "eval_seconds": evals,
+        "compile_seconds": {name: side.compile_seconds for name, side in sides.items()}},
+        (what, peak))
 
 
 if __name__ == "__main__":

@@ -564,8 +564,7 @@ def main(argv) -> None:
         _write(out / f"{SUITE['name']}.json", results)
         (out / f"{SUITE['name']}.md").write_text(markdown(results))
     print((out / f"{SUITE['name']}.md").read_text())
-    if FLAGS.record_dir:
-        print(f"record: {records.write(SUITE['name'], results, pathlib.Path(FLAGS.record_dir))}")
+    records.save(SUITE["name"], results)
 
 
 if __name__ == "__main__":

@@ -288,18 +288,10 @@ def define_timing_flags(steps: int, benchmark: str | None = None) -> None:
     flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
                          "median is reported.", lower_bound=1)
     if benchmark:
-        define_record_flag(benchmark)
+        import records
+
+        records.define_flag(benchmark)
     define_host_memory_flag()
-
-
-def define_record_flag(benchmark: str) -> None:
-    """--record_dir: where a run of `benchmark` writes its record (records.py)."""
-    import records
-
-    flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record "
-                        f"goes (<dir>/{benchmark}/<date>_<device>_<commit>.json, records.py; "
-                        "the tables in README and docs/ are generated from the committed "
-                        "ones); '' for none.")
 
 
 def sizes(config: ml_collections.ConfigDict) -> dict:

@@ -43,8 +43,7 @@ flags.DEFINE_string("corpus_kind", "wikiextractor", "The reader of --corpus "
                     "(pretraining's data.sources.main.kind).")
 flags.DEFINE_string("workdir", "", "Where the study runs and stays (a new directory); "
                     "empty: a temporary one, removed after the record is written.")
-flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record goes "
-                    "(<dir>/laptop_study/<date>_<device>_<commit>.json); '' for none.")
+records.define_flag("laptop_study")
 
 DOCS_WORKDIR = "runs/study"
 
@@ -107,9 +106,7 @@ def main(argv):
     print(f"{figures['command']}: {figures['seconds'] / 60:.1f} min, peak "
           f"{figures['peak_gb']:.2f} GB; models {', '.join(s['models'])}, "
           f"controls {', '.join(s['controls']) or 'none'}")
-    if FLAGS.record_dir:
-        path = records.write("laptop_study", figures, pathlib.Path(FLAGS.record_dir))
-        print(f"record: {path}")
+    records.save("laptop_study", figures)
 
 
 if __name__ == "__main__":

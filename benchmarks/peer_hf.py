@@ -78,7 +78,6 @@ import os
 # Before JAX starts: on a GPU the peer needs memory too (JAX takes 75 % by default).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-import pathlib  # noqa: E402
 import statistics  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -210,13 +209,10 @@ def main(argv) -> None:
               f"target >= {target}x: {verdict})")
         verdicts[objective] = {"ratio": ratio, "low": min(ratios), "high": max(ratios),
                                "fastest": best, "target": target}
-    if FLAGS.record_dir:
-        path = records.write("peer", {
-            "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
-            "host_memory_kept": kept, "peer": peer,
-            "ms": {side: 1e3 * wall[side] for side in benches}, "ratios": verdicts},
-            pathlib.Path(FLAGS.record_dir), records.machine((what, peak)))
-        print(f"record: {path}")
+    records.save("peer", {
+        "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
+        "host_memory_kept": kept, "peer": peer,
+        "ms": {side: 1e3 * wall[side] for side in benches}, "ratios": verdicts}, (what, peak))
 
 
 if __name__ == "__main__":

@@ -45,8 +45,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 2000, "Train steps of every variant.", lower_bound=1)
 flags.DEFINE_integer("eval_every", 1000, "Steps between evaluations.", lower_bound=1)
 flags.DEFINE_list("variants", list(VARIANTS), "The variants to run (keys of VARIANTS).")
-flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record goes "
-                    "(<dir>/plateau/<date>_<device>_<commit>.json); '' for none.")
+records.define_flag("plateau")
 
 
 def run_variant(key: str, steps: int, eval_every: int, scratch: pathlib.Path) -> dict:
@@ -80,11 +79,8 @@ def main(argv):
         cells = ", ".join(f"step {e['step']} {e['loss']:.2f} / {100 * e['accuracy']:.1f} %"
                           for e in r["evals"])
         print(f"{r['name']}: {cells} ({r['seconds']:.0f} s)")
-    if FLAGS.record_dir:
-        path = records.write("plateau", {"config": CONFIG, "steps": FLAGS.steps,
-                                         "eval_every": FLAGS.eval_every, "variants": runs},
-                             pathlib.Path(FLAGS.record_dir))
-        print(f"record: {path}")
+    records.save("plateau", {"config": CONFIG, "steps": FLAGS.steps,
+                             "eval_every": FLAGS.eval_every, "variants": runs})
 
 
 if __name__ == "__main__":

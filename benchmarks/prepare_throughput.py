@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import resource
 import subprocess
 import sys
@@ -48,8 +47,7 @@ flags.DEFINE_integer("workers", os.cpu_count() or 1, "Beam worker processes.", l
 flags.DEFINE_bool("parquet", False, "Also time mode 'prepare' on the corpus as Parquet.")
 flags.DEFINE_integer("row_group", 8192, "Rows per Parquet row group (--parquet).",
                      lower_bound=1)
-flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record goes "
-                    "(<dir>/prepare_throughput/<date>_<device>_<commit>.json); '' for none.")
+records.define_flag("prepare_throughput")
 flags.DEFINE_string("child", "", "Internal: 'job' or 'beam', and the output directory.")
 flags.DEFINE_string("tokenizer", "", "Internal: the tokenizer both paths use.")
 flags.mark_flag_as_required("corpus")
@@ -185,13 +183,11 @@ def main(argv) -> None:
                      / (results["beam"]["tokens"] / results["beam"]["seconds"]))
             print(f"Parquet / text (Beam tokens/s): {ratio:.3f} ({(ratio - 1) * 100:+.1f} %)")
             r["bytes"] = parquet_bytes
-        if FLAGS.record_dir:
-            path = records.write("prepare_throughput", {
-                "corpus": {"name": os.path.basename(os.path.normpath(FLAGS.corpus)),
-                           "bytes": corpus_bytes, "files": len(files)},
-                "kind": FLAGS.kind, "seq_len": FLAGS.seq_len, "vocab_size": FLAGS.vocab_size,
-                "workers": FLAGS.workers, "paths": results}, pathlib.Path(FLAGS.record_dir))
-            print(f"record: {path}")
+        records.save("prepare_throughput", {
+            "corpus": {"name": os.path.basename(os.path.normpath(FLAGS.corpus)),
+                       "bytes": corpus_bytes, "files": len(files)},
+            "kind": FLAGS.kind, "seq_len": FLAGS.seq_len, "vocab_size": FLAGS.vocab_size,
+            "workers": FLAGS.workers, "paths": results})
 
 
 if __name__ == "__main__":

@@ -29,8 +29,7 @@ import records
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", "configs/pretrain/quickstart.py", "The config main.py runs.")
-flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where this run's record goes "
-                    "(<dir>/quickstart/<date>_<device>_<commit>.json); '' for none.")
+records.define_flag("quickstart")
 
 
 def _lines(path: pathlib.Path, split: str) -> list[dict]:
@@ -67,9 +66,7 @@ def main(argv):
     print(f"{figures['command']}: {figures['seconds']:.0f} s, peak {figures['peak_gb']:.2f} GB; "
           f"step {e['step']}: loss {figures['first_train_loss']:.2f} -> {e['loss']:.2f}, "
           f"accuracy {e['accuracy']:.3f} (unigram {e['unigram_accuracy']:.3f})")
-    if FLAGS.record_dir:
-        path = records.write("quickstart", figures, pathlib.Path(FLAGS.record_dir))
-        print(f"record: {path}")
+    records.save("quickstart", figures)
 
 
 if __name__ == "__main__":

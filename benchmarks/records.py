@@ -16,6 +16,8 @@ import pathlib
 import re
 import subprocess
 
+from absl import flags
+
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 REPO_ROOT = RESULTS_DIR.parents[1]
 
@@ -66,6 +68,25 @@ def write(benchmark: str, figures: dict, directory: pathlib.Path = RESULTS_DIR,
         path, n = stem.with_name(f"{stem.name}-{n}.json"), n + 1
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def define_flag(benchmark: str) -> None:
+    """--record_dir: where a run of `benchmark` writes its record."""
+    flags.DEFINE_string("record_dir", str(RESULTS_DIR), "Where this run's record goes "
+                        f"(<dir>/{benchmark}/<date>_<device>_<commit>.json; the tables in "
+                        "README and docs/ are generated from the committed ones); '' for none.")
+
+
+def save(benchmark: str, figures: dict, speed: tuple[str, float] | None = None
+         ) -> pathlib.Path | None:
+    """Writes `figures` as benchmark's record to --record_dir (none when it is empty) with
+    the machine (`speed` as for `machine`) and prints where; returns the path."""
+    if not flags.FLAGS.record_dir:
+        return None
+    path = write(benchmark, figures, pathlib.Path(flags.FLAGS.record_dir),
+                 machine(speed) if speed else None)
+    print(f"record: {path}")
     return path
 
 

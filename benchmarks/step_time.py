@@ -37,7 +37,6 @@ CPU-time ratio (process CPU time, all threads) are steadier there.
 from __future__ import annotations
 
 import os
-import pathlib
 import statistics
 
 from absl import app, flags
@@ -115,16 +114,13 @@ def main(argv) -> None:
     print("FLOPs as in 3ML App. D: fwd+bwd = 2 x fwd; biases, norms, softmax, dropout, "
           "gathers/scatters and the optimiser update not counted. MFU: the same model FLOPs "
           f"counted fwd+bwd = 3 x fwd (as the training logs do), against the {what}.")
-    if FLAGS.record_dir:
-        steps = {objective: {"ms": 1e3 * wall[objective], "min_ms": 1e3 * min(b.wall),
-                             "cpu_ms": 1e3 * cpu[objective], "gflop": b.flops / 1e9,
-                             "n_enc": b.counts.n_enc}
-                 for objective, b in benches.items()}
-        path = records.write("step_time", {
-            "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
-            "host_memory_kept": kept, "objectives": steps, "ratios": ratios},
-            pathlib.Path(FLAGS.record_dir), records.machine((what, peak)))
-        print(f"record: {path}")
+    steps = {objective: {"ms": 1e3 * wall[objective], "min_ms": 1e3 * min(b.wall),
+                         "cpu_ms": 1e3 * cpu[objective], "gflop": b.flops / 1e9,
+                         "n_enc": b.counts.n_enc}
+             for objective, b in benches.items()}
+    records.save("step_time", {
+        "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
+        "host_memory_kept": kept, "objectives": steps, "ratios": ratios}, (what, peak))
 
 
 if __name__ == "__main__":
