@@ -78,8 +78,9 @@ FIELDS = {
 }
 
 
-def read_records(inputs) -> list[tuple[str, dict]]:
-    """(where, study.json contents) of every finished call the inputs hold."""
+def read_records(inputs, finished: bool = True) -> list[tuple[str, dict]]:
+    """(where, study.json contents) of every finished call the inputs hold (with
+    finished=False: of every unfinished one, which the claims leave out)."""
     items = inputs.split(",") if isinstance(inputs, str) else list(inputs)
     out = []
     for item in (i.strip() for i in items if i.strip()):
@@ -96,9 +97,9 @@ def read_records(inputs) -> list[tuple[str, dict]]:
                 raise PoolError(f"config.inputs: {file} cannot be read as JSON ({e})") from None
             if not isinstance(record, dict) or "identity" not in record or "glue" not in record:
                 raise PoolError(f"config.inputs: {file} is not a study's record (no identity)")
-            if record.get("finished"):
+            if bool(record.get("finished")) == finished:
                 out.append((str(file), record))
-            else:
+            elif finished:
                 logging.warning("study pool: %s is an unfinished call, left out", file)
     return out
 
@@ -316,12 +317,31 @@ def _claim_rows(claims: dict) -> list[str]:
             f"| (d) | {d['claim']} | {d_here} | {d['status']} |"]
 
 
-def markdown(pooled: list[dict]) -> str:
-    """The pooled claims: per design its calls and a row per claim."""
+def _call_text(record: dict) -> str:
+    machine = record["parts"][0] if record.get("parts") else {}
+    return (f"{record.get('title')} (pretraining seed {record.get('pretrain_seed')}, "
+            f"{machine.get('device', '?')}, jax {machine.get('jax', '?')}, commit "
+            f"{str(machine.get('commit', '?'))[:10]})")
+
+
+def _unfinished_lines(unfinished: list[tuple[str, dict]]) -> list[str]:
+    """A line per unfinished call: recorded, so what it measured is kept, but left out of
+    the claims (a part it did not reach would bias them)."""
+    return [f"Unfinished, left out of the claims: {_call_text(r)}, "
+            f"{len(r.get('parts_done', []))} of "
+            f"{len(r.get('parts_done', [])) + len(r.get('parts_left', []))} parts done "
+            f"(`{paths.Path(where).name}`)." for where, r in unfinished]
+
+
+def markdown(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) -> str:
+    """The pooled claims: per design its calls and a row per claim; then the unfinished
+    calls recorded (`read_records(..., finished=False)`), each on a line."""
+    tail = _unfinished_lines(list(unfinished))
     if not pooled:
-        return ("No finished study call is recorded yet: the claims are not measured. "
-                "`benchmarks/gpu_study.sh` runs `configs/study/gpu.py:one_call` on a lent "
-                "GPU; commit its study.json under `benchmarks/results/study/`.\n")
+        return "\n\n".join(
+            ["No finished study call is recorded yet: the claims are not measured. "
+             "`benchmarks/gpu_study.sh` runs `configs/study/gpu.py:one_call` on a lent "
+             "GPU; commit its study.json under `benchmarks/results/study/`.", *tail]) + "\n"
     lines = []
     for p in pooled:
         calls = "; ".join(
@@ -333,22 +353,23 @@ def markdown(pooled: list[dict]) -> str:
                   "| claim | the papers | here: difference [95 % interval] | status |",
                   "|---|---|---|---|", *_claim_rows(p["claims"]), "",
                   "Out of reach here: " + "; ".join(p["out_of_reach"]) + ".", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + [line + "\n" for line in tail])
 
 
-def readme_table(pooled: list[dict]) -> str:
+def readme_table(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) -> str:
     """The README's generated block (between README_BEGIN and README_END)."""
-    return f"{README_BEGIN}\n{markdown(pooled).rstrip()}\n{README_END}"
+    return f"{README_BEGIN}\n{markdown(pooled, unfinished).rstrip()}\n{README_END}"
 
 
-def rewrite_readme(readme: paths.Path, pooled: list[dict]) -> None:
+def rewrite_readme(readme: paths.Path, pooled: list[dict],
+                   unfinished: list[tuple[str, dict]] = ()) -> None:
     text = paths.read_text(readme)
     if README_BEGIN not in text or README_END not in text:
         raise PoolError(f"config.readme: {readme} has no study records block ({README_BEGIN} "
                         f"... {README_END})")
     head, rest = text.split(README_BEGIN, 1)
     tail = rest.split(README_END, 1)[1]
-    paths.write_text(readme, head + readme_table(pooled) + tail)
+    paths.write_text(readme, head + readme_table(pooled, unfinished) + tail)
 
 
 def pool(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
@@ -356,14 +377,15 @@ def pool(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     rewrites config.readme's block); returns the pooled designs."""
     schema.check(config, FIELDS, pool_defaults(), PoolError)
     records = read_records(config.inputs)
+    unfinished = read_records(config.inputs, finished=False)
     pooled = pool_records(records)
     root = paths.resolve(workdir, "--workdir")
     paths.make_dirs(root)
     layout.write_config(root, config)
     paths.write_text(root / layout.POOL_JSON_FILE, json.dumps(pooled, indent=2))
-    paths.write_text(root / layout.POOL_MARKDOWN_FILE, markdown(pooled))
+    paths.write_text(root / layout.POOL_MARKDOWN_FILE, markdown(pooled, unfinished))
     if config.readme:
-        rewrite_readme(paths.resolve(config.readme, "config.readme"), pooled)
+        rewrite_readme(paths.resolve(config.readme, "config.readme"), pooled, unfinished)
     logging.info("study pool: %d call(s) in %d design(s); %s", len(records), len(pooled),
                  root / layout.POOL_MARKDOWN_FILE)
     return pooled

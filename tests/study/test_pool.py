@@ -96,6 +96,11 @@ def test_inputs_are_read_and_unfinished_calls_left_out(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(_record(1, {"mlm": {"SST-2": [1, 2, 3]}},
                                                         finished=False)))
     assert [w for w, _ in pool.read_records(str(tmp_path))] == [str(tmp_path / "a.json")]
+    unfinished = pool.read_records(str(tmp_path), finished=False)
+    assert [w for w, _ in unfinished] == [str(tmp_path / "b.json")]
+    text = pool.markdown(pool.pool_records(pool.read_records(str(tmp_path))), unfinished)
+    assert "Unfinished, left out of the claims" in text and "(`b.json`)" in text
+    assert "No finished study call" in pool.markdown([], unfinished)
     (tmp_path / "c.json").write_text("{}")
     with pytest.raises(pool.PoolError, match=r"c.json is not a study's record"):
         pool.read_records(str(tmp_path))
@@ -107,6 +112,7 @@ def test_the_readme_table_is_the_committed_records():
     """README.md's block is what configs/study/pool.py writes from benchmarks/results/study/:
     run `python main.py --config=configs/study/pool.py --workdir=runs/pool
     --config.readme=README.md` after committing a record."""
-    records = pool.read_records(str(REPO_ROOT / "benchmarks" / "results" / "study"))
+    records = str(REPO_ROOT / "benchmarks" / "results" / "study")
     readme = (REPO_ROOT / "README.md").read_text()
-    assert pool.readme_table(pool.pool_records(records)) in readme
+    assert pool.readme_table(pool.pool_records(pool.read_records(records)),
+                             pool.read_records(records, finished=False)) in readme
