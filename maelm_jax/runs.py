@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -116,15 +116,23 @@ def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
             raise CheckpointError(str(e)) from None
         return cfg, "fine-tuning"
     try:
-        # Defaults first: a run recorded before a field existed still describes its model.
-        merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
-                                      run_config)
-        cfg = setup_lib.encoder_config(ml_collections.ConfigDict(merged), vocab_size)
+        return pretrained_encoder(run_config, vocab_size, **run), "pretraining"
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.init_from: {workdir / layout.CONFIG_FILE} is not a "
                               f"pretraining config ({type(e).__name__}: {e})") from None
-    # Through the record: only the architecture is pretraining's, the rest the run's.
-    return encoder_lib.from_architecture(encoder_lib.architecture(cfg), **run), "pretraining"
+
+
+def pretrained_encoder(run_config: Mapping[str, Any], vocab_size: int,
+                       **run: Any) -> encoder_lib.EncoderConfig:
+    """The encoder a pretraining config (a dict, as config.json holds it) describes, as
+    fine-tuning rebuilds it: the architecture is pretraining's, the rest (`run`: dropout,
+    attention_dropout, dtype, attention_impl) the fine-tuning run's. A study sizing its
+    fine-tuning builds the same, so the program it compiles is the one the parts reuse."""
+    # Defaults first: a run recorded before a field existed still describes its model.
+    merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
+                                  dict(run_config))
+    cfg = setup_lib.encoder_config(ml_collections.ConfigDict(merged), vocab_size)
+    return encoder_lib.from_architecture(encoder_lib.architecture(cfg), **run)
 
 
 def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokenizer:

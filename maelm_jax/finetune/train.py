@@ -144,17 +144,22 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict):
         pretrained = config.init_weights == "pretrained"
         p = runs.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
                                  config.tokenizer_path, weights=pretrained)
-        # The kernel changes no parameter: chosen once the architecture is known.
-        impl = attention_impl(config, p.encoder_cfg.stack.num_heads,
-                                              p.encoder_cfg.stack.d_model)
-        cfg = dataclasses.replace(p.encoder_cfg, stack=dataclasses.replace(
-            p.encoder_cfg.stack, attention_impl=impl,
-            pallas=finetune_config.kernel_options(config)))
+        cfg = with_kernel(config, p.encoder_cfg)
         description = (p.description if pretrained
                        else f"random weights in the architecture of {p.description}")
         return cfg, p.params, p.tokenizer, description
     tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
     return scratch_encoder(config, tok.vocab_size), None, tok, "from scratch (no init_from)"
+
+
+def with_kernel(config: ml_collections.ConfigDict,
+                encoder_cfg: encoder_lib.EncoderConfig) -> encoder_lib.EncoderConfig:
+    """encoder_cfg with the attention kernel (and its options) of the fine-tuning `config`:
+    the kernel changes no parameter, so it is chosen once the architecture is known."""
+    stack = encoder_cfg.stack
+    impl = attention_impl(config, stack.num_heads, stack.d_model)
+    return dataclasses.replace(encoder_cfg, stack=dataclasses.replace(
+        stack, attention_impl=impl, pallas=finetune_config.kernel_options(config)))
 
 
 def scratch_encoder(config: ml_collections.ConfigDict,

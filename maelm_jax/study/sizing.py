@@ -12,8 +12,10 @@ The plan is written to <workdir>/sizing.json and reused when the study resumes.
 The timing model (`predict`): each model's pretraining is its steps times its measured
 step time, plus one evaluation at the end; the rank analysis is a few forward passes per
 model; each task's fine-tuning is, for each pretrained model and the control, its seed
-groups' steps times the measured group step time plus its evaluations; the compilations
-measured once; and sizing.overhead_seconds for what is not timed (start-up, the corpus,
+groups' steps times the measured group step time plus its evaluations, plus what a part
+adds besides (its data, its trainer, loading its programs, timed by starting one again);
+the compilations the measurement did not cover (each distinct fine-tuning encoder's
+programs per head kind, the other programs of each model); and sizing.overhead_seconds for what is not timed (start-up, the corpus,
 saves, the reports). study.json records the prediction beside the wall time the call
 took, so each call checks the model.
 """
@@ -32,7 +34,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors, layout, paths, sharding
+from maelm_jax import errors, layout, paths, runs, sharding
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import seed_group, tasks
@@ -57,6 +59,14 @@ class Timing:
     finetune_step: float  # one train step of a seed group
     finetune_eval: float  # one eval batch
     finetune_compile: float  # the train and eval steps
+    # What a fine-tuning part adds besides its steps and evaluations: its task data, its
+    # trainer, loading its programs (compiling them without a compilation cache), the
+    # first step and evaluation. On an H200 it was ~7.5 s a part, 2.5x the steps of a
+    # part of MRPC: the first one-call study's model left it out and ran out of time.
+    finetune_part: float
+    # Distinct encoders among the models as fine-tuning rebuilds them (3ML_cross is
+    # pre-LN): each compiles its own programs per head kind.
+    finetune_encoders: int
     measuring: float  # the whole measurement, compiles included
 
 
@@ -92,35 +102,54 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
         return _timed(step, repeats)
 
 
+def finetune_encoder(pretrain: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
+                     vocab_size: int):
+    """The encoder of `pretrain` as a fine-tuning part with config `c` rebuilds it from the
+    pretraining checkpoint (finetune/train.py): timed alike, the measured program is the one
+    the parts find again in the compilation cache."""
+    m = c.model
+    return finetune_train.with_kernel(c, runs.pretrained_encoder(
+        pretrain.to_dict(), vocab_size, dropout=m.dropout,
+        attention_dropout=m.attention_dropout, dtype=m.dtype))
+
+
 def time_finetuning(study: ml_collections.ConfigDict, pretrain: ml_collections.ConfigDict,
                     c: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenizer,
-                    repeats: int) -> tuple[float, float, float]:
-    """(compile seconds, seconds per train step of a seed group, seconds per eval batch)
-    of fine-tuning `pretrain`'s encoder with the study's fine-tuning config `c` of a task
-    (its first seed group, one bucket of finetune.max_seq_len)."""
+                    repeats: int) -> tuple[float, float, float, float]:
+    """(compile seconds, seconds per train step of a seed group, seconds per eval batch,
+    seconds a part adds besides its steps and evaluations) of fine-tuning `pretrain`'s
+    encoder with the study's fine-tuning config `c` of a task (its first seed group, one
+    bucket of finetune.max_seq_len). The last is timed by doing what each part does once
+    more: its task data, its trainer, its programs (from the compilation cache, where there
+    is one), a first step and a first evaluation."""
     c = c.copy_and_resolve_references()
     c.train.update(learning_rate=study.finetune.learning_rate,
                    batch_size=study.finetune.batch_size, num_epochs=1,
                    warmup_ratio=study.finetune.warmup_ratio)
     c.tokenizer_path = tok.model_path
     max_len = study.finetune.max_seq_len
-    task_data = tasks.make_task(c, tok, max_len)
-    encoder = setup_lib.encoder_config(pretrain, tok.vocab_size)
+    encoder = finetune_encoder(pretrain, c, tok.vocab_size)
     seeds = tuple(study.seeds)[:study.finetune.seeds_per_program]
-    trainer = finetune_setup.build(c, encoder, task_data, 1000, max_len,
-                                   seeds=seeds if len(seeds) > 1 else None)
-    state = [trainer.state.init(None)]
     buckets = (max_len,)
-    if len(seeds) > 1:
-        arrays = next(seed_group.stacked_batches(task_data.train, c.train.batch_size,
-                                                 buckets, seeds, 1, 0))
-        batch = trainer.stacked_on_mesh(arrays)
-    else:
-        batch = trainer.on_mesh(next(finetune_train.train_batches(
-            task_data.train, c.train.batch_size, buckets, seeds[0], 1, 0))[1])
-    split = task_data.eval_splits()[0]
-    eval_batch = trainer.on_mesh(next(iter(finetune_data.eval_batches(
-        split.sequences, split.targets, c.train.eval_batch_size, buckets))))
+
+    def part():
+        """A part's start: (trainer, [state], a train batch, an eval batch)."""
+        task_data = tasks.make_task(c, tok, max_len)
+        trainer = finetune_setup.build(c, encoder, task_data, 1000, max_len,
+                                       seeds=seeds if len(seeds) > 1 else None)
+        if len(seeds) > 1:
+            arrays = next(seed_group.stacked_batches(task_data.train, c.train.batch_size,
+                                                     buckets, seeds, 1, 0))
+            batch = trainer.stacked_on_mesh(arrays)
+        else:
+            batch = trainer.on_mesh(next(finetune_train.train_batches(
+                task_data.train, c.train.batch_size, buckets, seeds[0], 1, 0))[1])
+        split = task_data.eval_splits()[0]
+        eval_batch = trainer.on_mesh(next(iter(finetune_data.eval_batches(
+            split.sequences, split.targets, c.train.eval_batch_size, buckets))))
+        return trainer, [trainer.state.init(None)], batch, eval_batch
+
+    trainer, state, batch, eval_batch = part()
 
     def step():
         state[0], metrics = trainer.train_step(state[0], batch)
@@ -130,7 +159,13 @@ def time_finetuning(study: ml_collections.ConfigDict, pretrain: ml_collections.C
         compile_train, step_seconds = _timed(step, repeats)
         compile_eval, eval_seconds = _timed(
             lambda: trainer.eval_step(state[0].params, eval_batch), repeats)
-    return compile_train + compile_eval, step_seconds, eval_seconds
+    start = time.perf_counter()
+    trainer, state, batch, eval_batch = part()
+    with sharding.activate(trainer.mesh, trainer.rules):
+        jax.block_until_ready(step())  # the state is donated: step() keeps the new one
+        jax.block_until_ready(trainer.eval_step(state[0].params, eval_batch))
+    again = time.perf_counter() - start - step_seconds - eval_seconds
+    return compile_train + compile_eval, step_seconds, eval_seconds, max(again, 0.0)
 
 
 def measure(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.ConfigDict],
@@ -145,14 +180,18 @@ def measure(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.
         compiles[name], steps[name] = time_pretraining(c, tok.vocab_size, repeats)
         logging.info("study sizing: %s compiles in %.1f s, steps in %.4f s", name,
                      compiles[name], steps[name])
-    ft_compile = ft_step = ft_eval = 0.0
+    ft_compile = ft_step = ft_eval = ft_part = 0.0
+    encoders = 0
     if tasks_found:
         first = configs[next(iter(configs))]
-        ft_compile, ft_step, ft_eval = time_finetuning(
-            study, first, sweep_config(tasks_found[0]), tok, repeats)
+        c = sweep_config(tasks_found[0])
+        ft_compile, ft_step, ft_eval, ft_part = time_finetuning(study, first, c, tok, repeats)
+        encoders = len({repr(finetune_encoder(m, c, tok.vocab_size)) for m in configs.values()})
         logging.info("study sizing: fine-tuning compiles in %.1f s, steps in %.4f s, "
-                     "evaluates a batch in %.4f s", ft_compile, ft_step, ft_eval)
-    return Timing(steps, compiles, ft_step, ft_eval, ft_compile, time.perf_counter() - start)
+                     "evaluates a batch in %.4f s, a part adds %.1f s; %d distinct "
+                     "encoder(s)", ft_compile, ft_step, ft_eval, ft_part, encoders)
+    return Timing(steps, compiles, ft_step, ft_eval, ft_compile, ft_part, encoders,
+                  time.perf_counter() - start)
 
 
 def task_rows(study: ml_collections.ConfigDict, task: str) -> tuple[int, int]:
@@ -186,7 +225,7 @@ def predict(study: ml_collections.ConfigDict, timing: Timing, steps: dict[str, i
     for train_rows, dev_rows in rows.values():
         per_group = (f.num_epochs * math.ceil(train_rows / f.batch_size) * timing.finetune_step
                      + f.num_epochs * math.ceil(dev_rows / 64) * timing.finetune_eval
-                     * f.seeds_per_program)
+                     * f.seeds_per_program + timing.finetune_part)
         finetune += trained * groups * per_group
     out = {"pretrain": pretrain, "rank": rank, "finetune": finetune,
            "compile": compile_seconds(study, timing, rows),
@@ -196,26 +235,32 @@ def predict(study: ml_collections.ConfigDict, timing: Timing, steps: dict[str, i
 
 
 # Compiling what the measurement did not, as a share of what it did: per model its
-# initialisation, evaluation and rank-analysis programs beside its train step; per head
-# kind of the fine-tuning (classification, regression) its initialisation beside the
-# train and eval steps.
+# initialisation, evaluation and rank-analysis programs beside its train step; per
+# fine-tuning program (an encoder and a head kind) its initialisation beside the train and
+# eval steps. Both agree with the first one-call study on an H200 (pretraining and the rank
+# analysis 179 s predicted, 178 s taken; a fine-tuning program not in the cache ~1.4x the
+# measured compile).
 PRETRAIN_OTHER_PROGRAMS = 0.8
 FINETUNE_OTHER_PROGRAMS = 0.5
 
 
 def compile_seconds(study: ml_collections.ConfigDict, timing: Timing,
                     rows: dict[str, tuple[int, int]]) -> float:
-    """Compiling the study's programs after the measurement: the measured ones again
-    unless JAX's compilation cache keeps them (main.py turns it on), the others as a share
-    of them; a fine-tuning head kind's programs once per kind (a regression task, STS-B,
-    has its own)."""
+    """Compiling the study's programs after the measurement. With JAX's compilation cache
+    (main.py turns it on) the measured ones are found again, the others compile once: per
+    model its other programs as a share of its train step's; per fine-tuning program (each
+    distinct encoder for each head kind: a regression task, STS-B, has its own) the train
+    and eval steps less the one measured, and their other programs. Without a cache every
+    program compiles again, and each fine-tuning part's share is in timing.finetune_part."""
     cached = bool(jax.config.jax_compilation_cache_dir)
     pretrain = sum(timing.pretrain_compile.values())
     kinds = len({glue.examples.get_task(study_config.GLUE_TASKS[t]).is_regression for t in rows})
-    finetune = timing.finetune_compile
-    measured_again = 0.0 if cached else pretrain + finetune
-    return (measured_again + PRETRAIN_OTHER_PROGRAMS * pretrain
-            + finetune * (FINETUNE_OTHER_PROGRAMS + max(kinds - 1, 0) * 1.5))
+    programs = timing.finetune_encoders * kinds
+    if not cached:
+        return pretrain * (1 + PRETRAIN_OTHER_PROGRAMS)
+    return (PRETRAIN_OTHER_PROGRAMS * pretrain
+            + timing.finetune_compile * (max(programs - 1, 0)
+                                         + FINETUNE_OTHER_PROGRAMS * programs))
 
 
 def apply(configs: dict[str, ml_collections.ConfigDict], steps: dict[str, int]) -> None:

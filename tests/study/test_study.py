@@ -4,13 +4,16 @@ import json
 import pathlib
 import re
 
+import ml_collections
 import numpy as np
 import pytest
 
 from maelm_jax import errors, layout
+from maelm_jax.finetune import train as finetune_train
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import config as study_config
 from maelm_jax.study import run as study_run
+from maelm_jax.study import sizing as sizing_lib
 
 from tiny_config import tiny_config
 
@@ -220,6 +223,8 @@ def test_the_gpu_preset_holds_its_sizes_and_every_model():
     assert {"SST-2", "CoLA", "MRPC", "STS-B", "RTE", "QNLI", "MNLI"} <= set(c.tasks)
     assert len(c.seeds) >= 3
     assert gpu.get_config("pretrain").model.d_model == 512
+    # One call holds the models of the claims: 3ML_cross (in none) did not fit its minutes.
+    assert names_of(gpu.get_config("one_call").models) == ["mlm", "maelm", "3ml_self"]
     with pytest.raises(ValueError, match="unknown config variant 'big'"):
         gpu.get_config("big")
 
@@ -283,6 +288,9 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
     assert {m: p["step"] for m, p in first["pretraining"].items()} == sizing["steps"]
     assert set(sizing["timing"]["pretrain_step"]) == {"mlm", "maelm", "3ml_self"}
     assert sizing["timing"]["finetune_step"] > 0
+    # What each fine-tuning part adds (its data, trainer, programs, first step) is timed,
+    # and the three models' encoders are one for fine-tuning (one program per head kind).
+    assert sizing["timing"]["finetune_part"] > 0 and sizing["timing"]["finetune_encoders"] == 1
     predicted, took = sizing["predicted_seconds"]["total"], first["seconds"]
     assert 0.4 < took / predicted < 2.5, (took, sizing["predicted_seconds"])  # the model
     assert (tmp_path / "one" / "sizing.json").is_file()
@@ -291,6 +299,14 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
         config = json.loads((group.parent / "seed_1" / "config.json").read_text())
         assert config["data"]["one_bucket"] and config["train"]["resume_saves"] == "stop"
         assert not (group / "checkpoints").exists()
+    # The fine-tuning program the sizing timed is the one the parts run (found again in
+    # the compilation cache): the same encoder, rebuilt from the pretraining checkpoint.
+    part = ml_collections.ConfigDict(json.loads(
+        (tmp_path / "one" / "finetune" / "mlm" / "SST-2" / "runs").glob("*/seed_1/config.json")
+        .__next__().read_text()))
+    part_encoder, _, tok, _ = finetune_train.encoder_and_tokenizer(part)
+    pretrained = study_config.model_config(gpu.get_config("one_call,tiny"), "mlm")
+    assert sizing_lib.finetune_encoder(pretrained, part, tok.vocab_size) == part_encoder
     assert json.loads((tmp_path / "one" / "finetune" / "scratch" / "SST-2" / "config.json")
                       .read_text())["grid"]["learning_rate"] == [1e-3]
     assert [r["label"] for r in first["rank"]["runs"]] == ["mlm", "maelm", "3ml_self"]
