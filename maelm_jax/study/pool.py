@@ -41,6 +41,8 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import errors, layout, paths, schema
+from maelm_jax.pretrain.objectives import recipes
+from maelm_jax.study import report
 
 # What no call of one GPU can reach, and why.
 OUT_OF_REACH = (
@@ -193,6 +195,21 @@ def _status(diff: dict | None, threshold: float, strict: float | None = None) ->
 
 # ------------------------------------------------------------------------- the claims
 
+def _plateaued(records: list[dict], *models: str) -> list[str]:
+    """Which of `models` ended pretraining on the unigram plateau in some call: a claim
+    about them would measure a model that never used context (study/report.py)."""
+    return [m for m in models
+            if any(report.on_plateau(r["pretraining"].get(m, {})) for r in records)]
+
+
+def _names(models: list[str]) -> str:
+    return " and ".join(recipes.display_name(m) for m in models)
+
+
+def _plateau_status(stuck: list[str]) -> str:
+    return f"not measured ({_names(stuck)} stayed on the unigram plateau)"
+
+
 def claim_a(records: list[dict]) -> dict:
     out = {"claim": "pretraining beats the same encoder from scratch by >= 5 points on "
                     "SST-2 and on the GLUE average", "models": {}}
@@ -206,18 +223,23 @@ def claim_a(records: list[dict]) -> dict:
         avg = paired(with_control, model, "scratch", tasks)
         both = [_status(d, PRETRAINING_MARGIN) for d in (sst2, avg)]
         out["models"][model] = {"SST-2": sst2, "GLUE average": avg}
-        if model in ("mlm", "maelm"):
+        if model in ("mlm", "maelm") and not _plateaued(with_control, model):
             statuses += both
     out["status"] = ("not measured" if not statuses or "not measured" in statuses else
                      "shown" if all(s == "shown" for s in statuses) else "not shown")
+    stuck = _plateaued(with_control, "mlm", "maelm")
+    if stuck:  # the claim is of pretraining that worked: those that did not are named
+        out["status"] += f" ({_names(stuck)} left out: stayed on the unigram plateau)"
     return out
 
 
 def claim_b(records: list[dict]) -> dict:
     tasks = _common_tasks(records, "maelm", "mlm")
     diff = paired(records, "maelm", "mlm", tasks) if tasks else None
+    stuck = _plateaued(records, "maelm", "mlm")
     return {"claim": "MAE-LM >= MLM on the GLUE average", "difference": diff,
-            "status": _status(diff, -NON_INFERIORITY, 0.0)}
+            "status": (_plateau_status(stuck) if stuck
+                       else _status(diff, -NON_INFERIORITY, 0.0))}
 
 
 def _rank_runs(record: dict) -> dict[str, dict]:
@@ -232,7 +254,7 @@ def claim_c(records: list[dict]) -> dict:
             r = runs["mlm"]
             gaps.append([w - wo for w, wo in zip(r["with_mask"], r["without_mask"],
                                                  strict=True)])
-        if "mlm" in runs and "maelm" in runs:
+        if "mlm" in runs and "maelm" in runs and not _plateaued([record], "maelm", "mlm"):
             higher.append(runs["maelm"]["without_mask"][-1] - runs["mlm"]["without_mask"][-1])
     out = {"claim": "MLM's real-token rank is lower without [MASK] in the input, the gap "
                     "growing with depth; MAE-LM's last layer has a higher rank than MLM's",
@@ -259,8 +281,11 @@ def claim_d(records: list[dict]) -> dict:
               and r["pretraining"]["mlm"].get("train_flops")]
     out = {"claim": "3ML_self matches MLM's GLUE average at <= 0.75x its training FLOPs",
            "difference": diff, "flops_ratio": max(ratios) if ratios else None}
+    stuck = _plateaued(records, "3ml_self", "mlm")
     if ratios and max(ratios) > FLOPS_RATIO + 0.01:
         out["status"] = f"not measured (3ML_self trained on {max(ratios):.2f}x MLM's FLOPs)"
+    elif stuck:
+        out["status"] = _plateau_status(stuck)
     else:
         out["status"] = _status(diff, -NON_INFERIORITY, 0.0)
     return out

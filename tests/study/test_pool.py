@@ -116,3 +116,38 @@ def test_the_readme_table_is_the_committed_records():
     readme = (REPO_ROOT / "README.md").read_text()
     assert pool.readme_table(pool.pool_records(pool.read_records(records)),
                              pool.read_records(records, finished=False)) in readme
+
+
+def test_a_model_left_on_the_unigram_plateau_measures_no_claim_of_its_objective():
+    """MAE-LM on the first H200 call: 5.4 % [MASK] accuracy against the most frequent
+    piece's 4.6 %. Its fine-tuning and ranks measure word frequencies, not MAE-LM: (b) is
+    not measured, (a) rests on MLM alone and says so, (c) keeps MLM's part only."""
+    scores = {"maelm": {"SST-2": [50, 51, 50]}, "mlm": {"SST-2": [80, 81, 82]},
+              "scratch": {"SST-2": [70, 71, 72]}}
+    layers = {"mlm": ([10, 20, 30], [12, 25, 40]), "maelm": ([1, 1, 1], [1, 1, 1])}
+    rank = [{"label": m, "without_mask": wo, "with_mask": w} for m, (wo, w) in layers.items()]
+    record = _record(0, scores, rank=rank)
+    record["pretraining"]["mlm"].update(eval_mask_accuracy=0.32, eval_unigram_accuracy=0.046)
+    record["pretraining"]["maelm"].update(eval_mask_accuracy=0.054, eval_unigram_accuracy=0.046)
+    claims = pool.pool_records([("r", record)])[0]["claims"]
+    assert claims["b"]["status"] == "not measured (MAE-LM stayed on the unigram plateau)"
+    assert claims["a"]["status"] == ("shown (MAE-LM left out: stayed on the unigram "
+                                     "plateau)")
+    assert claims["c"]["maelm_minus_mlm_last_layer"] == []
+    assert claims["c"]["status"] == "partly shown"
+    record["pretraining"]["maelm"]["eval_mask_accuracy"] = 0.20  # left it: measured again
+    claims = pool.pool_records([("r", record)])[0]["claims"]
+    assert claims["b"]["status"] == "not shown" and claims["a"]["status"] == "not shown"
+
+
+def test_the_call_report_names_a_model_left_on_the_unigram_plateau():
+    from maelm_jax.study import report
+
+    result = {"models": ["mlm", "maelm"], "pretraining": {
+        "mlm": {"eval_mask_accuracy": 0.32, "eval_unigram_accuracy": 0.046},
+        "maelm": {"eval_mask_accuracy": 0.054, "eval_unigram_accuracy": 0.046}}}
+    [_, line] = report.plateau_lines(result)
+    assert "MAE-LM (5.4 % against 4.6 %)" in line and "MLM (" not in line
+    result["pretraining"]["maelm"]["eval_mask_accuracy"] = 0.2
+    assert report.plateau_lines(result) == []
+    assert not report.on_plateau({})  # no evaluation: nothing to tell
