@@ -15,9 +15,9 @@ model; each task's fine-tuning is, for each pretrained model and the control, it
 groups' steps times the measured group step time plus its evaluations, plus what a part
 adds besides (its data, its trainer, loading its programs, timed by starting one again);
 the compilations the measurement did not cover (each distinct fine-tuning encoder's
-programs per head kind, the other programs of each model); and sizing.overhead_seconds for what is not timed (start-up, the corpus,
-saves, the reports). study.json records the prediction beside the wall time the call
-took, so each call checks the model.
+programs per head kind, the other programs of each model); and sizing.overhead_seconds
+for what is not timed (start-up, the corpus, saves, the reports). study.json records the
+prediction beside the wall time the call took, so each call checks the model.
 """
 
 from __future__ import annotations
