@@ -42,7 +42,7 @@ from absl import logging
 
 from maelm_jax import errors, layout, paths, schema
 from maelm_jax.pretrain.objectives import recipes
-from maelm_jax.study import report
+from maelm_jax.study import plateau
 
 # What no call of one GPU can reach, and why.
 OUT_OF_REACH = (
@@ -199,7 +199,7 @@ def _plateaued(records: list[dict], *models: str) -> list[str]:
     """Which of `models` ended pretraining on the unigram plateau in some call: a claim
     about them would measure a model that never used context (study/report.py)."""
     return [m for m in models
-            if any(report.on_plateau(r["pretraining"].get(m, {})) for r in records)]
+            if any(plateau.on_plateau(r["pretraining"].get(m, {})) for r in records)]
 
 
 def _names(models: list[str]) -> str:

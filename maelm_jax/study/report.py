@@ -22,6 +22,7 @@ import numpy as np
 
 from maelm_jax import layout, paths, runs
 from maelm_jax.pretrain.objectives import recipes
+from maelm_jax.study import plateau
 
 _CONTROL = "scratch"
 
@@ -48,30 +49,17 @@ def pretraining_record(workdir: paths.Path) -> dict:
     return out
 
 
-# A model whose [MASK] accuracy at the end of pretraining is under this multiple of always
-# predicting the most frequent piece has not left the unigram plateau (docs/plateau.md): it
-# learnt word frequencies, not context, so its fine-tuning and ranks say nothing of its
-# objective. (MAE-LM on the first one-call study's H200: 5.4 % against 4.6 %.)
-PLATEAU_FACTOR = 1.5
-
-
-def on_plateau(pretraining: dict) -> bool:
-    """Whether a model's pretraining record (`pretraining_record`) ended on the unigram
-    plateau; False where it has no evaluation to tell."""
-    acc, unigram = pretraining.get("eval_mask_accuracy"), pretraining.get("eval_unigram_accuracy")
-    return acc is not None and bool(unigram) and acc < PLATEAU_FACTOR * unigram
-
-
 def plateau_lines(result: dict) -> list[str]:
     """A warning naming each model that ended on the unigram plateau (none: no lines)."""
-    stuck = [n for n in result["models"] if on_plateau(result["pretraining"].get(n, {}))]
+    stuck = [n for n in result["models"]
+             if plateau.on_plateau(result["pretraining"].get(n, {}))]
     if not stuck:
         return []
     each = ", ".join(
         f"{_name(n)} ({100 * result['pretraining'][n]['eval_mask_accuracy']:.1f} % against "
         f"{100 * result['pretraining'][n]['eval_unigram_accuracy']:.1f} %)" for n in stuck)
     return ["", f"**On the unigram plateau** at the end of pretraining ([MASK] accuracy under "
-                f"{PLATEAU_FACTOR:g}x that of always predicting the most frequent piece): "
+                f"{plateau.PLATEAU_FACTOR:g}x that of always predicting the most frequent piece): "
                 f"{each}. What follows of it measures a model that learnt word frequencies, "
                 f"not its objective (docs/plateau.md)."]
 

@@ -141,7 +141,7 @@ def test_a_model_left_on_the_unigram_plateau_measures_no_claim_of_its_objective(
 
 
 def test_the_call_report_names_a_model_left_on_the_unigram_plateau():
-    from maelm_jax.study import report
+    from maelm_jax.study import plateau, report
 
     result = {"models": ["mlm", "maelm"], "pretraining": {
         "mlm": {"eval_mask_accuracy": 0.32, "eval_unigram_accuracy": 0.046},
@@ -150,4 +150,4 @@ def test_the_call_report_names_a_model_left_on_the_unigram_plateau():
     assert "MAE-LM (5.4 % against 4.6 %)" in line and "MLM (" not in line
     result["pretraining"]["maelm"]["eval_mask_accuracy"] = 0.2
     assert report.plateau_lines(result) == []
-    assert not report.on_plateau({})  # no evaluation: nothing to tell
+    assert not plateau.on_plateau({})  # no evaluation: nothing to tell
