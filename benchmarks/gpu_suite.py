@@ -25,7 +25,10 @@ command with room to copy the results) lasts:
    torch.compile, the faster counts; benchmarks/peer_hf.py), timed in rotation in one
    process: ms/step, tokens/s, the ratio to the peer, MFU (6 N T and the papers' FLOPs)
    against a bf16 8192^3 matmul measured in the same process, and each objective's time
-   ratio to MLM against its FLOPs ratio.
+   ratio to MLM against its FLOPs ratio. MLM of the first kernel is built first, then the
+   peer, then the rest while --timing_reserve_seconds would still be left to time them
+   before the part's share of the budget ends: a short lease still gets figures (at 12
+   layers every side's compiles took more than 4 minutes of an H200).
 3. profile: a jax.profiler trace of a few train steps of each of --profile_sides (by
    default MLM and MAE-LM with the Pallas kernel where it runs, and MAE-LM without its
    relative bias: what the bias costs), its device time summed per XLA op (the HLO
@@ -106,7 +109,12 @@ flags.DEFINE_list("profile_sides", [], "Part 3's train steps, each OBJECTIVE/IMP
                   "[;FIELD=VALUE...]] (default: mlm/I, maelm/I and maelm/I:model.rel_pos_buckets"
                   "=0, I = pallas on a GPU, einsum elsewhere).")
 flags.DEFINE_integer("profile_steps", 3, "Part 3: traced steps per side.", lower_bound=1)
+flags.DEFINE_integer("timing_reserve_seconds", 45, "Part 2: seconds kept for timing the "
+                     "sides built; no side is built that would leave fewer before the part's "
+                     "end, so a part cut by the budget still times what it built.",
+                     lower_bound=0)
 flags.DEFINE_string("part", "", "Internal: run one part in this process.")
+flags.DEFINE_float("part_deadline", 0.0, "Internal: the Unix time the part is stopped at.")
 flags.DEFINE_string("compile_case", "", "Internal: one compile process (cold, cached, new).")
 flags.DEFINE_string("cache", "", "Internal: the compile part's cache directory.")
 
@@ -191,36 +199,45 @@ def part_throughput(out: pathlib.Path) -> dict:
     tokens = harness.random_tokens(config)
     tokens_per_step = config.train.batch_size * config.data.seq_len
     benches, sides = {}, {}
-    for impl in impls:
-        for objective in objectives:
-            name = f"{objective} / {impl}"
+    deadline = FLAGS.part_deadline or float("inf")
+    last_build = 0.0  # the last side's build seconds: the next one's estimate
+
+    def room(name: str) -> bool:
+        """Whether building `name` (estimated as long as the last side) still leaves
+        --timing_reserve_seconds before the part is stopped; else it is recorded skipped."""
+        left = deadline - time.time()
+        if not benches or left - last_build >= FLAGS.timing_reserve_seconds:
+            return True
+        sides[name] = {"skipped": f"{left:.0f} s left to build and time it"}
+        _log(f"  {name}: not built ({sides[name]['skipped']})")
+        return False
+
+    # MLM of the first kernel, then the peer, then the rest: a part cut short by its time
+    # still has MLM against the peer.
+    plan = [(objective, impl) for impl in impls for objective in objectives]
+    for k, (objective, impl) in enumerate(plan):
+        name = f"{objective} / {impl}"
+        if room(name):
             try:
                 c = _side_config(config, objective, impl, fastest)
                 pretrain_config.validate(c)
+                start = time.perf_counter()
                 b = harness.Bench(c, tokens)
+                last_build = time.perf_counter() - start
             except Exception as e:  # noqa: BLE001 (a side that does not build is a finding)
                 sides[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
                 _log(f"  {name}: not timed ({sides[name]['error']})")
-                continue
-            benches[name] = b
-            sides[name] = {"objective": objective, "impl": impl,
-                           "compile_s": b.compile_seconds, "num_params": b.num_params,
-                           "flops": b.flops,
-                           "attention_dropout": c.model.attention_dropout}
-            _log(f"  {name}: compiled in {b.compile_seconds:.1f} s")
-    if FLAGS.peer == "hf":
-        try:
-            peers = _peers(config, tokens)
-        except ImportError as e:
-            peers = {}
-            _log(f"  peer: not timed ({e}; pip install -r requirements-bench.txt)")
-        except Exception as e:  # noqa: BLE001 (our sides are still worth timing)
-            peers = {}
-            _log(f"  peer: not timed ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
-        for name, b in peers.items():
-            benches[name] = b
-            sides[name] = {"objective": "peer", "impl": b.attention,
-                           "num_params": b.num_params, "build_s": b.build_seconds}
+            else:
+                benches[name] = b
+                sides[name] = {"objective": objective, "impl": impl,
+                               "compile_s": b.compile_seconds, "num_params": b.num_params,
+                               "flops": b.flops,
+                               "attention_dropout": c.model.attention_dropout}
+                _log(f"  {name}: compiled in {b.compile_seconds:.1f} s")
+        if k == 0 and FLAGS.peer == "hf" and room("peer"):
+            start = time.perf_counter()
+            _add_peers(config, tokens, benches, sides)
+            last_build = (time.perf_counter() - start) / 2
     harness.time_rotated(benches, 1, FLAGS.repeats, FLAGS.steps)
     for name, b in benches.items():
         s = statistics.median(b.wall)
@@ -246,6 +263,22 @@ def part_throughput(out: pathlib.Path) -> dict:
     return {"device": harness.device_line(), "peak_tflops": peak, "peak_measured_by": what,
             "tokens_per_step": tokens_per_step, "peer": peer, "pallas_options": fastest,
             "sides": sides}
+
+
+def _add_peers(config, tokens, benches: dict, sides: dict) -> None:
+    """The peer's sides (eager and torch.compile) into benches and sides, or why not."""
+    try:
+        peers = _peers(config, tokens)
+    except ImportError as e:
+        peers = {}
+        _log(f"  peer: not timed ({e}; pip install -r requirements-bench.txt)")
+    except Exception as e:  # noqa: BLE001 (our sides are still worth timing)
+        peers = {}
+        _log(f"  peer: not timed ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
+    for name, b in peers.items():
+        benches[name] = b
+        sides[name] = {"objective": "peer", "impl": b.attention,
+                       "num_params": b.num_params, "build_s": b.build_seconds}
 
 
 def _peers(config, tokens) -> dict:
@@ -398,8 +431,8 @@ PART_FUNCTIONS = {"attention": part_attention, "throughput": part_throughput,
 
 def _child_argv() -> list[str]:
     """This call's flags for a child process, without the internal ones."""
-    return [a for a in sys.argv[1:] if not a.startswith(("--part=", "--compile_case=",
-                                                         "--cache=", "--parts="))]
+    return [a for a in sys.argv[1:] if not a.startswith((
+        "--part=", "--part_deadline=", "--compile_case=", "--cache=", "--parts="))]
 
 
 def run_part(part: str, out: pathlib.Path, seconds: float) -> dict:
@@ -409,7 +442,8 @@ def run_part(part: str, out: pathlib.Path, seconds: float) -> dict:
     start = time.perf_counter()
     with open(log, "w") as f:
         try:
-            run = subprocess.run([sys.executable, sys.argv[0], *_child_argv(), f"--part={part}"],
+            run = subprocess.run([sys.executable, sys.argv[0], *_child_argv(), f"--part={part}",
+                                  f"--part_deadline={time.time() + seconds}"],
                                  stdout=f, stderr=subprocess.STDOUT, timeout=seconds, check=False)
             code = run.returncode
         except subprocess.TimeoutExpired:
@@ -474,8 +508,9 @@ def markdown(results: dict) -> str:
                       "| MFU 6NT | MFU FLOPs | time / MLM | FLOPs / MLM |",
                       "|---|---|---|---|---|---|---|---|---|---|"]
             for name, s in t["sides"].items():
-                if "error" in s:
-                    lines.append(f"| {name} | | | {s['error']} | | | | | | |")
+                if "error" in s or "skipped" in s:
+                    why = s.get("error") or f"not built: {s['skipped']}"
+                    lines.append(f"| {name} | | | {why} | | | | | | |")
                     continue
                 target = TARGETS["peer"].get(s["objective"])
                 vs = _fmt(s.get("vs_peer"), ".2f") + ("x" if s.get("vs_peer") else "")

@@ -213,6 +213,21 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
     record = json.loads((out / "gpu_suite.json").read_text())
     assert record["parts"] == {"quickstart": {"skipped": "budget: 10 s left"}}
 
+    # A part whose time would run out builds no side it could not time: MLM is built and
+    # timed, MAE-LM recorded as not built (a reserve of 148 s of the part's 150).
+    cut = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), f"--out={out}",
+         "--record_dir=", "--parts=throughput", "--peer=none", "--impls=einsum",
+         "--objectives=maelm", "--steps=1", "--repeats=1", "--budget_seconds=150",
+         "--timing_reserve_seconds=148", *tiny],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
+        check=False)
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    sides = json.loads((out / "gpu_suite.json").read_text())["parts"]["throughput"]["sides"]
+    assert sides["mlm / einsum"]["ms"] > 0
+    assert sides["maelm / einsum"]["skipped"].endswith("s left to build and time it")
+    assert "| maelm / einsum | | | not built: " in (out / "gpu_suite.md").read_text()
+
 
 def test_tpu_suite_runs_tiny_with_the_tpu_kernels(tmp_path):
     """benchmarks/tpu_suite.py on this CPU at tiny sizes: part 1 checks the TPU kernels
