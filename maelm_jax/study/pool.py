@@ -291,6 +291,11 @@ def claim_d(records: list[dict]) -> dict:
     return out
 
 
+def _machine(record: dict) -> dict:
+    """The machine a call ran on (its first part's device, jax and commit)."""
+    return record["parts"][0] if record.get("parts") else {}
+
+
 def pool_records(records: list[tuple[str, dict]]) -> list[dict]:
     """Every design's calls and claims."""
     designs: dict[str, list[tuple[str, dict]]] = {}
@@ -304,7 +309,7 @@ def pool_records(records: list[tuple[str, dict]]) -> list[dict]:
             "calls": [{"record": where, "title": r.get("title"),
                        "pretrain_seed": r.get("pretrain_seed"),
                        "models": r["models"] + r.get("controls", []),
-                       "machine": r["parts"][0] if r.get("parts") else {},
+                       "machine": _machine(r),
                        "steps": {m: p.get("step") for m, p in r["pretraining"].items()},
                        "seconds": r.get("seconds"),
                        "predicted_seconds": r.get("sizing", {}).get(
@@ -342,17 +347,18 @@ def _claim_rows(claims: dict) -> list[str]:
             f"| (d) | {d['claim']} | {d_here} | {d['status']} |"]
 
 
-def _call_text(record: dict) -> str:
-    machine = record["parts"][0] if record.get("parts") else {}
-    return (f"{record.get('title')} (pretraining seed {record.get('pretrain_seed')}, "
-            f"{machine.get('device', '?')}, jax {machine.get('jax', '?')}, commit "
-            f"{str(machine.get('commit', '?'))[:10]})")
+def _call_text(title, seed, machine: dict, *more: str) -> str:
+    """A call as the tables name it: its title, pretraining seed and machine (and `more`)."""
+    return (f"{title} (pretraining seed {seed}, {machine.get('device', '?')}, jax "
+            f"{machine.get('jax', '?')}, commit {str(machine.get('commit', '?'))[:10]}"
+            + "".join(f", {m}" for m in more) + ")")
 
 
 def _unfinished_lines(unfinished: list[tuple[str, dict]]) -> list[str]:
     """A line per unfinished call: recorded, so what it measured is kept, but left out of
     the claims (a part it did not reach would bias them)."""
-    return [f"Unfinished, left out of the claims: {_call_text(r)}, "
+    return [f"Unfinished, left out of the claims: "
+            f"{_call_text(r.get('title'), r.get('pretrain_seed'), _machine(r))}, "
             f"{len(r.get('parts_done', []))} of "
             f"{len(r.get('parts_done', [])) + len(r.get('parts_left', []))} parts done "
             f"(`{paths.Path(where).name}`)." for where, r in unfinished]
@@ -369,11 +375,8 @@ def markdown(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) -> str
              "GPU; commit its study.json under `benchmarks/results/study/`.", *tail]) + "\n"
     lines = []
     for p in pooled:
-        calls = "; ".join(
-            f"{c['title']} (pretraining seed {c['pretrain_seed']}, "
-            f"{c['machine'].get('device', '?')}, jax {c['machine'].get('jax', '?')}, commit "
-            f"{str(c['machine'].get('commit', '?'))[:10]}, {c['seconds'] or 0:.0f} s)"
-            for c in p["calls"])
+        calls = "; ".join(_call_text(c["title"], c["pretrain_seed"], c["machine"],
+                                     f"{c['seconds'] or 0:.0f} s") for c in p["calls"])
         lines += [f"Design {p['design']}: {len(p['calls'])} call(s): {calls}.", "",
                   "| claim | the papers | here: difference [95 % interval] | status |",
                   "|---|---|---|---|", *_claim_rows(p["claims"]), "",
