@@ -223,6 +223,9 @@ def test_the_gpu_preset_holds_its_sizes_and_every_model():
     assert {"SST-2", "CoLA", "MRPC", "STS-B", "RTE", "QNLI", "MNLI"} <= set(c.tasks)
     assert len(c.seeds) >= 3
     assert gpu.get_config("pretrain").model.d_model == 512
+    # The probe's config is the study's MAE-LM, field for field.
+    assert gpu.get_config("one_call_pretrain").to_dict() == study_config.model_config(
+        gpu.get_config("one_call"), "maelm").to_dict()
     # One call holds the models of the claims: 3ML_cross (in none) did not fit its minutes.
     assert names_of(gpu.get_config("one_call").models) == ["mlm", "maelm", "3ml_self"]
     with pytest.raises(ValueError, match="unknown config variant 'big'"):
