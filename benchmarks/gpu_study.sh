@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # One call of the study on a lent GPU machine: the one-call design (configs/study/gpu.py:
 # one_call) or a seed call (:seeds), sized at its start to end within MINUTES. Run it from
-# the project root there; it brings back the call's record.
+# the project root there; it brings back the call's record, however the call ends.
 #
 #   benchmarks/gpu_study.sh OUT_DIR [PRESET [MINUTES [main.py flags ...]]]
 #
 # PRESET: one_call (default), seeds (add --config.pretrain.seed=N, one N per call) or gpu
 # (the whole study, in several calls; the parts merge with configs/study/merge.py).
-# MINUTES: the time limit (default 9, inside a command's 10 minutes).
+# MINUTES: main.py's --time_limit_minutes (default 9; a fraction is allowed). The study
+# stops itself there (status 75); main.py also runs under `timeout -s TERM` at MINUTES plus
+# STUDY_TIMEOUT_MARGIN seconds (default 20), whose SIGTERM takes the study's stop path
+# (it writes study.json), and KILL follows STUDY_STOP_GRACE seconds (default 20) later.
+# Setup (sourcing .device/setup.sh: the wheels, unpacking the corpora, importing jax) comes
+# before both: keep setup + MINUTES + the margin inside the command's 10 minutes, from the
+# setup_seconds of the last call.json.
 #
 # Before the lease, on a CPU (from the project root):
 #   python scripts/study_tokenizer.py --config=configs/study/gpu.py:one_call \
@@ -20,62 +26,137 @@
 #   MAELM_JAX_COMMIT=<git rev-parse HEAD> benchmarks/gpu_study.sh $OUT one_call 9
 # The corpora travel compressed (about 38 MB) and the tokenizer trained on the CPU with
 # them, so every call uses the same pieces and none spends its minutes training one.
-# OUT_DIR gets study.json (the record: commit it as
-# benchmarks/results/study/<date>_<preset>_seed<N>_<device>.json), study.md, sizing.json,
-# the plots and the log's end.
-# Exit status: 0 when the call finished, 75 (time limit) or 143 (preempted) when it did
-# not (the record says what is done), 1 on an error.
+#
+# On ANY exit (finished, the time limit, the outer timeout, an error, this script itself
+# sent SIGTERM or SIGINT, which it passes on to the study and waits STUDY_STOP_GRACE for)
+# a trap copies into OUT_DIR what the workdir holds: study.json (the record: commit it as
+# benchmarks/results/study/<date>_<preset>_seed<N>_<device>.json), study.md, sizing.json
+# and the plots (*.png), the log's last 400 lines (study.log), and call.json:
+# {"setup_seconds", "main_seconds", "exit_status", "outcome", "minutes",
+# "timeout_seconds", "preset"}. That is 8 files, all a lent machine brings back.
+# STUDY_WORKDIR (default /tmp/study_<preset>) and STUDY_DATA_DIR (default /tmp/data, where
+# setup.sh unpacks) move the two directories; STUDY_TOKENIZER the tokenizer.
+#
+# Exit status: 0 when the call finished; 75 (the time limit) or 143 (preempted: SIGTERM to
+# the study or to this script) when it did not, the record saying what is done; 124 when
+# the outer timeout killed it (what the workdir holds is still copied); 1 on an error.
 set -uo pipefail
-out=${1:?usage: benchmarks/gpu_study.sh OUT_DIR [PRESET [MINUTES [main.py flags ...]]]}
+start=$(date +%s.%N)
+usage="usage: benchmarks/gpu_study.sh OUT_DIR [PRESET [MINUTES [main.py flags ...]]]"
+out=${1:?$usage}
 preset=${2:-one_call}
 minutes=${3:-9}
 shift $(( $# < 3 ? $# : 3 ))
 workdir=${STUDY_WORKDIR:-/tmp/study_$preset}
+data=${STUDY_DATA_DIR:-/tmp/data}
+margin=${STUDY_TIMEOUT_MARGIN:-20}
+grace=${STUDY_STOP_GRACE:-20}
+mkdir -p "$out" || exit 1
+log=$out/study.log
+: >> "$log"
 
-if [ ! -f .device/setup.sh ]; then
-  echo "gpu_study.sh: .device/ is not staged: run ../shared/device/stage.sh with the" \
-       "wiki_large, wiki and glue folders (and the tokenizer's), and carry .device" >&2
-  exit 1
-fi
-. .device/setup.sh
-for d in wiki_large wiki glue; do
-  if [ ! -d "/tmp/data/$d" ]; then
-    echo "gpu_study.sh: /tmp/data/$d is missing: stage.sh it with the others" >&2
-    exit 1
+# Seconds from $1 to $2 (date +%s.%N), one decimal.
+seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+main_start=""
+main_end=""
+child=""
+outcome="an error before main.py started"
+
+bring_back() {
+  local status=$1 f
+  trap - EXIT TERM INT
+  local now
+  now=$(date +%s.%N)
+  local setup main="null"
+  setup=$(seconds "$start" "${main_start:-$now}")
+  [ -n "$main_start" ] && main=$(seconds "$main_start" "${main_end:-$now}")
+  echo "gpu_study.sh: $outcome (status $status); setup ${setup} s, main.py ${main} s" >> "$log"
+  for f in study.json study.md sizing.json; do
+    [ -f "$workdir/$f" ] && cp "$workdir/$f" "$out/"
+  done
+  for f in "$workdir"/*.png; do
+    [ -f "$f" ] && cp "$f" "$out/"
+  done
+  # The log can grow long; keep its end.
+  tail -n 400 "$log" > "$log.tail" && mv "$log.tail" "$log"
+  local m=null text=${outcome//\\/\\\\}
+  [[ $minutes =~ ^[0-9]+([.][0-9]+)?$ ]] && m=$(awk -v m="$minutes" 'BEGIN { print m + 0 }')
+  text=${text//\"/\\\"}
+  printf '{"preset": "%s", "minutes": %s, "timeout_seconds": %s, "setup_seconds": %s, %s\n' \
+    "$preset" "$m" "${timeout_seconds:-null}" "$setup" \
+    "$(printf '"main_seconds": %s, "exit_status": %d, "outcome": "%s"}' "$main" "$status" "$text")" \
+    > "$out/call.json"
+  exit "$status"
+}
+trap 'bring_back $?' EXIT
+
+# This script told to stop (the lease ending, a Ctrl-C): the study is told too, and given
+# STUDY_STOP_GRACE seconds to write its record before the trap copies what there is.
+stop() {
+  outcome="preempted ($1 to gpu_study.sh)"
+  if [ -n "$child" ]; then
+    kill -s TERM "$child" 2>/dev/null
+    local waited=0
+    while kill -0 "$child" 2>/dev/null && [ "$waited" -lt $(( grace * 5 )) ]; do
+      sleep 0.2
+      waited=$(( waited + 1 ))
+    done
+    main_end=$(date +%s.%N)
   fi
+  exit 143
+}
+trap 'stop SIGTERM' TERM
+trap 'stop SIGINT' INT
+
+fail() { echo "gpu_study.sh: $*" | tee -a "$log" >&2; outcome="error: $*"; exit 1; }
+
+if ! [[ $minutes =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+  fail "MINUTES must be a number of minutes, not '$minutes' ($usage)"
+fi
+if [ ! -f .device/setup.sh ]; then
+  fail ".device/ is not staged: run ../shared/device/stage.sh with the wiki_large, wiki" \
+       "and glue folders (and the tokenizer's), and carry .device"
+fi
+. .device/setup.sh >> "$log" 2>&1
+for d in wiki_large wiki glue; do
+  [ -d "$data/$d" ] || fail "$data/$d is missing: stage.sh it with the others"
 done
-tokenizer=${STUDY_TOKENIZER:-/tmp/data/study_tokenizer/tokenizer.model}
+tokenizer=${STUDY_TOKENIZER:-$data/study_tokenizer/tokenizer.model}
 flags=()
 if [ -f "$tokenizer" ]; then
   flags=(--config.pretrain.tokenizer.model_path="$tokenizer")
 elif [ "$preset" != gpu ]; then
-  echo "gpu_study.sh: no tokenizer at $tokenizer: train it on a CPU with" \
-       "scripts/study_tokenizer.py and stage its folder (or set STUDY_TOKENIZER)" >&2
-  exit 1
+  fail "no tokenizer at $tokenizer: train it on a CPU with scripts/study_tokenizer.py and" \
+       "stage its folder (or set STUDY_TOKENIZER)"
 fi
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jaxcache}
-mkdir -p "$out"
 
-start=$(date +%s)
-python3 main.py --config=configs/study/gpu.py:"$preset" --workdir="$workdir" \
+timeout_seconds=$(awk -v m="$minutes" -v s="$margin" 'BEGIN { printf "%.1f", 60 * m + s }')
+outcome="main.py did not end"
+main_start=$(date +%s.%N)
+# In the background, so that a signal to this script is handled at once (bash runs a trap
+# only after the foreground command ends).
+timeout -k "$grace" -s TERM "$timeout_seconds" \
+  python3 main.py --config=configs/study/gpu.py:"$preset" --workdir="$workdir" \
   --time_limit_minutes="$minutes" "${flags[@]}" \
-  --config.pretrain.data.sources.large.path=/tmp/data/wiki_large \
-  --config.pretrain.data.sources.wiki.path=/tmp/data/wiki \
-  --config.glue_dir=/tmp/data/glue "$@" > "$out/study.log" 2>&1
+  --config.pretrain.data.sources.large.path="$data/wiki_large" \
+  --config.pretrain.data.sources.wiki.path="$data/wiki" \
+  --config.glue_dir="$data/glue" "$@" >> "$log" 2>&1 &
+child=$!
+wait "$child"
 status=$?
-echo "gpu_study.sh: this call took $(( $(date +%s) - start )) s" | tee -a "$out/study.log"
+main_end=$(date +%s.%N)
 
-for f in study.md study.json sizing.json loss_curves.png rank_layers.png glue_medians.png; do
-  if [ -f "$workdir/$f" ]; then cp "$workdir/$f" "$out/"; fi
-done
-# The log can grow long; keep its end.
-tail -n 400 "$out/study.log" > "$out/study.log.tail" && mv "$out/study.log.tail" "$out/study.log"
 case $status in
-  0) echo "gpu_study.sh: the call finished; its record is $out/study.json" ;;
-  75) echo "gpu_study.sh: not finished (the time limit); study.json says what is done" ;;
-  143) echo "gpu_study.sh: preempted (SIGTERM); study.json says what is done" ;;
-  *) echo "gpu_study.sh: failed with status $status; the end of $out/study.log:" >&2
-     tail -n 5 "$out/study.log" >&2
-     exit 1 ;;
+  0) outcome="the call finished; its record is $out/study.json" ;;
+  75) outcome="not finished (the time limit); study.json says what is done" ;;
+  143) outcome="preempted (SIGTERM); study.json says what is done" ;;
+  124|137) outcome="killed by the outer timeout (${timeout_seconds} s); what it wrote is copied"
+     status=124 ;;
+  *) outcome="failed with status $status"
+     echo "gpu_study.sh: $outcome; the end of $log:" >&2
+     tail -n 5 "$log" >&2
+     status=1 ;;
 esac
-exit $status
+echo "gpu_study.sh: $outcome"
+exit "$status"
