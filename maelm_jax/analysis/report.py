@@ -6,7 +6,8 @@
 * ``rank.md``: Table 3 (the last layer of every run), then Fig. 1's numbers per layer.
 * ``rank_layers.png`` (Fig. 1(a)): rank_tau per layer, input with [MASK] (solid) and
   without (dashed), one colour per run. ``rank_mask.png`` (Fig. 1(b)): rank_tau of the
-  [MASK] token representations per layer, one line per run.
+  [MASK] token representations per layer, one line per run. With centred ranks, each has
+  a second panel of them on the right.
 """
 
 from __future__ import annotations
@@ -72,34 +73,38 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, layers_path: paths.Path, mask_path: paths.Path) -> None:
-    """Fig. 1(a) and 1(b): layers on x, rank_tau on y, one colour per run."""
+    """Fig. 1(a) and 1(b): layers on x, rank_tau on y, one colour per run; with centred
+    ranks in the report, each figure has a second panel of them beside the paper's."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     from matplotlib.ticker import MaxNLocator
 
     tau = report["tau"]
+    centred = bool(report["runs"]) and all("centred" in run for run in report["runs"])
     panels = (
         (layers_path, (("with_mask", "-", "input w. [MASK]"),
                        ("without_mask", "--", "input w/o [MASK]")),
-         f"Effective rank (τ = {tau:g})", "(a) token representations"),
-        (mask_path, (("mask_only", "-", "[MASK] tokens"),),
-         f"Effective rank (τ = {tau:g})", "(b) [MASK] token representations"),
+         "(a) token representations"),
+        (mask_path, (("mask_only", "-", "[MASK] tokens"),), "(b) [MASK] token representations"),
     )
-    for path, stats, ylabel, title in panels:
-        fig = Figure(figsize=(5.5, 4.0), layout="constrained")
-        ax = fig.add_subplot()
-        for i, run in enumerate(report["runs"]):
-            color = f"C{i % 10}"
-            for stat, style, what in stats:
-                label = run["label"] if len(stats) == 1 else f"{run['label']}: {what}"
-                ax.plot(run["layers"], run[stat], style, color=color, marker="o",
-                        markersize=3, label=label)
-        ax.set_xlabel("Layer")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+    views = (("", lambda run: run),) + ((", centred", lambda run: run["centred"]),) * centred
+    for path, stats, title in panels:
+        fig = Figure(figsize=(5.5 * len(views), 4.0), layout="constrained")
+        for k, (view, ranks) in enumerate(views):
+            ax = fig.add_subplot(1, len(views), k + 1)
+            for i, run in enumerate(report["runs"]):
+                color = f"C{i % 10}"
+                for stat, style, what in stats:
+                    label = run["label"] if len(stats) == 1 else f"{run['label']}: {what}"
+                    ax.plot(run["layers"], ranks(run)[stat], style, color=color, marker="o",
+                            markersize=3, label=label)
+            ax.set_xlabel("Layer")
+            ax.set_ylabel(f"Effective rank (τ = {tau:g})")
+            ax.set_title(title + view)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            if k == 0:
+                ax.legend(fontsize="small")
         png = io.BytesIO()  # matplotlib writes local files only; the path may be a bucket's
         fig.savefig(png, format="png", dpi=120)
         path.write_bytes(png.getvalue())

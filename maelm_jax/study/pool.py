@@ -6,10 +6,12 @@
 
 Each input is a study's study.json (a call's record), a directory of them, or a study's
 workdir. Records pool when they share a pretraining design (`design`: the pretraining
-config but its seed, the step scales, the fine-tuning recipe, the tokenizer and the
-prepared corpus); a call of `gpu.py:one_call` and calls of `gpu.py:seeds` with other
-pretraining seeds are one design. Each claim is computed on the records that hold what it
-needs:
+config but its seed and step cap, the planned tokens per model, the step scales, the
+fine-tuning recipe, the tokenizer and the prepared corpus). The planned tokens, not the
+configured steps: a call sizes its steps to its machine (study/sizing.py), so two calls of
+one config may train on different budgets, and those are listed, not pooled; a design
+that pins its steps pools across machines. Each claim is computed on the finished records
+that hold what it needs:
 
 (a) pretraining beats the same encoder fine-tuned from scratch by >= 5 points, on SST-2
     and on the GLUE average (MAE-LM 4.1's premise; every pretrained model against the
@@ -17,7 +19,8 @@ needs:
 (b) MAE-LM >= MLM on the GLUE average (MAE-LM Table 1);
 (c) MLM's real-token representations have a lower effective rank when [MASK] is absent
     from the input, the gap growing with depth (MAE-LM Fig. 1a), and MAE-LM's last layer
-    a higher rank than MLM's (Table 3);
+    a higher rank than MLM's (Table 3): rules (c1) and (c2), decided per call, uncentred
+    and centred, and over calls by a one-sided sign test (study/claims.py);
 (d) 3ML_self matches MLM's GLUE average at <= 0.75x its training FLOPs (3ML Fig. 5).
 
 A difference is paired: the same call, fine-tuning seed and task, model against model.
@@ -26,8 +29,12 @@ mean differences; with one call, over the fine-tuning seeds (which leaves out ho
 pretraining varies: the text says so). A claim is "shown" when its interval's bound
 clears the threshold, "not shown" when it does not, "not measured" when no record holds
 what it needs; (b) and (d) are non-inferiority claims within 1 point unless the lower
-bound clears 0. `readme_table` writes the README's "What to expect on one GPU" table
-from the committed records (benchmarks/results/study/), and a test keeps the two in step.
+bound clears 0. A model that ended pretraining on the unigram plateau measures no claim of
+its objective (study/plateau.py). Beside every MAE-LM against MLM comparison: MAE-LM's
+training FLOPs per step relative to MLM's. `readme_table` writes the README's "What to
+expect on one GPU" block from the committed records (benchmarks/results/study/): the
+pooled claims per design, then every call, finished or not, on its own (study/calls.py);
+a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from absl import logging
 
 from maelm_jax import errors, layout, paths, schema
 from maelm_jax.pretrain.objectives import recipes
-from maelm_jax.study import plateau
+from maelm_jax.study import budget, calls, claims, plateau
 
 # What no call of one GPU can reach, and why.
 OUT_OF_REACH = (
@@ -108,11 +115,15 @@ def read_records(inputs, finished: bool = True) -> list[tuple[str, dict]]:
 
 def design(record: dict) -> str:
     """A short digest of what calls must share to pool: the pretraining design (its seed
-    left out), step scales, fine-tuning recipe, tokenizer and prepared corpus."""
+    and step cap left out), the planned tokens per model (the base tokens and the step
+    scales, study/budget.py: so calls that took different models still pool), fine-tuning
+    recipe, tokenizer and prepared corpus."""
     settings = json.loads(json.dumps(record["identity"]["settings"]))
     settings["pretrain"].pop("seed", None)
+    settings["pretrain"].get("train", {}).pop("num_steps", None)
     finetune = {k: v for k, v in settings["finetune"].items() if k != "seeds_per_program"}
     key = {"pretrain": settings["pretrain"], "step_scale": settings.get("step_scale", {}),
+           "base_tokens": budget.base_tokens(record),
            "finetune": finetune, "tokenizer": record["identity"]["tokenizer_sha256"],
            "data": record["identity"]["data_fingerprint"]}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -237,40 +248,11 @@ def claim_b(records: list[dict]) -> dict:
     tasks = _common_tasks(records, "maelm", "mlm")
     diff = paired(records, "maelm", "mlm", tasks) if tasks else None
     stuck = _plateaued(records, "maelm", "mlm")
+    ratios = [budget.flops_per_step_ratio(r, "maelm", "mlm") for r in records]
     return {"claim": "MAE-LM >= MLM on the GLUE average", "difference": diff,
+            "flops_per_step": sorted({round(x, 2) for x in ratios if x is not None}),
             "status": (_plateau_status(stuck) if stuck
                        else _status(diff, -NON_INFERIORITY, 0.0))}
-
-
-def _rank_runs(record: dict) -> dict[str, dict]:
-    return {r["label"]: r for r in record.get("rank", {}).get("runs", [])}
-
-
-def claim_c(records: list[dict]) -> dict:
-    gaps, higher = [], []
-    for record in records:
-        runs = _rank_runs(record)
-        if "mlm" in runs:
-            r = runs["mlm"]
-            gaps.append([w - wo for w, wo in zip(r["with_mask"], r["without_mask"],
-                                                 strict=True)])
-        if "mlm" in runs and "maelm" in runs and not _plateaued([record], "maelm", "mlm"):
-            higher.append(runs["maelm"]["without_mask"][-1] - runs["mlm"]["without_mask"][-1])
-    out = {"claim": "MLM's real-token rank is lower without [MASK] in the input, the gap "
-                    "growing with depth; MAE-LM's last layer has a higher rank than MLM's",
-           "mlm_gap_per_layer": gaps, "maelm_minus_mlm_last_layer": higher}
-    if not gaps:
-        out["status"] = "not measured"
-        return out
-    half = len(gaps[0]) // 2
-    deficiency = all(g[-1] > 0 for g in gaps)
-    grows = all(statistics.fmean(g[half:]) > statistics.fmean(g[:half]) for g in gaps)
-    higher_ok = bool(higher) and all(h > 0 for h in higher)
-    out["status"] = ("shown" if deficiency and grows and higher_ok else
-                     "partly shown" if deficiency or higher_ok else "not shown")
-    out["parts"] = {"gap at the last layer > 0": deficiency, "gap grows with depth": grows,
-                    "MAE-LM's last layer higher": higher_ok if higher else None}
-    return out
 
 
 def claim_d(records: list[dict]) -> dict:
@@ -291,11 +273,6 @@ def claim_d(records: list[dict]) -> dict:
     return out
 
 
-def _machine(record: dict) -> dict:
-    """The machine a call ran on (its first part's device, jax and commit)."""
-    return record["parts"][0] if record.get("parts") else {}
-
-
 def pool_records(records: list[tuple[str, dict]]) -> list[dict]:
     """Every design's calls and claims."""
     designs: dict[str, list[tuple[str, dict]]] = {}
@@ -306,16 +283,9 @@ def pool_records(records: list[tuple[str, dict]]) -> list[dict]:
         rs = [r for _, r in members]
         out.append({
             "design": key,
-            "calls": [{"record": where, "title": r.get("title"),
-                       "pretrain_seed": r.get("pretrain_seed"),
-                       "models": r["models"] + r.get("controls", []),
-                       "machine": _machine(r),
-                       "steps": {m: p.get("step") for m, p in r["pretraining"].items()},
-                       "seconds": r.get("seconds"),
-                       "predicted_seconds": r.get("sizing", {}).get(
-                           "predicted_seconds", {}).get("total")}
-                      for where, r in members],
-            "claims": {"a": claim_a(rs), "b": claim_b(rs), "c": claim_c(rs), "d": claim_d(rs)},
+            "calls": [calls.summary(where, r, key) for where, r in members],
+            "claims": {"a": claim_a(rs), "b": claim_b(rs), "c": claims.pooled(rs),
+                       "d": claim_d(rs)},
             "out_of_reach": list(OUT_OF_REACH)})
     return out
 
@@ -330,58 +300,62 @@ def _diff_text(diff: dict | None) -> str:
     return f"{diff['difference']:+.1f}{bound} ({diff['n']} {diff['over']})"
 
 
-def _claim_rows(claims: dict) -> list[str]:
-    a, b, c, d = claims["a"], claims["b"], claims["c"], claims["d"]
+def _sign_text(test: dict) -> str:
+    return ("—" if not test["n"] else
+            f"{test['held']} of {test['n']} call(s) hold, p = {test['p']:.2g}")
+
+
+def _flops_text(ratios: list[float]) -> str:
+    """MAE-LM's FLOPs per step relative to MLM's, over a design's calls."""
+    if not ratios:
+        return ""
+    shown = f"{ratios[0]:.2f}x" if len(ratios) == 1 else f"{ratios[0]:.2f}-{ratios[-1]:.2f}x"
+    return f"; MAE-LM at {shown} MLM's FLOPs per step"
+
+
+def _claim_rows(found: dict) -> list[str]:
+    a, b, c, d = found["a"], found["b"], found["c"], found["d"]
     a_here = "; ".join(f"{m}: SST-2 {_diff_text(v['SST-2'])}, GLUE avg. "
                        f"{_diff_text(v['GLUE average'])}" for m, v in a["models"].items()) or "—"
-    c_here = "—"
-    if c["mlm_gap_per_layer"]:
-        c_here = (f"MLM gap with minus without [MASK] per layer {c['mlm_gap_per_layer'][0]}"
-                  + (f"; MAE-LM minus MLM last layer {c['maelm_minus_mlm_last_layer']}"
-                     if c["maelm_minus_mlm_last_layer"] else ""))
     d_here = _diff_text(d["difference"]) + (
         f" at {d['flops_ratio']:.2f}x MLM's FLOPs" if d["flops_ratio"] else "")
-    return [f"| (a) | {a['claim']} | {a_here} | {a['status']} |",
-            f"| (b) | {b['claim']} | {_diff_text(b['difference'])} | {b['status']} |",
-            f"| (c) | {c['claim']} | {c_here} | {c['status']} |",
-            f"| (d) | {d['claim']} | {d_here} | {d['status']} |"]
-
-
-def _call_text(title, seed, machine: dict, *more: str) -> str:
-    """A call as the tables name it: its title, pretraining seed and machine (and `more`)."""
-    return (f"{title} (pretraining seed {seed}, {machine.get('device', '?')}, jax "
-            f"{machine.get('jax', '?')}, commit {str(machine.get('commit', '?'))[:10]}"
-            + "".join(f", {m}" for m in more) + ")")
-
-
-def _unfinished_lines(unfinished: list[tuple[str, dict]]) -> list[str]:
-    """A line per unfinished call: recorded, so what it measured is kept, but left out of
-    the claims (a part it did not reach would bias them)."""
-    return [f"Unfinished, left out of the claims: "
-            f"{_call_text(r.get('title'), r.get('pretrain_seed'), _machine(r))}, "
-            f"{len(r.get('parts_done', []))} of "
-            f"{len(r.get('parts_done', [])) + len(r.get('parts_left', []))} parts done "
-            f"(`{paths.Path(where).name}`)." for where, r in unfinished]
+    rows = [f"| (a) | {a['claim']} | {a_here} | {a['status']} |",
+            f"| (b) | {b['claim']} | {_diff_text(b['difference'])}"
+            f"{_flops_text(b['flops_per_step'])} | {b['status']} |"]
+    for rule in claims.RULES:
+        here = "; ".join(f"{v}: {_sign_text(c[rule][v])}" for v in claims.VIEWS)
+        status = "; ".join(f"{v}: {c[rule][v]['status']}" for v in claims.VIEWS)
+        rows.append(f"| ({rule}) | {c['rules'][rule]} | {here} | {status} |")
+    return rows + [f"| (d) | {d['claim']} | {d_here} | {d['status']} |"]
 
 
 def markdown(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) -> str:
-    """The pooled claims: per design its calls and a row per claim; then the unfinished
-    calls recorded (`read_records(..., finished=False)`), each on a line."""
-    tail = _unfinished_lines(list(unfinished))
-    if not pooled:
-        return "\n\n".join(
-            ["No finished study call is recorded yet: the claims are not measured. "
-             "`benchmarks/gpu_study.sh` runs `configs/study/gpu.py:one_call` on a lent "
-             "GPU; commit its study.json under `benchmarks/results/study/`.", *tail]) + "\n"
+    """The pooled claims: per design its calls and a row per claim; then every call on its
+    own (study/calls.py), the unfinished (`read_records(..., finished=False)`) too; then
+    the unfinished calls, each on a line."""
+    unfinished = list(unfinished)
+    each = ([c for p in pooled for c in p["calls"]]
+            + [calls.summary(where, r, design(r)) for where, r in unfinished])
     lines = []
+    if not pooled:
+        lines += ["No finished study call is recorded yet: the claims are not measured. "
+                  "`benchmarks/gpu_study.sh` runs `configs/study/gpu.py:one_call` on a lent "
+                  "GPU; commit its study.json under `benchmarks/results/study/`.", ""]
     for p in pooled:
-        calls = "; ".join(_call_text(c["title"], c["pretrain_seed"], c["machine"],
+        named = "; ".join(calls.call_text(c["title"], c["pretrain_seed"], c["machine"],
                                      f"{c['seconds'] or 0:.0f} s") for c in p["calls"])
-        lines += [f"Design {p['design']}: {len(p['calls'])} call(s): {calls}.", "",
+        lines += [f"Design {p['design']}: {len(p['calls'])} call(s): {named}.", "",
                   "| claim | the papers | here: difference [95 % interval] | status |",
                   "|---|---|---|---|", *_claim_rows(p["claims"]), "",
                   "Out of reach here: " + "; ".join(p["out_of_reach"]) + ".", ""]
-    return "\n".join(lines + [line + "\n" for line in tail])
+    if each:
+        lines += ["Each call on its own, finished or not (tokens: the planned pretraining "
+                  "tokens, steps x batch x length; FLOPs/step vs MLM: training FLOPs per step "
+                  "at the call's shape; minus control: the pretrained model minus the "
+                  "from-scratch control in points, the mean over fine-tuning seeds). A call "
+                  "pools only with calls of its design: the same planned tokens per model "
+                  "among the rest.", "", *calls.tables(each), ""]
+    return "\n".join(lines + [line + "\n" for line in calls.unfinished_lines(unfinished)])
 
 
 def readme_table(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) -> str:

@@ -6,10 +6,12 @@
   limit or a preemption stopped it), "finished": false and the parts done and left.
 * ``study.md``: one row per model (pretraining eval loss and accuracy next to the unigram
   baseline, last-layer rank_tau with and without [MASK], the GLUE medians and their
-  average, wall time, training FLOPs, MFU) and one for the from-scratch control, then
+  average, wall time, training FLOPs, MFU) and one for the from-scratch control; claim (c)
+  decided in this call by its fixed rules (study/claims.py), uncentred and centred; then
   each task's per-seed scores.
 * ``loss_curves.png``: every model's train and eval loss against the step.
-* ``rank_layers.png``: the rank analysis's Fig. 1(a) plot, copied next to the table.
+* ``rank_layers.png``: the rank analysis's Fig. 1(a) plot (every model, with and without
+  [MASK], uncentred and centred), copied next to the table.
 * ``glue_medians.png``: a bar chart of the GLUE medians per task and model.
 """
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from maelm_jax import layout, paths, runs
 from maelm_jax.pretrain.objectives import recipes
-from maelm_jax.study import plateau
+from maelm_jax.study import claims, plateau
 
 _CONTROL = "scratch"
 
@@ -134,7 +136,7 @@ def markdown(result: dict) -> str:
         lines += ["Run on " + "; ".join(
             (f"{', '.join(map(_name, p['models'] + p['controls']))}: " if len(parts) > 1 else "")
             + f"{p['device']} (jax {p['jax']})" for p in parts) + ".", ""]
-    lines += table(result) + plateau_lines(result)
+    lines += table(result) + plateau_lines(result) + claims.call_lines(result)
     if tasks:
         lines += ["", "Per seed (dev, the task's metric):", ""]
         for t in tasks:

@@ -187,6 +187,29 @@ def _config(runs, **fields):
     return c
 
 
+def test_the_layer_plots_show_the_centred_ranks_beside_the_papers(tmp_path):
+    """Fig. 1(a) and (b) of every run, with and without [MASK]; with centred ranks a second
+    panel of them, so the study's rank_layers.png shows all four of each model's curves."""
+    from matplotlib.image import imread
+
+    from maelm_jax import paths
+    from maelm_jax.analysis import report
+
+    def run(label, centred):
+        ranks = {"with_mask": [9, 7, 6], "without_mask": [9, 6, 4], "mask_only": [1, 2, 3]}
+        return {"label": label, "layers": [0, 1, 2], **ranks,
+                **({"centred": {s: [r + 1 for r in v] for s, v in ranks.items()}}
+                   if centred else {})}
+
+    widths = {}
+    for centred in (False, True):
+        report_ = {"tau": 0.9, "runs": [run("mlm", centred), run("maelm", centred)]}
+        layers, mask = tmp_path / f"layers{centred}.png", tmp_path / f"mask{centred}.png"
+        report.plot(report_, paths.Path(str(layers)), paths.Path(str(mask)))
+        widths[centred] = [imread(p).shape[1] for p in (layers, mask)]
+    assert widths[True] == [2 * w for w in widths[False]]
+
+
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_analysis_of_a_workdir_and_a_checkpoint_writes_its_files(tiny_run, tmp_path):
     step_dir = tiny_run / "checkpoints" / "6"

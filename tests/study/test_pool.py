@@ -16,9 +16,12 @@ SEEDS = ["1", "2", "3"]
 
 
 def _record(pretrain_seed: int, scores: dict, *, rank=None, flops=None, lr=1e-4,
-            finished=True) -> dict:
-    """A finished call: scores {model: {task: [per seed]}}."""
-    settings = {"pretrain": {"seed": pretrain_seed, "model": {"d_model": 256}},
+            finished=True, base=None, cap=1000) -> dict:
+    """A finished call: scores {model: {task: [per seed]}}; `base` the sizing's planned
+    base steps (none: the configured `cap`), step_scale applied as study/config.py does."""
+    settings = {"pretrain": {"seed": pretrain_seed, "model": {"d_model": 256},
+                             "train": {"num_steps": cap, "batch_size": 8},
+                             "data": {"seq_len": 16}},
                 "finetune": {"learning_rate": lr, "seeds_per_program": 5},
                 "step_scale": {"3ml_self": 0.86}}
     models = [m for m in scores if m != "scratch"]
@@ -34,7 +37,19 @@ def _record(pretrain_seed: int, scores: dict, *, rank=None, flops=None, lr=1e-4,
                          "median": statistics.median(v)} for t, v in per_task.items()}
                  for m, per_task in scores.items()},
         "rank": {"runs": rank or []},
+        **({"sizing": {"base_steps": base, "steps": {
+            m: max(1, round(base * settings["step_scale"].get(m, 1.0))) for m in models}}}
+           if base else {}),
     }
+
+
+def _run(label: str, with_mask: list[int], without_mask: list[int], centred=None) -> dict:
+    """A rank analysis run (layers 0..L, 0 the embeddings); centred: (with, without)."""
+    run = {"label": label, "layers": list(range(len(with_mask))), "with_mask": with_mask,
+           "without_mask": without_mask}
+    if centred:
+        run["centred"] = {"with_mask": centred[0], "without_mask": centred[1]}
+    return run
 
 
 def test_one_call_pairs_by_seed_and_says_so():
@@ -55,7 +70,8 @@ def test_one_call_pairs_by_seed_and_says_so():
                           (84 + 60) / 2 - (72 + 14) / 2]))
     assert a["status"] == "shown"  # both models beat the control by far more than 5
     assert claims["b"]["status"] == "not shown"  # the interval [1 - 3.7, ...] reaches below -1
-    assert claims["c"]["status"] == "not measured" and claims["d"]["status"] == "not measured"
+    assert claims["c"]["c1"]["uncentred"]["status"] == "not measured (no rank analysis of MLM)"
+    assert claims["d"]["status"] == "not measured"
 
 
 def test_calls_pool_over_pretraining_seeds_and_designs_stay_apart():
@@ -73,22 +89,15 @@ def test_calls_pool_over_pretraining_seeds_and_designs_stay_apart():
     assert pool.design(calls[0]) == pool.design(calls[2])  # the pretraining seed is not part
 
 
-def test_ranks_and_flops_decide_c_and_d():
-    rank = [{"label": "mlm", "with_mask": [10, 20, 30, 40], "without_mask": [10, 19, 25, 30]},
-            {"label": "maelm", "with_mask": [10, 20, 30, 40], "without_mask": [10, 20, 30, 36]}]
+def test_flops_decide_d():
     scores = {"mlm": {"SST-2": [80, 81, 82]}, "3ml_self": {"SST-2": [80, 81, 82.5]}}
-    record = _record(0, scores, rank=rank, flops={"mlm": 100.0, "3ml_self": 75.0})
+    record = _record(0, scores, flops={"mlm": 100.0, "3ml_self": 75.0})
     claims = pool.pool_records([("r", record)])[0]["claims"]
-    assert claims["c"]["status"] == "shown"
-    assert claims["c"]["mlm_gap_per_layer"] == [[0, 1, 5, 10]]
     assert claims["d"]["flops_ratio"] == 0.75
     assert claims["d"]["status"].startswith("shown")
-    too_much = _record(0, scores, rank=rank, flops={"mlm": 100.0, "3ml_self": 87.0})
+    too_much = _record(0, scores, flops={"mlm": 100.0, "3ml_self": 87.0})
     d = pool.pool_records([("r", too_much)])[0]["claims"]["d"]
     assert d["status"] == "not measured (3ML_self trained on 0.87x MLM's FLOPs)"
-    flat = [{"label": "mlm", "with_mask": [10, 20, 30, 40], "without_mask": [10, 20, 30, 41]}]
-    assert pool.pool_records([("r", _record(0, scores, rank=flat))])[0]["claims"]["c"][
-        "status"] == "not shown"
 
 
 def test_inputs_are_read_and_unfinished_calls_left_out(tmp_path):
@@ -124,8 +133,7 @@ def test_a_model_left_on_the_unigram_plateau_measures_no_claim_of_its_objective(
     not measured, (a) rests on MLM alone and says so, (c) keeps MLM's part only."""
     scores = {"maelm": {"SST-2": [50, 51, 50]}, "mlm": {"SST-2": [80, 81, 82]},
               "scratch": {"SST-2": [70, 71, 72]}}
-    layers = {"mlm": ([10, 20, 30], [12, 25, 40]), "maelm": ([1, 1, 1], [1, 1, 1])}
-    rank = [{"label": m, "without_mask": wo, "with_mask": w} for m, (wo, w) in layers.items()]
+    rank = [_run("mlm", [12, 25, 40], [10, 20, 30]), _run("maelm", [1, 1, 1], [1, 1, 1])]
     record = _record(0, scores, rank=rank)
     record["pretraining"]["mlm"].update(eval_mask_accuracy=0.32, eval_unigram_accuracy=0.046)
     record["pretraining"]["maelm"].update(eval_mask_accuracy=0.054, eval_unigram_accuracy=0.046)
@@ -133,11 +141,13 @@ def test_a_model_left_on_the_unigram_plateau_measures_no_claim_of_its_objective(
     assert claims["b"]["status"] == "not measured (MAE-LM stayed on the unigram plateau)"
     assert claims["a"]["status"] == ("shown (MAE-LM left out: stayed on the unigram "
                                      "plateau)")
-    assert claims["c"]["maelm_minus_mlm_last_layer"] == []
-    assert claims["c"]["status"] == "partly shown"
+    assert claims["c"]["c2"]["uncentred"]["status"] == (
+        "not measured (MAE-LM stayed on the unigram plateau)")
+    assert claims["c"]["c1"]["uncentred"]["n"] == 1  # MLM's own rule is still measured
     record["pretraining"]["maelm"]["eval_mask_accuracy"] = 0.20  # left it: measured again
     claims = pool.pool_records([("r", record)])[0]["claims"]
     assert claims["b"]["status"] == "not shown" and claims["a"]["status"] == "not shown"
+    assert claims["c"]["c2"]["uncentred"]["n"] == 1
 
 
 def test_the_call_report_names_a_model_left_on_the_unigram_plateau():
@@ -151,3 +161,174 @@ def test_the_call_report_names_a_model_left_on_the_unigram_plateau():
     result["pretraining"]["maelm"]["eval_mask_accuracy"] = 0.2
     assert report.plateau_lines(result) == []
     assert not plateau.on_plateau({})  # no evaluation: nothing to tell
+
+
+# ------------------------------------------------------- claim (c) by its fixed rules
+
+def _ranked(mlm: dict, maelm: dict | None = None, accuracy: dict | None = None) -> dict:
+    """A call whose rank analysis holds MLM (and MAE-LM): each {"w": [...], "wo": [...],
+    "c": (with, without) centred or absent}; accuracy: model -> [MASK] accuracy."""
+    runs = [_run("mlm", mlm["w"], mlm["wo"], mlm.get("c"))]
+    if maelm:
+        runs.append(_run("maelm", maelm["w"], maelm["wo"], maelm.get("c")))
+    scores = {"mlm": {"SST-2": [80, 81, 82]}, **({"maelm": {"SST-2": [80, 81, 82]}}
+                                                if maelm else {})}
+    record = _record(0, scores, rank=runs, flops={"mlm": 100.0, "maelm": 116.0})
+    for m, acc in (accuracy or {}).items():
+        record["pretraining"][m].update(eval_mask_accuracy=acc,
+                                        eval_unigram_accuracy=0.046)
+    return record
+
+
+MLM_GROWING = {"w": [50, 40, 40, 40], "wo": [30, 39, 35, 30]}  # gaps 20 (embeddings), 1, 5, 10
+
+
+def test_c1_holds_when_the_last_layer_loses_rank_and_more_than_layer_one():
+    from maelm_jax.study import claims
+
+    d = claims.c1(_ranked(MLM_GROWING))
+    # Layer 0's gap (20) is the embeddings': the rule starts at layer 1 (gap 1).
+    assert d == {"holds": True, "status": "holds", "with_mask": 40, "without_mask": 30,
+                 "gap_first": 1, "gap_last": 10, "last_layer": 3}
+    assert claims.c1_text(d) == "w. 40 / w/o 30; gap +1 at layer 1, +10 at layer 3: holds"
+
+
+@pytest.mark.parametrize("without, why", [
+    ([30, 30, 35, 38], "the gap at the last layer (2) is smaller than at layer 1 (10)"),
+    ([30, 39, 35, 41], "without [MASK] the last layer's rank is higher"),
+    ([30, 35, 35, 35], "the gap is the same at both (5)"),
+])
+def test_c1_does_not_hold(without, why):
+    from maelm_jax.study import claims
+
+    d = claims.c1(_ranked({"w": [50, 40, 40, 40], "wo": without}))
+    assert d["holds"] is False and d["status"] == "does not hold", why
+
+
+def test_c2_compares_the_last_layers_and_states_the_flops_per_step():
+    from maelm_jax.study import claims
+
+    higher = claims.c2(_ranked(MLM_GROWING, {"w": [60, 50, 45, 45], "wo": [60, 50, 45, 44]}))
+    assert higher["holds"] and (higher["maelm"], higher["mlm"], higher["difference"]) == (
+        44, 30, 14)
+    assert higher["flops_per_step"] == pytest.approx(1.16)  # same planned steps
+    assert "at 1.16x MLM's FLOPs per step: holds" in claims.c2_text(higher)
+    lower = claims.c2(_ranked(MLM_GROWING, {"w": [60, 50, 45, 45], "wo": [60, 50, 45, 29]}))
+    assert lower["holds"] is False and lower["difference"] == -1
+
+
+def test_centred_and_uncentred_are_decided_apart_and_missing_ones_not_measured():
+    from maelm_jax.study import claims
+
+    mlm = dict(MLM_GROWING, c=([50, 40, 40, 40], [30, 30, 35, 38]))  # centred: gap shrinks
+    decided = claims.decide(_ranked(mlm))
+    assert decided["c1"]["uncentred"]["holds"] and decided["c1"]["centred"]["holds"] is False
+    assert decided["c2"]["uncentred"]["status"] == "not measured (no rank analysis of MAE-LM)"
+    assert claims.c1(_ranked(MLM_GROWING), "centred")["status"] == (
+        "not measured (no centred ranks of MLM)")
+
+
+def test_a_model_on_the_plateau_measures_nothing_of_c():
+    from maelm_jax.study import claims
+
+    maelm = {"w": [60, 50, 1, 1], "wo": [60, 50, 1, 1]}
+    stuck = claims.decide(_ranked(MLM_GROWING, maelm, {"mlm": 0.32, "maelm": 0.054}))
+    assert stuck["c1"]["uncentred"]["holds"]
+    for view in claims.VIEWS:
+        assert stuck["c2"][view] == {
+            "holds": None, "status": "not measured (MAE-LM stayed on the unigram plateau)"}
+    mlm_stuck = claims.decide(_ranked(MLM_GROWING, maelm, {"mlm": 0.05, "maelm": 0.30}))
+    assert mlm_stuck["c1"]["centred"]["status"] == (
+        "not measured (MLM stayed on the unigram plateau)")
+
+
+def test_the_sign_test_over_calls_counts_only_the_calls_that_measure():
+    from maelm_jax.study import claims
+
+    maelm = {"w": [60, 50, 45, 45], "wo": [60, 50, 45, 44]}
+    holding = [_ranked(MLM_GROWING, maelm) for _ in range(5)]
+    c = claims.pooled(holding)
+    assert (c["c1"]["uncentred"]["held"], c["c1"]["uncentred"]["n"]) == (5, 5)
+    assert c["c1"]["uncentred"]["p"] == pytest.approx(1 / 32)  # 5 of 5 is the least to show
+    assert c["c1"]["uncentred"]["status"] == "shown"
+    failing = _ranked({"w": [50, 40, 40, 40], "wo": [30, 30, 35, 38]}, maelm)
+    stuck = _ranked(MLM_GROWING, maelm, {"maelm": 0.05})  # c2 not measured there: not counted
+    c = claims.pooled(holding[:4] + [failing, stuck])
+    expected = stats.binomtest(5, 6, 0.5, alternative="greater").pvalue
+    assert (c["c1"]["uncentred"]["held"], c["c1"]["uncentred"]["n"]) == (5, 6)
+    assert c["c1"]["uncentred"]["p"] == pytest.approx(expected)
+    assert c["c1"]["uncentred"]["status"] == "not shown"  # p = 0.11
+    assert (c["c2"]["uncentred"]["held"], c["c2"]["uncentred"]["n"]) == (5, 5)
+    assert claims.pooled([stuck])["c2"]["centred"] == {
+        "n": 0, "held": 0, "p": None,
+        "status": "not measured (MAE-LM stayed on the unigram plateau)"}
+    # The pool states it per design: the rows of (c1) and (c2), uncentred and centred.
+    text = pool.markdown(pool.pool_records([(f"{i}.json", r) for i, r in enumerate(holding)]))
+    assert ("| (c1) | " + claims.RULES["c1"] + " | uncentred: 5 of 5 call(s) hold, p = 0.031; "
+            "centred: — | uncentred: shown; centred: not measured (no centred ranks of MLM) |"
+            ) in text
+
+
+def test_the_call_report_shows_claim_c_per_rule_and_view():
+    from maelm_jax.study import report
+
+    record = _ranked(dict(MLM_GROWING, c=([50, 40, 40, 40], [30, 30, 35, 38])),
+                     {"w": [60, 50, 1, 1], "wo": [60, 50, 1, 1]}, {"maelm": 0.05})
+    record["rank"]["tau"] = 0.9
+    for m, p in record["pretraining"].items():
+        p["workdir"] = f"/w/{m}"
+    for run in record["rank"]["runs"]:
+        run["path"], run["last_layer"] = f"/w/{run['label']}", {}
+    record.update(seeds=[1, 2, 3], glue_dir="", glue={})
+    text = report.markdown(record)
+    assert ("| (c1) MLM's real-token rank is lower without [MASK] at the last layer, the gap "
+            "(with minus without) larger there than at layer 1 | w. 40 / w/o 30; gap +1 at "
+            "layer 1, +10 at layer 3: holds | w. 40 / w/o 38; gap +10 at layer 1, +2 at "
+            "layer 3: does not hold |") in text
+    assert ("| (c2) MAE-LM's last-layer rank (no [MASK]) is above MLM's | not measured "
+            "(MAE-LM stayed on the unigram plateau) | not measured (MAE-LM stayed on the "
+            "unigram plateau) |") in text
+
+
+# ---------------------------------------------- the design key: planned tokens per model
+
+def test_the_design_holds_the_planned_tokens_not_the_step_cap():
+    scores = {"maelm": {"SST-2": [81] * 3}, "mlm": {"SST-2": [80] * 3}}
+    sized = _record(0, scores, base=800)
+    same = _record(1, scores, base=800, cap=2000)  # another cap, the same plan
+    fewer_models = _record(4, {"mlm": {"SST-2": [80] * 3}}, base=800)  # a seed call's share
+    other = _record(2, scores, base=600)  # another machine's plan
+    unsized = _record(3, scores, cap=800)  # no sizing: the configured steps
+    assert (pool.design(sized) == pool.design(same) == pool.design(unsized)
+            == pool.design(fewer_models))
+    assert pool.design(other) != pool.design(sized)
+    pooled = pool.pool_records([(f"{i}.json", r) for i, r in
+                                enumerate((sized, same, other, unsized, fewer_models))])
+    assert sorted(len(p["calls"]) for p in pooled) == [1, 4]
+    text = pool.markdown(pooled)
+    # Every call listed, with its tokens: 800 x 8 x 16 = 102,400; 600 x 128 = 76,800.
+    assert "| `2` | " + pool.design(other) + " | MAE-LM | 77K (600) |" in text
+    assert "| `0` | " + pool.design(sized) + " | MAE-LM | 102K (800) |" in text
+    from maelm_jax.study import budget
+
+    assert budget.planned_steps(unsized, "3ml_self") is None  # not in the call
+    unsized["models"].append("3ml_self")
+    assert budget.planned_steps(unsized, "3ml_self") == 688  # 800 x 0.86, as config.py
+
+
+def test_the_readme_lists_each_call_with_its_tokens_gains_and_claim_c():
+    scores = {"maelm": {"SST-2": [81, 82, 83]}, "mlm": {"SST-2": [80, 80, 80]},
+              "scratch": {"SST-2": [70, 72, 74]}}
+    record = _record(0, scores, base=500,
+                     flops={"mlm": 500 * 2.0, "maelm": 500 * 2.4},
+                     rank=[_run("mlm", MLM_GROWING["w"], MLM_GROWING["wo"]),
+                           _run("maelm", [60, 50, 45, 45], [60, 50, 45, 44])])
+    unfinished = dict(record, finished=False, parts_done=["a"], parts_left=["b", "c"])
+    pooled = pool.pool_records([("x/call.json", record)])
+    text = pool.markdown(pooled, [("x/late.json", unfinished)])
+    key = pool.design(record)
+    assert f"| `call` | {key} | MAE-LM | 64K (500) | — | 1.20x | +10.0 |" in text
+    assert f"| `late` (unfinished: 1 of 3 parts) | {key} | MAE-LM |" in text
+    assert "MAE-LM 44 vs MLM 30 (+14), at 1.20x MLM's FLOPs per step: holds" in text
+    assert "; MAE-LM at 1.20x MLM's FLOPs per step |" in text  # beside (b)
+    assert "Unfinished, left out of the claims" in text
