@@ -115,9 +115,10 @@ def main(argv) -> None:
           f"{FLAGS.steps} timed steps each")
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     sides = {}
+    schedule = setup_lib.schedule_of(t, steps_per_run)
     for name, group in (("alone", None), ("group", seeds)):
         trainer = setup_lib.build(c, encoder_cfg, task, steps_per_run, buckets[0], mesh=mesh,
-                                  seeds=group)
+                                  runs=group and setup_lib.Runs.of_seeds(group, schedule))
         state = trainer.state.init(None)
         if group is None:
             batches = (trainer.on_mesh(b) for _, b in train.train_batches(

@@ -37,6 +37,7 @@ FILL_MASK_FILE = "fill_mask.md"  # fill-mask examples after the run (train.fill_
 # unfinished run of that layout is refused with the one command that converts it.
 OLD_RESUME_DIR = "resume"
 RESULTS_FILE = "results.json"  # the finished run's scores
+GROUP_FILE = "group.json"  # a group of runs trained as one program: who they are
 PREDICTIONS_DIR = "predictions"  # GLUE test-set TSVs; SQuAD predictions.json and friends
 ENCODER_FILE = "encoder.json"  # the encoder's architecture, beside checkpoints/
 # A sweep: sweep.json and sweep.md over runs/<setting>/seed_<n>/, each a fine-tuning run
@@ -62,6 +63,7 @@ POOL_MARKDOWN_FILE = "pool.md"
 STUDY_PRETRAIN_DIR = "pretrain"  # <model>/: a pretraining run
 STUDY_RANK_DIR = "rank"  # the rank analysis of every model
 STUDY_FINETUNE_DIR = "finetune"  # <model>/<task>/: a sweep
+STUDY_GROUPS_DIR = "groups"  # under finetune/: <task>/<models>/seeds_<a>_...: a task's programs
 # Mode "prepare": the shards' manifest (written last) and tokenizer, beside the shards.
 MANIFEST_FILE = "manifest.json"
 
@@ -82,7 +84,7 @@ KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
     Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESULTS_FILE,
                       PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
-                      TOKENIZER_FILE)),
+                      TOKENIZER_FILE, GROUP_FILE)),
     Kind("sweep", (CONFIG_FILE, SWEEP_SUMMARY_FILE, SWEEP_TABLE_FILE, SWEEP_RUNS_DIR + "/",
                    STUDY_TIMES_FILE)),
     Kind("rank", (RANK_JSON_FILE, RANK_MARKDOWN_FILE, RANK_LAYERS_PLOT, RANK_MASK_PLOT,

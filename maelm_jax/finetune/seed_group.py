@@ -1,32 +1,44 @@
-"""Several seeds of one fine-tuning setting trained as one program:
-`run(config, seeds, workdir, seed_workdirs)`.
+"""Several runs of one fine-tuning setting trained as one program: seeds of one model
+(`run(config, seeds, workdir, seed_workdirs)`), or several models x seeds of one task
+(`run_members(members, workdir)`).
 
 A sweep runs every setting of its grid with every seed (sweep.py). Next to an accelerator
 each such run is small: at the study's sizes a step is a few milliseconds, much of it
 fixed cost (kernel launches, the host's dispatch, the optimiser's many small updates).
 With grid.seeds_per_program = K the sweep trains K seeds of a setting together: one state
 with a leading runs axis ([K, ...] on every leaf), one compiled step that vmaps the single
-run's step over it (setup.build with `seeds`), so every kernel does K runs' work and the
+run's step over it (setup.build with `runs`), so every kernel does K runs' work and the
 host dispatches one step for K. The evaluations share their batches: one eval step scores
 every run's parameters on the same sequences.
 
-Each seed stays its own run. Its head's initialisation, its data order (seed, epoch) and
+The runs of a group may also start from different encoders of one architecture (models
+pretrained differently, and the from-scratch control) at different peak learning rates:
+what differs between them is data (each run's initial encoder and its learning-rate
+schedule in its state), not the program. The study fine-tunes every model and every seed
+of a task this way, as one program (sweep.run_models): runs with the same seed draw the
+same head initialisation, batches and dropout whichever encoder they start from, so the
+models' differences are paired. A run's config may differ from the others' only in
+MEMBER_FIELDS.
+
+Each run stays its own run. Its head's initialisation, its data order (seed, epoch) and
 its dropout (seed, step) are drawn as the single run's are; its evaluations are scored and
 its best selected on their own; it gets its own config.json and results.json in its own
-directory (the sweep's runs/<setting>/seed_<s>/), so the sweep reuses and aggregates it as
-any run. One thing differs: at each step the K batches are padded to the longest one's
-bucket, and dropout draws its bits for the padded shape, so a seed's numbers depend on the
-seeds it runs with: equally valid draws, not the same ones as alone. The groups follow
-from grid.seeds and grid.seeds_per_program, which every run's config records.
+directory (a sweep's runs/<setting>/seed_<s>/), so the sweep reuses and aggregates it as
+any run. One thing differs: at each step the batches are padded to the longest one's
+bucket, and dropout draws its bits for the padded shape, so a run's numbers depend on the
+runs it trains with: equally valid draws, not the same ones as alone.
 
-The group's own directory (runs/<setting>/seeds_<a>_<b>.../) holds its config.json (the
-first seed's), metrics.jsonl (each run's metrics as "seed_<s>/<name>") and, until it
-finishes, its resume checkpoints, which carry every run's state and best parameters: a
-stopped group continues exactly, as a single run does.
+The group's own directory (a seed group's runs/<setting>/seeds_<a>_<b>.../) holds its
+config.json (the first run's), group.json (every run's key, seed, encoder and learning
+rate: a group of other runs starts over), metrics.jsonl (each run's metrics as
+"<key>/<name>", the key "seed_<s>" or "<model>/seed_<s>") and, until it finishes, its
+resume checkpoints, which carry every run's state and best parameters: a stopped group
+continues exactly, as a single run does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -38,10 +50,27 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, paths
+from maelm_jax.data import digests
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import loading, tasks, train
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.training import lifecycle
+
+# What the runs of one group may differ in (and the sweep's grid each came from, which a
+# single run does not read): the rest (the task, its data, the batch size, the epochs,
+# the model's settings) makes the program and the steps, which they share.
+MEMBER_FIELDS = ("seed", "init_from", "init_weights", "train.learning_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One run of a group: its metrics' key in the group's record ("seed_<s>", or
+    "<model>/seed_<s>"), its single run's config, and the directory that gets its
+    config.json and results.json."""
+
+    key: str
+    config: ml_collections.ConfigDict
+    workdir: str
 
 
 def group_name(seeds: Sequence[int]) -> str:
@@ -53,13 +82,15 @@ def stacked_batches(split: tasks.Split, batch_size: int, buckets: tuple[int, ...
                     seeds: Sequence[int], num_epochs: int, start: int) -> Iterator[dict]:
     """Every step's batches of all runs after the first `start` steps ({name: [runs, B,
     n]}): run i's as the single run of seeds[i] draws them (train.train_batches), padded to
-    the longest one's bucket n."""
-    per_run = [train.train_batches(split, batch_size, buckets, s, num_epochs, start)
-               for s in seeds]
-    for step_batches in zip(*per_run, strict=True):
+    the longest one's bucket n. Runs of one seed get the same batch (drawn once)."""
+    distinct = list(dict.fromkeys(seeds))
+    per_seed = [train.train_batches(split, batch_size, buckets, s, num_epochs, start)
+                for s in distinct]
+    which = [distinct.index(s) for s in seeds]
+    for step_batches in zip(*per_seed, strict=True):
         n = max(batch.tokens.shape[1] for _, batch in step_batches)
         arrays = [batch.padded(n).arrays() for _, batch in step_batches]
-        yield {name: np.stack([a[name] for a in arrays]) for name in arrays[0]}
+        yield {name: np.stack([arrays[k][name] for k in which]) for name in arrays[0]}
 
 
 def per_run(run_eval: tasks.RunEval, runs: int) -> list[tasks.RunEval]:
@@ -82,10 +113,10 @@ def per_run(run_eval: tasks.RunEval, runs: int) -> list[tasks.RunEval]:
     return [run_i(i) for i in range(runs)]
 
 
-def run_scores(record: dict, seed: int) -> dict:
-    """One run's part of a group's evaluation record ("seed_<s>/<name>" -> "<name>"),
-    with the record's own "step" and "epoch"."""
-    prefix = f"seed_{seed}/"
+def run_scores(record: dict, key: str) -> dict:
+    """One run's part of a group's evaluation record ("<key>/<name>" -> "<name>"), with
+    the record's own "step" and "epoch"."""
+    prefix = f"{key}/"
     own = {k[len(prefix):]: v for k, v in record.items() if k.startswith(prefix)}
     shared = {k: v for k, v in record.items() if k in ("step", "epoch")}
     return {**own, **shared}
@@ -102,21 +133,21 @@ def best_index(evals: list[dict], primary: str) -> int | None:
 
 
 class GroupFineTuning(train.FineTuning):
-    """What a seed group supplies to the shared loop: FineTuning's cadence, its step on
-    stacked batches, and evaluations scored per run, each run's best kept here (the loop's
-    one "best" is not used: `better` is never true)."""
+    """What a group supplies to the shared loop: FineTuning's cadence, its step on stacked
+    batches, and evaluations scored per run, each run's best kept here (the loop's one
+    "best" is not used: `better` is never true)."""
 
     def __init__(self, config: ml_collections.ConfigDict, trainer: setup_lib.Trainer, task,
-                 run_eval_with, steps_per_epoch: int, started: float, seeds: Sequence[int],
+                 run_eval_with, steps_per_epoch: int, started: float, keys: Sequence[str],
                  evals: list[dict], best_params: Any):
         super().__init__(config, trainer, task, run_eval_with, steps_per_epoch, started)
-        self.seeds = tuple(seeds)
+        self.keys = tuple(keys)
         self.runs_keep_best, self.keeps_best = self.keeps_best, False
         primary = task.primary_metric
         # Each run's best so far, from the evaluations a resumed group carries.
         self.best = []
-        for seed in self.seeds:
-            own = [run_scores(e, seed) for e in evals]
+        for key in self.keys:
+            own = [run_scores(e, key) for e in evals]
             index = best_index(own, primary)
             self.best.append(None if index is None else own[index])
         # select="best": every run's best parameters, on the host, [runs, ...] per leaf.
@@ -126,19 +157,19 @@ class GroupFineTuning(train.FineTuning):
         return self.trainer.train_step(state, self.trainer.stacked_on_mesh(batch))
 
     def log_line(self, step, means, steps, seconds):
-        return {**means, "examples_per_sec": steps * self.t.batch_size * len(self.seeds) / seconds,
+        return {**means, "examples_per_sec": steps * self.t.batch_size * len(self.keys) / seconds,
                 "epoch": (step - 1) // self.steps_per_epoch + 1}
 
     def evaluate(self, state, step: int) -> dict[str, float]:
         primary = self.task.primary_metric
         scores, improved = {}, []
-        for i, (seed, run_eval) in enumerate(zip(self.seeds, per_run(
-                self.run_eval_with(state.params), len(self.seeds)), strict=True)):
+        for i, (key, run_eval) in enumerate(zip(self.keys, per_run(
+                self.run_eval_with(state.params), len(self.keys)), strict=True)):
             own = self.task.score(run_eval)
             if self.best[i] is None or own[primary] > self.best[i][primary]:
                 self.best[i] = own
                 improved.append(i)
-            scores.update({f"seed_{seed}/{k}": v for k, v in own.items()})
+            scores.update({f"{key}/{k}": v for k, v in own.items()})
         if self.runs_keep_best and improved:
             params = distributed.host_copy(state.params)
             if self.best_params is None:
@@ -167,61 +198,141 @@ def run(config: ml_collections.ConfigDict, seeds: Sequence[int], workdir: str,
         seed_workdirs: Sequence[str], allow_config_change: bool = False) -> list[dict]:
     """Fine-tunes `config`'s setting with every seed of `seeds` as one program in
     `workdir`; writes run i's config.json (config with seed=seeds[i]) and results.json to
-    seed_workdirs[i] and returns the results, in the order of `seeds`.
+    seed_workdirs[i] and returns the results, in the order of `seeds` (run_members)."""
+    seeds = tuple(int(s) for s in seeds)
+    if len(set(seeds)) != len(seeds) or len(seed_workdirs) != len(seeds):
+        raise ValueError(f"a seed group needs distinct seeds and a directory for each, got "
+                         f"{seeds} and {len(seed_workdirs)} directories")
+    members = []
+    for seed, seed_dir in zip(seeds, seed_workdirs, strict=True):
+        own = config.copy_and_resolve_references()
+        own.seed = seed
+        members.append(Member(f"seed_{seed}", own, seed_dir))
+    return run_members(members, workdir, allow_config_change)
 
-    As train.run: an unfinished group of the same config in `workdir` continues from its
+
+def _check_members(members: Sequence[Member]) -> list[ml_collections.ConfigDict]:
+    """The members' configs validated (paths absolute), or one line naming the first
+    field in which a run differs from the first run other than MEMBER_FIELDS."""
+    keys = [m.key for m in members]
+    if not members or len(set(keys)) != len(keys):
+        raise ValueError(f"a group needs runs with distinct keys, got {keys}")
+    first = members[0].config
+    if first.save_checkpoint or first.predict_test:
+        raise finetune_config.FinetuneConfigError(
+            "config.save_checkpoint, config.predict_test: expected False for a seed group "
+            "(it keeps no run's checkpoint and writes no predictions)")
+    configs = [finetune_config.prepare(m.config, m.workdir)[0] for m in members]
+    recorded = json.loads(layout.config_json(configs[0]))
+    for m, c in zip(members[1:], configs[1:], strict=True):
+        differ = [f for f in lifecycle.changes(train.FINE_TUNING, c, recorded)
+                  if f not in MEMBER_FIELDS and not f.startswith("grid.")]
+        if differ:
+            raise finetune_config.FinetuneConfigError(
+                f"config.{differ[0]}: run {m.key} of a group differs from run {members[0].key} "
+                f"in it; the runs of one program may differ only in "
+                f"{', '.join(MEMBER_FIELDS)}")
+    return configs
+
+
+def _roster(members: Sequence[Member], configs: Sequence[ml_collections.ConfigDict]) -> list:
+    """group.json's record of the runs: what makes each one."""
+    return [{"key": m.key, "seed": c.seed, "init_from": c.init_from,
+             "init_weights": c.init_weights, "learning_rate": c.train.learning_rate}
+            for m, c in zip(members, configs, strict=True)]
+
+
+def _encoders(p: train.Prepared, configs: Sequence[ml_collections.ConfigDict],
+              keys: Sequence[str]) -> tuple[list, list[str]]:
+    """(each run's initial encoder parameters, numpy or None for random weights; where
+    each comes from, in words): the first run's as prepared, the others read and checked
+    to be of its architecture and tokenizer."""
+    params, sources = [p.encoder_params], [p.source]
+    tokenizer = digests.sha256_of(p.tokenizer.model_path)
+    for key, c in zip(keys[1:], configs[1:], strict=True):
+        cfg, own, tok, source = train.encoder_and_tokenizer(c)
+        if cfg != p.encoder_cfg:
+            raise finetune_config.FinetuneConfigError(
+                f"config.init_from: run {key} of a group starts from {c.init_from}, whose "
+                f"encoder differs from run {keys[0]}'s ({p.source}); the runs of one program "
+                f"need one architecture")
+        if digests.sha256_of(tok.model_path) != tokenizer:
+            raise finetune_config.FinetuneConfigError(
+                f"config.init_from: run {key} of a group uses the tokenizer {tok.model_path}, "
+                f"not run {keys[0]}'s {p.tokenizer.model_path}; the runs of one program "
+                f"read the same sequences")
+        params.append(own)
+        sources.append(source)
+    return params, sources
+
+
+def run_members(members: Sequence[Member], workdir: str,
+                allow_config_change: bool = False) -> list[dict]:
+    """Fine-tunes every member's run as one program in `workdir`; writes each one's
+    config.json and results.json to its own directory and returns the results, in the
+    order of `members`. Their configs may differ only in MEMBER_FIELDS; their encoders
+    must share an architecture and a tokenizer.
+
+    As train.run: an unfinished group of the same runs in `workdir` continues from its
     latest resume checkpoint; on a stop request it saves one and raises
     preemption.Preempted (TimeLimit). A group writes no predictions and no checkpoint
     (config.predict_test and save_checkpoint must be False, as a sweep's runs have them).
     """
     started = time.perf_counter()
-    seeds = tuple(int(s) for s in seeds)
-    if len(set(seeds)) != len(seeds) or len(seed_workdirs) != len(seeds):
-        raise ValueError(f"a seed group needs distinct seeds and a directory for each, got "
-                         f"{seeds} and {len(seed_workdirs)} directories")
-    if config.save_checkpoint or config.predict_test:
-        raise finetune_config.FinetuneConfigError(
-            "config.save_checkpoint, config.predict_test: expected False for a seed group "
-            "(it keeps no run's checkpoint and writes no predictions)")
-    config, group_dir, decision = train.check_run(config, workdir, allow_config_change)
+    configs = _check_members(members)
+    keys = [m.key for m in members]
+    roster = _roster(members, configs)
+    config, group_dir, decision = train.check_run(configs[0], workdir, allow_config_change)
     if decision is lifecycle.Decision.FINISHED:  # a single run's: a group never finishes there
-        raise layout.WorkdirError(f"{group_dir} holds a finished fine-tuning run; a seed "
-                                  "group needs a workdir of its own")
+        raise layout.WorkdirError(f"{group_dir} holds a finished fine-tuning run; a group "
+                                  "needs a workdir of its own")
+    if decision is lifecycle.Decision.CONTINUE:
+        recorded = group_dir / layout.GROUP_FILE
+        same = (recorded.is_file()
+                and json.loads(paths.read_text(recorded)).get("runs") == roster)
+        if not distributed.leader_says_ok(same):
+            logging.info("%s holds a group of other runs: starting over", group_dir)
+            decision = lifecycle.Decision.START
     p = train.prepare_run(config, group_dir, decision)
+    if distributed.is_leader():
+        paths.write_text(group_dir / layout.GROUP_FILE, json.dumps({"runs": roster}, indent=2))
     config, t = p.config, p.config.train
     num_steps = p.steps_per_epoch * t.num_epochs
+    params, sources = _encoders(p, configs, keys)
+    runs = setup_lib.Runs(tuple(int(c.seed) for c in configs), tuple(keys),
+                          tuple(setup_lib.schedule_of(c.train, num_steps) for c in configs))
     trainer = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0],
-                              seeds=seeds)
+                              runs=runs)
     # The group keeps every run's best parameters itself (GroupFineTuning).
     _, progress, _, _ = train.train_prepared(
-        p, trainer,
+        dataclasses.replace(p, encoder_params=params), trainer,
         lambda run_eval_with, progress, best_params: GroupFineTuning(
-            config, trainer, p.task, run_eval_with, p.steps_per_epoch, started, seeds,
+            config, trainer, p.task, run_eval_with, p.steps_per_epoch, started, keys,
             progress.evals, best_params),
-        lambda start: stacked_batches(p.task.train, t.batch_size, p.buckets, seeds,
+        lambda start: stacked_batches(p.task.train, t.batch_size, p.buckets, runs.seeds,
                                       t.num_epochs, start))
 
     seconds = progress.seconds + time.perf_counter() - started
     primary = p.task.primary_metric
     results = []
-    for seed in seeds:
-        evals = [run_scores(e, seed) for e in progress.evals]
-        record = train.results_record(p, seed, evals, best_index(evals, primary), [],
-                                      seconds / len(seeds))
+    for key, c, source in zip(keys, configs, sources, strict=True):
+        evals = [run_scores(e, key) for e in progress.evals]
+        record = train.results_record(dataclasses.replace(p, config=c, source=source),
+                                      c.seed, evals, best_index(evals, primary), [],
+                                      seconds / len(members))
         # wall_seconds is the run's share, so a sweep's sums count the group's time once.
-        record["seed_group"] = {"seeds": list(seeds), "workdir": str(p.workdir),
-                                "wall_seconds": seconds}
+        record["seed_group"] = {"runs": keys, "seeds": list(runs.seeds),
+                                "workdir": str(p.workdir), "wall_seconds": seconds}
         results.append(record)
     if distributed.is_leader():
-        for seed, seed_dir, record in zip(seeds, seed_workdirs, results, strict=True):
-            seed_dir = paths.resolve(seed_dir, "seed directory")
-            _clear_run(seed_dir)
-            own = config.copy_and_resolve_references()
-            own.seed = seed
-            layout.write_config(seed_dir, own)
-            paths.write_text(seed_dir / layout.RESULTS_FILE, json.dumps(record, indent=2))
+        for m, c, record in zip(members, configs, results, strict=True):
+            run_dir = paths.resolve(m.workdir, "run directory")
+            _clear_run(run_dir)
+            layout.write_config(run_dir, c)
+            paths.write_text(run_dir / layout.RESULTS_FILE, json.dumps(record, indent=2))
         loading.drop_resume(p.workdir, None)  # finished: nothing to resume, nothing kept
-    logging.info("%s dev %s (%s) per seed: %s; %.0fs for %d runs", p.task.name, primary,
-                 t.select, ", ".join(f"{r['seed']}: {r['dev'][primary]:.2f}" for r in results),
-                 seconds, len(seeds))
+    logging.info("%s dev %s (%s) per run: %s; %.0fs for %d runs", p.task.name, primary,
+                 t.select, ", ".join(f"{k}: {r['dev'][primary]:.2f}"
+                                     for k, r in zip(keys, results, strict=True)),
+                 seconds, len(members))
     return results

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec
 
-from maelm_jax import sharding
+from maelm_jax import distributed, sharding
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
@@ -88,6 +88,12 @@ def optimizer_config(train: ml_collections.ConfigDict, num_steps: int
     })
 
 
+def schedule_of(train: ml_collections.ConfigDict, num_steps: int
+                ) -> tuple[float, float, float]:
+    """The learning-rate schedule, as data, of a run of `num_steps` with `train`'s settings."""
+    return optimizer_lib.schedule_values(optimizer_config(train, num_steps))
+
+
 def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, length: int,
                 mesh: Mesh, rules: tuple, compiler_options: dict | None = None,
                 schedule: tuple[float, float, float] = (0.0, 0.0, 1.0)
@@ -126,26 +132,55 @@ def state_setup(model: nn.Module, tx: optax.GradientTransformation, seed: int, l
     return fresh._replace(init=init)
 
 
-def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
-                        seeds: tuple[int, ...], length: int, mesh: Mesh, rules: tuple,
-                        compiler_options: dict | None = None,
-                        schedule: tuple[float, float, float] = (0.0, 0.0, 1.0)
-                        ) -> state_lib.StateSetup:
-    """The state of a seed group (seed_group.py): state_setup's with a leading axis of
-    len(seeds) runs on every leaf, whole on every device (each device holds its shards of
-    every run, as it would of one).
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """The runs a group trains as one program (seed_group.py): run i draws its head's
+    initialisation, its data order and its dropout from seeds[i] (seeds may repeat: the
+    same seed for several models gives them the same draws, so their differences are
+    paired), follows its own learning-rate schedule, schedules[i] ([peak, warmup steps,
+    total steps], data in the state), and names its metrics "<keys[i]>/<name>"."""
 
-    `init(encoder_params)`: run i's leaves as state_setup with seed=seeds[i] makes them
-    (the same draws: the seed is a traced int32 under vmap, which draws the same bits),
-    the encoder's replaced by `encoder_params` in every run when given.
+    seeds: tuple[int, ...]
+    keys: tuple[str, ...]
+    schedules: tuple[tuple[float, float, float], ...]
+
+    def __post_init__(self):
+        if not (len(self.seeds) == len(self.keys) == len(self.schedules)) or not self.seeds:
+            raise ValueError(f"a group needs a seed, a key and a schedule per run, got "
+                             f"{len(self.seeds)}, {len(self.keys)} and {len(self.schedules)}")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"a group's runs need distinct keys, got {self.keys}")
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    @classmethod
+    def of_seeds(cls, seeds, schedule: tuple[float, float, float]) -> Runs:
+        """A seed group's runs: one setting, one run per seed, named "seed_<s>"."""
+        seeds = tuple(int(s) for s in seeds)
+        return cls(seeds, tuple(f"seed_{s}" for s in seeds), (tuple(schedule),) * len(seeds))
+
+
+def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation, runs: Runs,
+                        length: int, mesh: Mesh, rules: tuple,
+                        compiler_options: dict | None = None) -> state_lib.StateSetup:
+    """The state of a group of runs (seed_group.py): state_setup's with a leading axis of
+    len(runs) on every leaf, whole on every device (each device holds its shards of every
+    run, as it would of one).
+
+    `init(encoder_params)`: run i's leaves as state_setup with seed=runs.seeds[i] makes
+    them (the same draws: the seed is a traced int32 under vmap, which draws the same
+    bits) and its schedule runs.schedules[i]; the encoder's replaced by `encoder_params`:
+    one tree for every run, or a list with each run's tree (None: the run keeps its fresh
+    encoder, as the from-scratch control does).
     """
-    solo = state_setup(model, tx, seeds[0], length, mesh, rules, compiler_options, schedule)
+    solo = state_setup(model, tx, runs.seeds[0], length, mesh, rules, compiler_options)
     is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731 (a tuple: not a leaf)
     logical_specs = jax.tree.map(lambda spec: PartitionSpec(None, *spec), solo.logical_specs,
                                  is_leaf=is_spec)
     shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
     abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct((len(seeds), *x.shape), x.dtype, sharding=s),
+        lambda x, s: jax.ShapeDtypeStruct((len(runs), *x.shape), x.dtype, sharding=s),
         solo.abstract, shardings)
     tokens = jnp.zeros((1, length), jnp.int32)
     key_mask = jnp.ones((1, length), bool)
@@ -156,10 +191,10 @@ def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
 
     # The seeds are constants of the program: a process-local array argument would not do
     # on a mesh spanning several processes.
-    jitted = jax.jit(lambda: jax.vmap(fresh)(jnp.asarray(seeds, jnp.int32)),
+    jitted = jax.jit(lambda: jax.vmap(fresh)(jnp.asarray(runs.seeds, jnp.int32)),
                      out_shardings=shardings, compiler_options=compiler_options)
 
-    values = np.broadcast_to(np.asarray(schedule, np.float32), (len(seeds), 3))
+    values = np.asarray(runs.schedules, np.float32)
 
     def init(encoder_params: Any) -> FinetuneState:
         with sharding.activate(mesh, rules):
@@ -167,9 +202,20 @@ def stacked_state_setup(model: nn.Module, tx: optax.GradientTransformation,
         state = state.replace(schedule=jax.device_put(values, shardings.schedule))
         if encoder_params is None:
             return state
-        runs = jax.tree.map(lambda x: np.broadcast_to(x, (len(seeds), *np.shape(x))),
-                            encoder_params)
-        encoder = jax.device_put(runs, shardings.params["encoder"])
+        if isinstance(encoder_params, list):
+            if len(encoder_params) != len(runs):
+                raise ValueError(f"{len(encoder_params)} encoders for {len(runs)} runs")
+            if all(p is None for p in encoder_params):
+                return state
+            own = (distributed.host_copy(state.params["encoder"])
+                   if any(p is None for p in encoder_params) else None)
+            each = [p if p is not None else jax.tree.map(lambda x, i=i: x[i], own)
+                    for i, p in enumerate(encoder_params)]
+            stacked = jax.tree.map(lambda *leaves: np.stack(leaves), *each)
+        else:
+            stacked = jax.tree.map(lambda x: np.broadcast_to(x, (len(runs), *np.shape(x))),
+                                   encoder_params)
+        encoder = jax.device_put(stacked, shardings.params["encoder"])
         return state.replace(params={**state.params, "encoder": encoder})
 
     return state_lib.StateSetup(init, abstract, shardings, logical_specs)
@@ -208,19 +254,20 @@ def make_train_step(model: nn.Module, task, tx: optax.GradientTransformation,
     return lambda state, batch: seeded(state, batch, seed)
 
 
-def stacked_train_step(seeded_step: Callable, seeds: tuple[int, ...]) -> Callable:
-    """A seed group's train_step(state, batch) -> (state, metrics): `seeded_step`
+def stacked_train_step(seeded_step: Callable, runs: Runs) -> Callable:
+    """A group's train_step(state, batch) -> (state, metrics): `seeded_step`
     (make_seeded_train_step's) vmapped over the runs' axis of the state and of every batch
-    array ([runs, B, ...]), run i with seeds[i]. Metrics: each run's own as
-    "seed_<s>/<name>", the learning rate once (the runs share the schedule), and
-    "nonfinite" the number of runs whose update was dropped."""
+    array ([runs, B, ...]), run i with runs.seeds[i]. Metrics: each run's own as
+    "<runs.keys[i]>/<name>" (its learning rate too: the runs' schedules may differ),
+    "learning_rate" the first run's, and "nonfinite" the number of runs whose update was
+    dropped."""
 
     def train_step(state: FinetuneState, batch: dict):
-        state, per_run = jax.vmap(seeded_step)(state, batch, jnp.asarray(seeds, jnp.int32))
-        metrics = {f"seed_{s}/{name}": values[i]
-                   for name, values in per_run.items()
-                   if name not in ("learning_rate", "nonfinite")
-                   for i, s in enumerate(seeds)}
+        state, per_run = jax.vmap(seeded_step)(state, batch,
+                                               jnp.asarray(runs.seeds, jnp.int32))
+        metrics = {f"{key}/{name}": values[i]
+                   for name, values in per_run.items() if name != "nonfinite"
+                   for i, key in enumerate(runs.keys)}
         return state, {**metrics, "learning_rate": per_run["learning_rate"][0],
                        "nonfinite": jnp.sum(per_run["nonfinite"].astype(jnp.float32))}
 
@@ -240,15 +287,15 @@ def make_eval_step(model: nn.Module, task) -> Callable:
 
 def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderConfig, task,
           num_steps: int, length: int, mesh: Mesh | None = None,
-          seeds: tuple[int, ...] | None = None) -> Trainer:
+          runs: Runs | None = None) -> Trainer:
     """The trainer of a prepared fine-tuning `config` (finetune/config.py) for `task`
     (tasks.make_task) on `encoder_cfg`, over `num_steps` steps; `length`: any sequence
     length the model accepts. `mesh`: default sharding.fixed_mesh(config.mesh.shape).
 
-    `seeds`: a seed group's trainer (seed_group.py), which trains one run per seed as one
-    program: its state has a leading runs axis (stacked_state_setup), its train step takes
-    batches stacked the same way (Trainer.stacked_on_mesh) and its eval step returns every
-    run's outputs ([runs, B, ...]) for one batch. None: the single run of config.seed.
+    `runs`: a group's trainer (seed_group.py), which trains its runs as one program: its
+    state has a leading runs axis (stacked_state_setup), its train step takes batches
+    stacked the same way (Trainer.stacked_on_mesh) and its eval step returns every run's
+    outputs ([runs, B, ...]) for one batch. None: the single run of config.seed.
     """
     mesh = mesh if mesh is not None else sharding.fixed_mesh(config.mesh.shape,
                                                              config.mesh.dcn_shape)
@@ -260,16 +307,15 @@ def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderCon
     schedule = optimizer_lib.schedule_values(optimizer)
     options = {"xla_backend_optimization_level": 0} if config.fast_compile else None
     eval_one = make_eval_step(model, task)
-    if seeds is None:
+    if runs is None:
         setup = state_setup(model, tx, config.seed, length, mesh, rules, options, schedule)
         train_step = steps.jit_train_step(
             make_train_step(model, task, tx, config.seed), setup, mesh, options)
         eval_step = steps.jit_eval_step(eval_one, setup, mesh, options)
     else:
-        setup = stacked_state_setup(model, tx, tuple(seeds), length, mesh, rules, options,
-                                    schedule)
+        setup = stacked_state_setup(model, tx, runs, length, mesh, rules, options)
         train_step = steps.jit_train_step(
-            stacked_train_step(make_seeded_train_step(model, task, tx), tuple(seeds)),
+            stacked_train_step(make_seeded_train_step(model, task, tx), runs),
             setup, mesh, options, sharding.stacked_batch_sharding(mesh))
         # One eval batch for every run: only the parameters carry the runs axis.
         eval_step = steps.jit_eval_step(jax.vmap(eval_one, in_axes=(0, None)), setup, mesh,

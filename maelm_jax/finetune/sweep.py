@@ -17,6 +17,12 @@ from its last resume checkpoint (train.py), so an interrupted sweep resumes. Wit
 still writing its own config.json and results.json to ``seed_<s>/``. The summary
 is ``<workdir>/sweep.json`` and the table ``<workdir>/sweep.md``.
 
+`run_models` runs the sweeps of several models on one task (the study's: one setting each,
+the same seeds) with every model's runs of a seed group in one program (seed_group.py):
+each run starts from its own model's encoder at its own learning rate, runs of a seed draw
+the same batches and dropout, and each model's sweep is then summarised as `run_sweep`
+summarises it, from its finished runs.
+
 `run_sweep` is main.py's entry when ``config.sweep`` is set; `train.run` is the single run.
 """
 
@@ -92,6 +98,59 @@ def _run_group(config: ml_collections.ConfigDict, setting: dict, seeds: tuple[in
     # A group's runs depend on one another (seed_group.py): all of them run again.
     return seed_group.run(configs[0], seeds, str(setting_dir / seed_group.group_name(seeds)),
                           [str(d) for d in run_dirs], allow_config_change)
+
+
+def _architecture(config: ml_collections.ConfigDict) -> str:
+    """What decides whether runs can share a program: the encoder's config (its
+    architecture, dtype, dropout and kernel), read without its weights."""
+    return repr(train.encoder_and_tokenizer(config, weights=False)[0])
+
+
+def run_models(sweeps: dict[str, ml_collections.ConfigDict], workdirs: dict[str, str],
+               group_root: str, allow_config_change: bool = False) -> dict[str, dict]:
+    """Each model's sweep (`sweeps[name]`, one setting; `workdirs[name]`, as run_sweep's
+    workdir) with the runs of every model whose encoder shares an architecture trained
+    together: one program per seed group (grid.seeds_per_program of the first sweep) in
+    <group_root>/<models>/seeds_<a>_<b>..., each run keyed "<name>/seed_<s>". Finished
+    runs are reused; a group with an unfinished run runs again whole (its runs depend on
+    one another). Returns each model's run_sweep summary."""
+    names = list(sweeps)
+    prepared = {n: finetune_config.prepare(sweeps[n], workdirs[n]) for n in names}
+    plans = {}
+    for n, (c, workdir) in prepared.items():
+        grid = settings(c)
+        if len(grid) != 1:
+            raise finetune_config.FinetuneConfigError(
+                f"config.grid: the sweep of {n} has {len(grid)} settings; models are trained "
+                f"together with one setting each")
+        plans[n] = (c, grid[0], workdir / layout.SWEEP_RUNS_DIR / setting_name(grid[0]))
+    seeds = [tuple(plans[n][0].grid.seeds) for n in names]
+    if len(set(seeds)) != 1:
+        raise finetune_config.FinetuneConfigError(
+            f"config.grid.seeds: the models' sweeps train with other seeds ({seeds}); models "
+            f"are trained together with the same ones")
+    size = plans[names[0]][0].grid.seeds_per_program
+    chunks = [seeds[0][i:i + size] for i in range(0, len(seeds[0]), size)]
+    kinds: dict[str, list[str]] = {}
+    for n in names:
+        kinds.setdefault(_architecture(plans[n][0]), []).append(n)
+    root = paths.resolve(group_root, "group directory")
+    for together in kinds.values():
+        for chunk in chunks:
+            members = [seed_group.Member(f"{n}/seed_{s}", run_config(plans[n][0], plans[n][1], s),
+                                         str(plans[n][2] / f"seed_{s}"))
+                       for n in together for s in chunk]
+            finished = [distributed.leader_says_ok(
+                _finished(paths.Path(m.workdir), m.config) is not None) for m in members]
+            if all(finished):
+                continue
+            if len(members) == 1:
+                train.run(members[0].config, members[0].workdir, allow_config_change)
+                continue
+            seed_group.run_members(
+                members, str(root / "_".join(together) / seed_group.group_name(chunk)),
+                allow_config_change)
+    return {n: run_sweep(sweeps[n], workdirs[n], allow_config_change) for n in names}
 
 
 def _median(values: list[float]) -> float:

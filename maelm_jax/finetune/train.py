@@ -137,11 +137,12 @@ def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: i
     return impl
 
 
-def encoder_and_tokenizer(config: ml_collections.ConfigDict):
-    """(EncoderConfig, encoder params (numpy) or None, tokenizer, description)."""
+def encoder_and_tokenizer(config: ml_collections.ConfigDict, weights: bool = True):
+    """(EncoderConfig, encoder params (numpy) or None, tokenizer, description).
+    weights=False reads no parameters (the architecture alone)."""
     m = config.model
     if config.init_from:
-        pretrained = config.init_weights == "pretrained"
+        pretrained = weights and config.init_weights == "pretrained"
         p = runs.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
                                  config.tokenizer_path, weights=pretrained)
         cfg = with_kernel(config, p.encoder_cfg)

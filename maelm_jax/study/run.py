@@ -190,9 +190,9 @@ def _start(part: str, reserve_seconds: float) -> None:
     left = preemption.time_left()
     if left < reserve_seconds:
         raise preemption.TimeLimit(
-            f"time limit: {max(left, 0):.0f} s left, fewer than config.reserve_seconds="
-            f"{reserve_seconds:g}, so {part} was not started; run the same command to "
-            "continue")
+            f"time limit: {max(left, 0):.0f} s left, fewer than the reserve of "
+            f"{reserve_seconds:.0f} s (config.reserve_seconds, or the sizing's longest stretch "
+            f"that cannot stop), so {part} was not started; run the same command to continue")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -209,7 +209,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tasks = _glue_tasks(config)
     controls = [SCRATCH] if config.scratch and tasks else []
     parts = ([f"pretrain {n}" for n in names] + (["rank analysis"] if config.rank else [])
-             + [f"fine-tune {n} on {t}" for t in tasks for n in names + controls])
+             + [f"fine-tune on {t}" for t in tasks])
     result = {"title": config.title, "models": names, "controls": controls, "finished": False,
               "parts_done": [], "parts_left": list(parts),
               "pretraining": {n: {"workdir": str(root / layout.STUDY_PRETRAIN_DIR / n)}
@@ -220,10 +220,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
               "parts": [{"workdir": str(root), "models": names, "controls": controls,
                          **_machine()}]}
 
+    # Each part's wall seconds in this call, beside the sizing's prediction of it.
+    result["part_seconds"] = {}
+    clock = [time.perf_counter()]
+
     def done(part: str) -> None:
         result["parts_done"].append(part)
         result["parts_left"].remove(part)
+        now = time.perf_counter()
+        result["part_seconds"][part] = now - clock[0]
+        clock[0] = now
 
+    finetune_dir = root / layout.STUDY_FINETUNE_DIR
     try:
         # One tokenizer and one set of prepared blocks for every model.
         shared = pretrain_config.resolve_paths(configs[names[0]])
@@ -232,19 +240,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             c.tokenizer.model_path = tok.model_path
             c.data.cache_dir = str(root / layout.DATA_DIR)
         result["identity"] = _identity(config, shared, tok, tasks)
+        # The corpus read and packed once, before the plan: its time is spent, not guessed.
+        pipeline.validate_sources(shared)
+        pipeline.prepare_data(configs[names[0]], root, tok)
+        result["setup_seconds"] = time.perf_counter() - started
+        reserve = config.reserve_seconds
         if config.sizing.enabled:  # each model's steps to fit the time there is
-            result["sizing"] = sizing.plan(
-                config, configs, tasks, tok, root, len(names) + len(controls),
-                lambda task: sweep_config(config, task, ""))
+            result["sizing"] = sizing.plan(config, configs, tasks, controls, tok, root,
+                                           lambda task: sweep_config(config, task, ""))
+            reserve = result["sizing"].get("reserve_seconds", reserve)
+        clock[0] = time.perf_counter()
         result["pretrain_config"] = {n: json.loads(pretrain_config.to_json(configs[n]))
                                      for n in names}
         for n in names:
-            _start(f"pretrain {n}", config.reserve_seconds)
+            _start(f"pretrain {n}", reserve)
             result["pretraining"][n] = _pretrain(n, configs[n],
                                                  root / layout.STUDY_PRETRAIN_DIR / n)
             done(f"pretrain {n}")
         if config.rank:
-            _start("the rank analysis", config.reserve_seconds)
+            _start("the rank analysis", reserve)
             result["rank"] = _rank(config, names, result["pretraining"],
                                    root / layout.STUDY_RANK_DIR)
             done("rank analysis")
@@ -254,19 +268,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             if controls:
                 sweeps[SCRATCH] = scratch_config(config, task,
                                                  result["pretraining"][names[0]]["workdir"])
-            for n, c in sweeps.items():
-                _start(f"fine-tuning {n} on {task}", config.reserve_seconds)
-                summary = sweep.run_sweep(c, str(root / layout.STUDY_FINETUNE_DIR / n / task))
+            _start(f"fine-tuning on {task}", reserve)
+            # Every model and the control, every seed: one program (per architecture).
+            summaries = sweep.run_models(
+                sweeps, {n: str(finetune_dir / n / task) for n in sweeps},
+                str(finetune_dir / layout.STUDY_GROUPS_DIR / task))
+            for n, summary in summaries.items():
                 result["glue"].setdefault(n, {})[task] = {
                     "metric": summary["primary_metric"],
                     "median": summary["best_median"][summary["primary_metric"]],
                     "per_seed": summary["settings"][0]["per_seed"],
                     "seconds": summary["settings"][0]["wall_seconds"],
                 }
-                done(f"fine-tune {n} on {task}")
+            done(f"fine-tune on {task}")
         result["finished"] = True
         result["seconds"] = time.perf_counter() - started  # this call's, beside the sizing
     except preemption.Preempted:
+        result["seconds"] = time.perf_counter() - started
         for p in result["pretraining"].values():  # what a stopped model has logged
             if "step" not in p:
                 p.update(report.pretraining_record(paths.Path(p["workdir"])))

@@ -14,6 +14,7 @@ from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import config as study_config
 from maelm_jax.study import run as study_run
 from maelm_jax.study import sizing as sizing_lib
+from maelm_jax.study import timing as timing_lib
 
 from tiny_config import tiny_config
 
@@ -87,6 +88,11 @@ def test_every_model_is_pretrained_analysed_and_fine_tuned(study):
     [run] = (out / "finetune" / "scratch" / "RTE").glob("runs/*/seed_1/results.json")
     assert json.loads(run.read_text())["init_from"].startswith(
         "random weights in the architecture of pretraining checkpoint")
+    # MLM and the control (one architecture) as one program; 3ML_cross (pre-LN) alone.
+    assert json.loads(run.read_text())["seed_group"]["runs"] == ["mlm/seed_1", "scratch/seed_1"]
+    assert [p.name for p in (out / "finetune" / "groups" / "RTE").iterdir()] == ["mlm_scratch"]
+    [alone] = (out / "finetune" / "3ml_cross" / "RTE").glob("runs/*/seed_1/results.json")
+    assert "seed_group" not in json.loads(alone.read_text())
     configs = result["pretrain_config"]
     # One tokenizer and corpus, one budget and seed.
     for name in MODELS:
@@ -104,6 +110,9 @@ def test_every_part_holds_only_what_its_kind_writes(study):
     parts = [(out, "study"), (out / "rank", "rank")]
     parts += [(d, "pretrain") for d in (out / "pretrain").iterdir()]
     for sweep in (out / "finetune").glob("*/*"):
+        if sweep.parent.name == layout.STUDY_GROUPS_DIR:  # a task's programs
+            parts += [(group, "finetune") for group in sweep.glob("*/seeds_*")]
+            continue
         parts.append((sweep, "sweep"))
         parts += [(run, "finetune") for run in sweep.glob("runs/*/seed_*")]
     assert len(parts) > 2 + len(MODELS) + 2
@@ -226,8 +235,14 @@ def test_the_gpu_preset_holds_its_sizes_and_every_model():
     # The probe's config is the study's MAE-LM, field for field.
     assert gpu.get_config("one_call_pretrain").to_dict() == study_config.model_config(
         gpu.get_config("one_call"), "maelm").to_dict()
-    # One call holds the models of the claims: 3ML_cross (in none) did not fit its minutes.
-    assert names_of(gpu.get_config("one_call").models) == ["mlm", "maelm", "3ml_self"]
+    # The design's second version: MLM, MAE-LM and the control, batches of 512, a cap the
+    # sizing decides under, one fine-tuning learning rate for all; 3ML_self in `seeds`.
+    one = gpu.get_config("one_call")
+    assert names_of(one.models) == ["mlm", "maelm"] and one.scratch
+    assert (one.pretrain.train.batch_size, one.pretrain.train.num_steps) == (512, 8000)
+    assert one.pretrain.train.warmup_steps / one.pretrain.train.num_steps == 0.1
+    assert one.finetune.scratch_learning_rate in (0.0, one.finetune.learning_rate)
+    assert names_of(gpu.get_config("seeds").models) == ["mlm", "maelm", "3ml_self"]
     with pytest.raises(ValueError, match="unknown config variant 'big'"):
         gpu.get_config("big")
 
@@ -291,17 +306,39 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
     assert {m: p["step"] for m, p in first["pretraining"].items()} == sizing["steps"]
     assert set(sizing["timing"]["pretrain_step"]) == {"mlm", "maelm", "3ml_self"}
     assert sizing["timing"]["finetune_step"] > 0
-    # What each fine-tuning part adds (its data, trainer, programs, first step) is timed,
-    # and the three models' encoders are one for fine-tuning (one program per head kind).
-    assert sizing["timing"]["finetune_part"] > 0 and sizing["timing"]["finetune_encoders"] == 1
+    # What each part adds besides its steps (its data, trainer, programs, first step,
+    # evaluation) is timed, as is the rank analysis; the three models' encoders and the
+    # control's are one for fine-tuning: 12 runs, one program per head kind.
+    timing = sizing["timing"]
+    assert timing["finetune_part"] > 0 and timing["finetune_runs"] == 12
+    assert timing["rank_model"] > 0 and min(timing["pretrain_part"].values()) > 0
+    assert sizing["reserve_seconds"] >= 3 * timing["rank_model"]
+    assert [(p["head"], p["runs"], p["tasks"]) for p in sizing["programs"]] == [
+        ("2 classes", 12, ["SST-2"]), ("regression", 12, ["STS-B"])]
     predicted, took = sizing["predicted_seconds"]["total"], first["seconds"]
     assert 0.4 < took / predicted < 2.5, (took, sizing["predicted_seconds"])  # the model
+    assert first["setup_seconds"] > 0 and set(first["part_seconds"]) == set(first["parts_done"])
+    # The programs the sizing planned are the ones the parts built.
+    built = []
+    for group in sorted((tmp_path / "one" / "finetune" / "groups").glob("*/*/seeds_*")):
+        roster = json.loads((group / "group.json").read_text())["runs"]
+        built.append((group.parent.name, len(roster), sizing_lib.head_kind(group.parents[1].name)))
+    assert sorted(built) == sorted(("_".join(p["models"]), p["runs"], p["head"])
+                                   for p in sizing["programs"])
     assert (tmp_path / "one" / "sizing.json").is_file()
-    for name in ("mlm", "scratch"):  # the seeds as one program, one length
-        [group] = (tmp_path / "one" / "finetune" / name / "SST-2").glob("runs/*/seeds_1_2_3")
-        config = json.loads((group.parent / "seed_1" / "config.json").read_text())
-        assert config["data"]["one_bucket"] and config["train"]["resume_saves"] == "stop"
+    # Every model and seed of a task as one program, one length.
+    groups = tmp_path / "one" / "finetune" / "groups"
+    for task in ("SST-2", "STS-B"):
+        [group] = (groups / task).glob("*/seeds_1_2_3")
+        assert group.parent.name == "mlm_maelm_3ml_self_scratch"
         assert not (group / "checkpoints").exists()
+        roster = json.loads((group / "group.json").read_text())["runs"]
+        assert len(roster) == 12 and {r["learning_rate"] for r in roster} == {1e-3}
+    for name in ("mlm", "scratch"):
+        [config] = (tmp_path / "one" / "finetune" / name / "SST-2").glob(
+            "runs/*/seed_1/config.json")
+        config = json.loads(config.read_text())
+        assert config["data"]["one_bucket"] and config["train"]["resume_saves"] == "stop"
     # The fine-tuning program the sizing timed is the one the parts run (found again in
     # the compilation cache): the same encoder, rebuilt from the pretraining checkpoint.
     part = ml_collections.ConfigDict(json.loads(
@@ -309,7 +346,8 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
         .__next__().read_text()))
     part_encoder, _, tok, _ = finetune_train.encoder_and_tokenizer(part)
     pretrained = study_config.model_config(gpu.get_config("one_call,tiny"), "mlm")
-    assert sizing_lib.finetune_encoder(pretrained, part, tok.vocab_size) == part_encoder
+    assert timing_lib.finetune_encoder(pretrained, part, tok.vocab_size) == part_encoder
+    # One learning rate for the models and the control.
     assert json.loads((tmp_path / "one" / "finetune" / "scratch" / "SST-2" / "config.json")
                       .read_text())["grid"]["learning_rate"] == [1e-3]
     assert [r["label"] for r in first["rank"]["runs"]] == ["mlm", "maelm", "3ml_self"]
@@ -386,7 +424,7 @@ def test_a_study_in_slices_resumes_and_reuses_every_finished_part(study, tmp_pat
         if result["finished"]:
             break
     assert result["finished"] and not result["parts_left"]
-    assert len(done) == 2 + 1 + 3  # two models, the rank analysis, RTE for two and control
+    assert len(done) == 2 + 1 + 1  # two models, the rank analysis, RTE (every model at once)
     for name in MODELS:
         got, want = result["pretraining"][name], reference["pretraining"][name]
         assert got["step"] == want["step"] == 4

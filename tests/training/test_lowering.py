@@ -200,11 +200,11 @@ def test_finetuning_step_lowers(platform, impl, runs):
             finetune_setup.make_train_step(model, task, tx, 0), setup, mesh)
         batch_sharding, lead = sharding.batch_sharding(mesh), ()
     else:
-        seeds = tuple(range(runs))
-        setup = finetune_setup.stacked_state_setup(model, tx, seeds, 128, mesh, rules)
+        group = finetune_setup.Runs.of_seeds(range(runs), (1e-4, 0.0, 100.0))
+        setup = finetune_setup.stacked_state_setup(model, tx, group, 128, mesh, rules)
         batch_sharding, lead = sharding.stacked_batch_sharding(mesh), (runs,)
         step = steps.jit_train_step(finetune_setup.stacked_train_step(
-            finetune_setup.make_seeded_train_step(model, task, tx), seeds),
+            finetune_setup.make_seeded_train_step(model, task, tx), group),
             setup, mesh, batch_layout=batch_sharding)
     batch = {name: jax.ShapeDtypeStruct(lead + shape, dtype, sharding=batch_sharding)
              for name, shape, dtype in (("tokens", (32, 128), np.int32),
