@@ -23,7 +23,8 @@
 #   ../shared/device/stage.sh ../shared/data/wiki_large ../shared/data/wiki \
 #       ../shared/data/glue runs/study_tokenizer
 # then run with `carry: [".device"]`, naming the commit the record is of:
-#   MAELM_JAX_COMMIT=<git rev-parse HEAD> benchmarks/gpu_study.sh $OUT one_call 9
+#   MAELM_JAX_COMMIT=<git rev-parse HEAD> benchmarks/gpu_study.sh $OUT one_call 8
+# (8 minutes: with the start-up, a 15-minute lease then has about 4 left for the GPU suite).
 # The corpora travel compressed (about 38 MB) and the tokenizer trained on the CPU with
 # them, so every call uses the same pieces and none spends its minutes training one.
 #

@@ -391,3 +391,39 @@ def test_finetune_seeds_script_times_runs_alone_and_grouped(tmp_path):
                              capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
         assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert named in bad.stderr
+
+
+def test_finetune_parts_script_times_a_task_per_model_and_as_one_program(tmp_path,
+                                                                        tiny_tokenizer):
+    """benchmarks/finetune_parts.py at one_call,tiny: MLM, MAE-LM and the control with five
+    seeds, three parts per model against one program; both timed and recorded; a bad flag
+    is one line."""
+    from support import write_sst2
+
+    glue = tmp_path / "glue" / "SST-2"
+    glue.mkdir(parents=True)
+    write_sst2(glue, 24, 0)
+    write_sst2(glue, 16, 1)
+    env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
+    script = str(REPO / "benchmarks" / "finetune_parts.py")
+    config = f"--config={REPO / 'configs' / 'study' / 'gpu.py'}:one_call,tiny"
+    base = [sys.executable, script, config, f"--config.glue_dir={tmp_path / 'glue'}"]
+    result = subprocess.run(
+        [*base, f"--tokenizer={tiny_tokenizer.model_path}", "--repeats=1",
+         f"--record_dir={tmp_path}"],
+        cwd=REPO.parent, env=env, capture_output=True, text=True, timeout=HANG_SECONDS,
+        check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {" ".join(line.split()[:2]): [float(x) for x in line.split()[2:]]
+            for line in result.stdout.splitlines() if line.startswith(("per model", "one program"))}
+    assert rows["per model"][:2] == [3, 5] and rows["one program"][:2] == [1, 15]
+    assert all(v > 0 for r in rows.values() for v in r[2:])
+    [path] = (tmp_path / "finetune_parts").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["models"] == ["mlm", "maelm", "scratch"]
+    assert record["sides"]["per model"]["host_seconds"] == pytest.approx(
+        3 * record["sides"]["per model"]["part_seconds"])
+    bad = subprocess.run([*base, "--tokenizer=", "--record_dir="], cwd=REPO.parent, env=env,
+                         capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "--tokenizer" in bad.stderr

@@ -1,0 +1,112 @@
+"""The GPU and TPU suites' report (benchmarks/gpu_suite.py, tpu_suite.py): `markdown(record,
+title)`, the tables a person reads, with the targets' verdicts. A module of its own, free
+of the suites' flags and of JAX, so that benchmarks/tables.py renders a suite's record in
+any process.
+"""
+
+from __future__ import annotations
+
+PROFILE_TOP = 15  # ops per side in the table (all of them in gpu_suite.json)
+TARGETS = {"peer": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5},
+           "mfu": 0.35, "flops_ratio_gap": 0.05, "cold_compile_s": 45.0,
+           "cached_compile_s": 5.0, "quickstart_s": 60.0}
+
+
+def _fmt(x, spec: str, missing: str = "-") -> str:
+    return missing if x is None else format(x, spec)
+
+
+def _heading(lines: list[str], title: str, record: dict) -> bool:
+    """Appends a part's heading, and why it was not measured where it was not; whether it
+    was."""
+    lines += [f"## {title}", ""]
+    if "error" in record or "skipped" in record:
+        lines += [f"Not measured: {record.get('error') or record.get('skipped')}", ""]
+        return False
+    return True
+
+
+def markdown(results: dict, title: str) -> str:
+    """The table a person reads: every part's figures and the targets' verdicts, under
+    the heading `title`."""
+    lines = [f"# {title}", "", f"Command: `{results['command']}`", ""]
+    parts = results["parts"]
+    a = parts.get("attention")
+    if a:
+        measured = _heading(lines, "Attention", a)
+        if measured:
+            s = a["shape"]
+            lines += [f"{a['device']}; B={s['batch']}, L={s['length']}, heads={s['heads']}, "
+                      f"head_dim={s['head_dim']}, {a['dtype']}, attention dropout "
+                      f"{a['dropout']}.", "", "| check | ok | detail |", "|---|---|---|"]
+            lines += [f"| {c['name']} | {'yes' if c['ok'] else '**no**'} | {c['detail']} |"
+                      for c in a["checks"]]
+            lines += ["", "| forward + backward | ms | TFLOP/s of matmuls |", "|---|---|---|"]
+            lines += [f"| {name} | {t['ms']:.2f} | {t['matmul_tflops']:.1f} |"
+                      for name, t in a["timings"].items()]
+            lines += ["", f"Fastest correct Pallas options: `{a.get('fastest')}`", ""]
+            broken = [v for v in a["variants"] if not v.get("ok")]
+            if broken:
+                lines += ["Variants not timed: " + "; ".join(
+                    f"{v['changes']}: {v.get('error') or v.get('failed')}" for v in broken), ""]
+    t = parts.get("throughput")
+    if t:
+        measured = _heading(lines, "Train step", t)
+        if measured:
+            lines += [f"{t['device']}; peak {t['peak_tflops']:.0f} TFLOP/s "
+                      f"({t['peak_measured_by']}); {t['tokens_per_step']} tokens per step; "
+                      f"the peer: {t['peer'] or 'not timed'}; Pallas options "
+                      f"`{t['pallas_options']}`.", "",
+                      "| side | attention dropout | compile s | ms/step | tokens/s | vs peer "
+                      "| MFU 6NT | MFU FLOPs | time / MLM | FLOPs / MLM |",
+                      "|---|---|---|---|---|---|---|---|---|---|"]
+            for name, s in t["sides"].items():
+                if "error" in s or "skipped" in s:
+                    why = s.get("error") or f"not built: {s['skipped']}"
+                    lines.append(f"| {name} | | | {why} | | | | | | |")
+                    continue
+                target = TARGETS["peer"].get(s["objective"])
+                vs = _fmt(s.get("vs_peer"), ".2f") + ("x" if s.get("vs_peer") else "")
+                if target and s.get("vs_peer") is not None:
+                    vs += f" ({'meets' if s['vs_peer'] >= target else 'misses'} {target}x)"
+                lines.append(
+                    f"| {name} | {_fmt(s.get('attention_dropout'), 'g')} | "
+                    f"{_fmt(s.get('compile_s'), '.1f')} | {s['ms']:.2f} | "
+                    f"{s['tokens_per_s']:.0f} | {vs} | {s['mfu_6nt']:.1%} | "
+                    f"{_fmt(s.get('mfu_flops'), '.1%')} | "
+                    f"{_fmt(s.get('time_ratio_to_mlm'), '.3f')} | "
+                    f"{_fmt(s.get('flops_ratio_to_mlm'), '.3f')} |")
+            lines.append("")
+    p = parts.get("profile")
+    if p:
+        measured = _heading(lines, "Profile", p)
+        if measured:
+            lines += [f"{p['device']}; device time per XLA op, {p['steps']} traced steps; "
+                      "the names are the HLO's (profile/<side>.hlo.txt).", ""]
+            for name, side in p["sides"].items():
+                lines += [f"**{name}**: {side['step_ms']:.2f} ms/step traced, "
+                          f"{side['op_ms_per_step']:.2f} ms in ops", "",
+                          "| op | ms/step | share |", "|---|---|---|"]
+                lines += [f"| `{o['op']}` | {o['ms_per_step']:.3f} | {o['share']:.1%} |"
+                          for o in side["ops"][:PROFILE_TOP]]
+                lines.append("")
+    q = parts.get("quickstart")
+    if q:
+        lines += ["## Quickstart", ""]
+        if "seconds" in q and "returncode" in q:
+            verdict = "meets" if q["seconds"] <= TARGETS["quickstart_s"] else "misses"
+            lines += [f"`{q['command']}`: {q['seconds']:.1f} s, exit {q['returncode']} "
+                      f"({verdict} <= {TARGETS['quickstart_s']:.0f} s); last eval: "
+                      f"{q.get('last_eval')}", ""]
+        else:
+            lines += [f"Not measured: {q.get('error') or q.get('skipped')}", ""]
+    c = parts.get("compile")
+    if c:
+        lines += ["## Compile", "", "| process | compile s | ms/step |", "|---|---|---|"]
+        for case in ("cold", "cached", "new_program"):
+            r = c.get(case, {})
+            lines.append(f"| {case} | {_fmt(r.get('compile_s'), '.1f', r.get('error', '-'))} "
+                         f"| {_fmt(r.get('step_ms'), '.2f')} |")
+        lines += ["", f"Targets: cold <= {TARGETS['cold_compile_s']:.0f} s, cached <= "
+                  f"{TARGETS['cached_compile_s']:.0f} s.", ""]
+    return "\n".join(lines)
