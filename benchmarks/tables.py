@@ -171,7 +171,7 @@ def finetune_parts(found: list[dict]) -> str:
                   for s in (per, one)),
                 *(f"{s['steps_seconds']:.1f} s" for s in (per, one))]
     return _table(["task, encoder, batch, runs", "per model: parts x host s",
-                   "one program: parts x host s", "steps per model", "steps as one program"],
+                   "one program: parts x host s", "steps s, per model", "steps s, one program"],
                   found, cells, machine="machine (jitted matmul)")
 
 
