@@ -18,6 +18,8 @@ import subprocess
 
 from absl import flags
 
+from maelm_jax import environment
+
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 REPO_ROOT = RESULTS_DIR.parents[1]
 
@@ -25,8 +27,8 @@ REPO_ROOT = RESULTS_DIR.parents[1]
 def commit() -> str:
     """The project's commit: $MAELM_JAX_COMMIT (a copy of the tree without its history, as
     on a lent machine), else git's HEAD, with "+changes" when the tree differs from it."""
-    if os.environ.get("MAELM_JAX_COMMIT"):
-        return os.environ["MAELM_JAX_COMMIT"]
+    if environment.text("MAELM_JAX_COMMIT"):
+        return environment.text("MAELM_JAX_COMMIT")
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=REPO_ROOT, check=True).stdout.strip()

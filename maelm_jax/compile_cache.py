@@ -19,11 +19,9 @@ the space.
 
 from __future__ import annotations
 
-import os
-
 import jax
 
-from maelm_jax import user_cache
+from maelm_jax import environment, user_cache
 
 ENV = "JAX_COMPILATION_CACHE_DIR"
 
@@ -31,7 +29,7 @@ ENV = "JAX_COMPILATION_CACHE_DIR"
 def directory(override: str = "") -> str:
     """Where the cache is: `override`, else $JAX_COMPILATION_CACHE_DIR, else the user
     cache's jax/."""
-    return override or os.environ.get(ENV) or str(user_cache.directory("jax"))
+    return override or environment.text(ENV) or str(user_cache.directory("jax"))
 
 
 def enable(override: str = "") -> str:

@@ -28,7 +28,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from maelm_jax import errors
+from maelm_jax import environment, errors
 
 
 def tpu_chips(root: str = "/") -> int:
@@ -58,16 +58,53 @@ def cluster_detected(env: dict | None = None, root: str = "/") -> str | None:
     from the VM's metadata server (GCE, the `gcloud ... tpu-vm ssh --worker=all` launch)
     or the environment (GKE), and even one host gets the coordination service that
     preemption notices go through."""
-    env = os.environ if env is None else env
-    if int(env.get("SLURM_NTASKS", "1")) > 1:
+    if environment.integer("SLURM_NTASKS", 1, 1, env) > 1:
         return "slurm"
-    if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+    if environment.integer("OMPI_COMM_WORLD_SIZE", 1, 1, env) > 1:
         return "openmpi"
     # GKE lists a multi-host slice's workers; any Cloud TPU VM shows its chips.
-    if len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1 or \
-            tpu_chips(root):
+    if len(environment.names("TPU_WORKER_HOSTNAMES", env)) > 1 or tpu_chips(root):
         return "cloud tpu"
     return None
+
+
+def launcher_size(env: dict | None = None) -> tuple[str, int] | None:
+    """(the variable, the processes) a launcher gave this job, or None."""
+    for name in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+        size = environment.integer(name, 0, 1, env) if environment.text(name, env) else 0
+        if size:
+            return name, size
+    return None
+
+
+def check_process_flags(coordinator_address: str, num_processes: int, process_id: int,
+                        env: dict | None = None) -> None:
+    """One line naming the flag, before JAX sees them: --coordinator_address host:port
+    with a port in 1-65535, --num_processes >= 1, --process_id in [0, --num_processes)
+    (ids count from 0), the count the launcher's environment gives if it gives one; the
+    two counts given without an address mean nothing and are refused."""
+    if not coordinator_address:
+        if num_processes or process_id != -1:
+            flag = "--num_processes" if num_processes else "--process_id"
+            raise errors.UserError(f"{flag}: only with --coordinator_address (host:port of "
+                                   "process 0); without it the job's shape is detected")
+        return
+    host, _, port = coordinator_address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise errors.UserError(f"--coordinator_address: expected host:port with a port in "
+                               f"1-65535, got {coordinator_address!r}")
+    if num_processes < 1:
+        raise errors.UserError(f"--num_processes: expected at least 1 with "
+                               f"--coordinator_address, got {num_processes}")
+    if not 0 <= process_id < num_processes:
+        raise errors.UserError(f"--process_id: expected 0 to {num_processes - 1} (ids count "
+                               f"from 0, below --num_processes={num_processes}), got "
+                               f"{process_id}")
+    given = launcher_size(env)
+    if given and given[1] != num_processes:
+        raise errors.UserError(f"--num_processes: {num_processes}, but the launcher's "
+                               f"{given[0]}={given[1]} says otherwise; give the same count "
+                               "or leave the flags out")
 
 
 def initialize(coordinator_address: str = "", num_processes: int = 0,
@@ -75,10 +112,8 @@ def initialize(coordinator_address: str = "", num_processes: int = 0,
     """Joins the multi-process job, if there is one; a job of several processes that has
     no coordination service (nothing to meet at: no barrier, no preemption agreement)
     stops with one line."""
+    check_process_flags(coordinator_address, num_processes, process_id)
     if coordinator_address:
-        if num_processes < 1 or process_id < 0:
-            raise errors.UserError("--coordinator_address needs --num_processes >= 1 and "
-                                   "--process_id >= 0")
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
     elif kind := cluster_detected():
         try:

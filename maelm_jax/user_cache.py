@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import pathlib
 
+from maelm_jax import environment
+
 ENV = "MAELM_JAX_CACHE"
 
 
 def directory(*parts: str) -> pathlib.Path:
     """The cache directory (or a subdirectory of it), not created here."""
-    root = os.environ.get(ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    root = environment.text(ENV) or os.path.join(
+        environment.text("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "maelm_jax")
     return pathlib.Path(root, *parts)

@@ -73,7 +73,7 @@ def tiny_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
 UNIT_FILES = (
     "test_paths.py", "test_docs.py", "test_import_graph.py", "test_test_groups.py",
     "test_cloud_paths.py", "test_distributed.py", "test_reliability_inputs.py",
-    "test_config_sections.py",
+    "test_config_sections.py", "test_environment.py",
     "pretrain/test_flops.py", "pretrain/test_masking.py", "pretrain/test_objectives.py",
     "data/test_tokenizer.py", "data/test_columnar.py", "data/test_sources.py",
     "data/test_corpus_inputs.py", "data/test_builtin_corpus.py", "data/test_data_pipeline.py",
@@ -82,6 +82,7 @@ UNIT_FILES = (
     "study/test_pool.py", "benchmarks/test_tools.py",
 )
 NOT_UNIT = (
+    "test_environment.py::test_main_stops_with_one_line_for_a_bad_launcher_variable",
     "test_reliability_inputs.py::test_cli_switches_the_corpus_and_lists_a_sources_fields",
     "test_reliability_inputs.py::test_damaged_checkpoint_warns_and_resumes_from_the_previous_step",
     "test_reliability_inputs.py::test_relative_paths_from_another_directory",

@@ -24,7 +24,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from maelm_jax import layout, paths, runs
+from maelm_jax import environment, layout, paths, runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import digests, pipeline
@@ -134,8 +134,8 @@ def _machine() -> dict:
 def commit() -> str:
     """The project's commit: $MAELM_JAX_COMMIT (a copy of the tree without git history,
     as on a lent machine, names it there), else git's, else "unknown"."""
-    if os.environ.get("MAELM_JAX_COMMIT"):
-        return os.environ["MAELM_JAX_COMMIT"]
+    if environment.text("MAELM_JAX_COMMIT"):
+        return environment.text("MAELM_JAX_COMMIT")
     try:
         found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
