@@ -161,7 +161,9 @@ def documents(settings: dict[str, Any], stats) -> Iterator[str]:
                 if keep:
                     wanted = settings["filter_value"]
                     chosen = batch.column(keep).to_pylist()
-                    values = [v for v, c in zip(values, chosen, strict=True) if c == wanted]
+                    kept = [v for v, c in zip(values, chosen, strict=True) if c == wanted]
+                    stats.filtered += len(values) - len(kept)
+                    values = kept
                 for value in values:
                     if value is None:
                         stats.nulls += 1

@@ -20,12 +20,16 @@ def validate_sources(config: ml_collections.ConfigDict) -> None:
     """Fails fast (before any tokenizer training) on a source that cannot be read."""
     for name, source in config.data.sources.items():
         sources.validate_source(source, source_field(name))
+    # A source that reads but yields nothing (every value null, a filter no row matches,
+    # text that is all whitespace) is named here, not by the tokenizer or the packing.
+    for name, source in config.data.sources.items():
+        sources.first_document(source, source_field(name), config.data.encoding_errors)
 
 
 def _documents(config: ml_collections.ConfigDict, name: str, stats: sources.ReadStats):
     return sources.iter_documents(
-        config.data.sources[name], encoding_errors=config.data.encoding_errors, stats=stats
-    )
+        config.data.sources[name], encoding_errors=config.data.encoding_errors, stats=stats,
+        required=source_field(name))
 
 
 def setup_tokenizer(

@@ -141,6 +141,37 @@ class ReadStats:
     control_chars: int = 0
     # Null values of a columnar source's text column, skipped.
     nulls: int = 0
+    # Rows of a columnar source left out by its filter (filter_field != filter_value).
+    filtered: int = 0
+    # Documents (rows, records) read, and those of them empty once cleaned.
+    read: int = 0
+    empty: int = 0
+
+    def merge(self, other: "ReadStats") -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+    def nothing_read(self, settings: dict[str, Any], field_name: str) -> str:
+        """Why a source gave no document, in words: what was read and what was skipped."""
+        where = settings.get("path") or settings.get("name") or settings["kind"]
+        counts = [f"{self.read + self.nulls + self.filtered} row(s) or document(s) read in "
+                  f"{self.files} file(s)"]
+        if self.nulls:
+            counts.append(f"{self.nulls} null {settings.get('text_field', 'text')!r} value(s) "
+                          "skipped")
+        if self.filtered:
+            counts.append(f"{self.filtered} row(s) whose {settings['filter_field']!r} is not "
+                          f"{settings['filter_value']!r} left out")
+        if self.empty:
+            counts.append(f"{self.empty} empty once cleaned (whitespace and control "
+                          "characters)")
+        if self.filtered and not self.read:
+            hint = f"check {field_name}.filter_value"
+        elif self.nulls and not self.read:
+            hint = f"check {field_name}.text_field"
+        else:
+            hint = "give a source with text"
+        return (f"{field_name}: {where} yields no document ({'; '.join(counts)}); {hint}")
 
     def bounded_summary(self) -> str:
         """What the cleaning and the length bounds did, for the preparation log ("" when
@@ -221,28 +252,51 @@ def source_files(settings: dict[str, Any], field_name: str = "source") -> list[s
 
 
 def iter_documents(source: Mapping[str, Any], encoding_errors: str = "replace",
-                   stats: ReadStats | None = None) -> Iterator[str]:
+                   stats: ReadStats | None = None,
+                   required: str | None = None) -> Iterator[str]:
     """Yields the source's documents: non-empty strings, stripped, in a fixed order.
 
     Args:
       source: the source config (see the module docstring).
       encoding_errors: "replace" (invalid UTF-8 becomes U+FFFD, counted in
         ``stats.replaced`` and logged per file) or "strict" (SourceError naming the file).
-      stats: optional counters, updated as documents are yielded.
+      stats: optional counters, updated as documents are read.
+      required: the source's config field; when given, a source that yields no document
+        is a SourceError naming it, with what was read and skipped (a part of a source,
+        as a work item of mode prepare reads, may hold none).
     """
     if encoding_errors not in ENCODING_ERRORS:
         raise SourceError(f"encoding_errors: expected one of {', '.join(ENCODING_ERRORS)}, "
                           f"got {encoding_errors!r}")
     settings = source_settings(source)
-    stats = stats if stats is not None else ReadStats()
-    for raw in _raw_documents(settings, encoding_errors, stats):
-        raw, replaced = _CONTROL_CHARS.subn(" ", raw)
-        stats.control_chars += replaced
-        for document in _bounded(raw.strip(), stats):
-            document = document.strip()
-            if document:
-                stats.documents += 1
-                yield document
+    own = ReadStats()  # this source's (`stats` may be shared by several)
+    try:
+        for raw in _raw_documents(settings, encoding_errors, own):
+            own.read += 1
+            raw, replaced = _CONTROL_CHARS.subn(" ", raw)
+            own.control_chars += replaced
+            kept = 0
+            for document in _bounded(raw.strip(), own):
+                document = document.strip()
+                if document:
+                    own.documents += 1
+                    kept += 1
+                    yield document
+            own.empty += not kept
+        if required and not own.documents:
+            raise SourceError(own.nothing_read(settings, required))
+    finally:
+        if stats is not None:
+            stats.merge(own)
+
+
+def first_document(source: Mapping[str, Any], field_name: str,
+                   encoding_errors: str = "replace") -> str:
+    """The source's first document; a SourceError naming `field_name`, with what was read
+    and skipped, when it yields none (before a tokenizer is trained on nothing)."""
+    for document in iter_documents(source, encoding_errors, required=field_name):
+        return document
+    raise AssertionError("iter_documents(required=...) yields or raises")
 
 
 def _bounded(document: str, stats: ReadStats) -> list[str]:

@@ -186,3 +186,46 @@ def test_the_job_and_beam_cut_the_same_blocks_from_columnar_sources(tmp_path, ti
             np.testing.assert_array_equal(getattr(beam, split)[name][:],
                                           np.asarray(getattr(in_job, split)[name]))
     assert len(manifest["sources"]["hub"]["train"]["shards"]) >= 1
+
+
+def _no_document(source, field="config.data.sources.main"):
+    with pytest.raises(sources.SourceError) as raised:
+        pipeline.validate_sources(_one_source_config(source))
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"{field}: ")
+    return message
+
+
+def _one_source_config(source):
+    c = tiny_config("mlm")
+    c.data.sources = {"main": source}
+    return c
+
+
+def test_a_source_that_yields_no_document_is_one_line_with_what_was_read(tmp_path):
+    """Every value null (Parquet, a saved dataset), a filter no row matches, JSONL and text
+    whose documents are all empty once cleaned: one line naming the source's field, what
+    was read and skipped, and where to look; before any tokenizer is trained."""
+    root = tmp_path / "nulls"
+    root.mkdir()
+    pq.write_table(_table([None] * 5), root / "a.parquet")
+    pq.write_table(_table([None] * 3), root / "b.parquet")
+    message = _no_document({"kind": "parquet", "path": str(root)})
+    assert (f"{root} yields no document (8 row(s) or document(s) read in 2 file(s); 8 null "
+            "'text' value(s) skipped); check config.data.sources.main.text_field") in message
+    message = _no_document({"kind": "parquet", "path": str(_parquet_dir(tmp_path / "pq")),
+                            "filter_field": "lang", "filter_value": "fr"})
+    assert ("60 row(s) or document(s) read in 3 file(s); 60 row(s) whose 'lang' is not 'fr' "
+            "left out" in message and "check config.data.sources.main.filter_value" in message)
+    _save_to_disk(tmp_path / "hf", [None] * 6)
+    message = _no_document({"kind": "hf_disk", "path": str(tmp_path / "hf")})
+    assert "6 null 'text' value(s) skipped" in message
+    (tmp_path / "empty.jsonl").write_text('{"text": "  "}\n{"text": "\\u0000\\f"}\n')
+    message = _no_document({"kind": "jsonl", "path": str(tmp_path / "empty.jsonl")})
+    assert "2 row(s) or document(s) read in 1 file(s); 2 empty once cleaned" in message
+    (tmp_path / "blank.txt").write_text("\x00 \x0b\n\n\x1b\n")
+    message = _no_document({"kind": "text", "path": str(tmp_path / "blank.txt")})
+    assert "empty once cleaned" in message and "give a source with text" in message
+    # The check is real: a source with one document passes.
+    pipeline.validate_sources(_one_source_config(
+        {"kind": "parquet", "path": str(_parquet_dir(tmp_path / "ok"))}))
