@@ -337,3 +337,45 @@ def test_packing_a_huge_document_in_one_call():
     ids = list(range(5, 2_000_005))
     blocks = packer.add(ids)
     assert len(blocks) == (len(ids) + 1) // 31 and blocks[1][1:3] == [36, 37]
+
+
+def test_modes_that_record_no_config_refuse_another_modes_workdir(tmp_path):
+    """Mode prepare and the rank analysis write no config.json of their own, so they ask
+    the workdir: one that holds a pretraining run's record is refused in one line, and
+    nothing is written into it."""
+    from maelm_jax import layout
+    from maelm_jax import workdir as workdir_lib
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"objective": "maelm"}')
+    before = sorted(p.name for p in run.iterdir())
+    for kind, noun in (("prepare", "prepare"), ("rank", "analyse"),
+                       ("study_pool", "pool the calls")):
+        with pytest.raises(layout.WorkdirError,
+                           match=rf"^--workdir {run} holds a pretrain run; {noun} into "
+                                 "another directory$"):
+            workdir_lib.claim(run, kind, noun)
+    assert sorted(p.name for p in run.iterdir()) == before
+    workdir_lib.claim(tmp_path / "new", "prepare", "prepare")  # a new one is fine
+    assert not (tmp_path / "new").exists()
+
+
+def test_the_study_refuses_another_modes_workdir_before_writing(tmp_path):
+    """The study records its config.json first; pointed at a pretraining run's workdir it
+    is refused before that, and the run's record stays."""
+    from maelm_jax import layout
+    from maelm_jax.study import config as study_config
+    from maelm_jax.study import run as study_run
+
+    from tiny_config import tiny_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"objective": "maelm"}')
+    c = study_config.study_defaults()
+    c.pretrain = tiny_config("maelm")
+    with pytest.raises(layout.WorkdirError, match="holds a pretrain run; run the study into"):
+        study_run.run(c, str(run))
+    assert (run / "config.json").read_text() == '{"objective": "maelm"}'
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]

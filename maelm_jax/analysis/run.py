@@ -16,11 +16,11 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, errors, layout, paths, run_configs, runs, sharding
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import inputs, rank, report
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import state as state_lib
-from maelm_jax.training import workdir as workdir_lib
 
 
 def _as_runs_error(error: errors.UserError) -> rank_config.RankConfigError:
@@ -152,7 +152,7 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
     rank_config.validate(config)
     config = rank_config.resolve_paths(config)
     out_dir = paths.resolve(workdir, "--workdir")
-    workdir_lib.check_directory(out_dir)
+    workdir_lib.claim(out_dir, "rank", "analyse")
     # Fixed sizes: the first devices.
     mesh = sharding.fixed_mesh(config.mesh.shape, config.mesh.dcn_shape)
     rules = sharding.rules_from_config(config.sharding_rules)

@@ -53,6 +53,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from maelm_jax import layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import packing, pipeline, shards, sources
 
 NOTES = "notes"  # shard and source notes the workers leave for the driver
@@ -314,6 +315,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     local directory or a bucket path); returns the manifest. A directory already holding
     this preparation is left as it is."""
     out = paths.resolve(workdir, "--workdir")
+    workdir_lib.claim(out, "prepare", "prepare")
     pipeline.validate_sources(config)
     fresh = not out.exists() or not any(out.iterdir())  # removed whole if this run fails
     paths.make_dirs(out)

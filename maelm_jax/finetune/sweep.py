@@ -37,10 +37,10 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, paths
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import seed_group, train
 from maelm_jax.training import lifecycle
-from maelm_jax.training import workdir as workdir_lib
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
 _SHORT = {"learning_rate": "lr", "batch_size": "bs", "num_epochs": "ep", "warmup_ratio": "wu"}

@@ -50,6 +50,7 @@ from absl import logging
 
 from maelm_jax import distributed, layout, paths, runs, schema, sharding
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, loading, tasks
 from maelm_jax.finetune import setup as setup_lib
@@ -58,7 +59,6 @@ from maelm_jax.models import layers, options
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
-from maelm_jax.training import workdir as workdir_lib
 
 # Fine-tuning's lifecycle (training/lifecycle.py). A run of minutes: a changed config
 # allowed starts it again rather than continuing its checkpoints under another config.

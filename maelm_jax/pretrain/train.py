@@ -12,6 +12,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, masking, paths, sharding
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
@@ -20,7 +21,6 @@ from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
-from maelm_jax.training import workdir as workdir_lib
 
 
 def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str, float]:

@@ -28,10 +28,10 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import errors, layout, paths, schema
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.analysis import report as rank_report
 from maelm_jax.study import config as study_config
 from maelm_jax.study import report
-from maelm_jax.training import workdir as workdir_lib
 
 # The rank analysis's settings (rank.json), which every part's analysis must share.
 _RANK_SETTINGS = ("tau", "center", "mask_ratio", "seed", "source")

@@ -48,6 +48,7 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import errors, layout, paths, schema
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import budget, calls, claims, plateau
 
@@ -363,12 +364,20 @@ def readme_table(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) ->
     return f"{README_BEGIN}\n{markdown(pooled, unfinished).rstrip()}\n{README_END}"
 
 
-def rewrite_readme(readme: paths.Path, pooled: list[dict],
-                   unfinished: list[tuple[str, dict]] = ()) -> None:
+def _readme_text(readme: paths.Path) -> str:
+    """The README's text, or one line when it has no study records block to rewrite."""
+    if not readme.is_file():
+        raise PoolError(f"config.readme: {readme} is not a file")
     text = paths.read_text(readme)
     if README_BEGIN not in text or README_END not in text:
         raise PoolError(f"config.readme: {readme} has no study records block ({README_BEGIN} "
                         f"... {README_END})")
+    return text
+
+
+def rewrite_readme(readme: paths.Path, pooled: list[dict],
+                   unfinished: list[tuple[str, dict]] = ()) -> None:
+    text = _readme_text(readme)
     head, rest = text.split(README_BEGIN, 1)
     tail = rest.split(README_END, 1)[1]
     paths.write_text(readme, head + readme_table(pooled, unfinished) + tail)
@@ -382,12 +391,17 @@ def pool(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
     unfinished = read_records(config.inputs, finished=False)
     pooled = pool_records(records)
     root = paths.resolve(workdir, "--workdir")
-    paths.make_dirs(root)
-    layout.write_config(root, config)
-    paths.write_text(root / layout.POOL_JSON_FILE, json.dumps(pooled, indent=2))
-    paths.write_text(root / layout.POOL_MARKDOWN_FILE, markdown(pooled, unfinished))
-    if config.readme:
-        rewrite_readme(paths.resolve(config.readme, "config.readme"), pooled, unfinished)
+    workdir_lib.claim(root, "study_pool", "pool the calls")
+    readme = paths.resolve(config.readme, "config.readme") if config.readme else None
+    if readme is not None:
+        _readme_text(readme)  # checked before anything is written
+    with workdir_lib.all_or_nothing(root):
+        paths.make_dirs(root)
+        layout.write_config(root, config)
+        paths.write_text(root / layout.POOL_JSON_FILE, json.dumps(pooled, indent=2))
+        paths.write_text(root / layout.POOL_MARKDOWN_FILE, markdown(pooled, unfinished))
+        if readme is not None:
+            rewrite_readme(readme, pooled, unfinished)
     logging.info("study pool: %d call(s) in %d design(s); %s", len(records), len(pooled),
                  root / layout.POOL_MARKDOWN_FILE)
     return pooled

@@ -25,6 +25,7 @@ import ml_collections
 from absl import logging
 
 from maelm_jax import environment, layout, paths, runs
+from maelm_jax import workdir as workdir_lib
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import digests, pipeline
@@ -37,7 +38,6 @@ from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import config as study_config
 from maelm_jax.study import report, sizing
 from maelm_jax.training import preemption
-from maelm_jax.training import workdir as workdir_lib
 
 
 def _timed(directory: paths.Path, work) -> float:
@@ -201,7 +201,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     started = time.perf_counter()
     study_config.validate(config)
     root = paths.resolve(workdir, "--workdir")
-    workdir_lib.check_directory(root)
+    workdir_lib.claim(root, "study", "run the study")
     paths.make_dirs(root)
     layout.write_config(root, config)
     names = study_config.names(config.models)

@@ -347,3 +347,23 @@ def test_a_failed_prepare_is_one_line_not_the_workers_tracebacks(prepared, tmp_p
     assert re.search(r"error: \S+cut.txt.gz: cannot read past line \d+ .*truncated gzip file\?$",
                      run.stderr.strip().splitlines()[-1])
     assert not (tmp_path / "out").exists()
+
+
+def test_prepare_refuses_a_pretraining_runs_workdir(prepared, tmp_path):
+    """Through main.py: --config.mode=prepare pointed at a pretraining run's workdir is one
+    line, status 1, and neither a manifest nor a shard lands beside its checkpoints."""
+    root, _, _, _ = prepared
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.json").write_text('{"objective": "mlm"}')
+    run = subprocess.run(
+        [sys.executable, "main.py", "--config=tests/tiny_config.py", "--config.mode=prepare",
+         f"--workdir={run_dir}", "--config.data.sources.main.kind=text",
+         f"--config.data.sources.main.path={root / 'text'}",
+         f"--config.tokenizer.model_path={root / 'shards' / layout.TOKENIZER_FILE}"],
+        cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True, text=True,
+        timeout=HANG_SECONDS)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"error: --workdir {run_dir} holds a pretrain run; prepare into another directory")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.json"]

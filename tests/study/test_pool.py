@@ -332,3 +332,29 @@ def test_the_readme_lists_each_call_with_its_tokens_gains_and_claim_c():
     assert "MAE-LM 44 vs MLM 30 (+14), at 1.20x MLM's FLOPs per step: holds" in text
     assert "; MAE-LM at 1.20x MLM's FLOPs per step |" in text  # beside (b)
     assert "Unfinished, left out of the claims" in text
+
+
+def test_a_pool_refused_leaves_nothing_behind(tmp_path):
+    """A README without the records block, or a workdir of another mode, is one line and
+    leaves no config.json, pool.json or pool.md behind (nor a half-rewritten README)."""
+    from maelm_jax import layout
+
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "a.json").write_text(json.dumps(_record(0, {"mlm": {"SST-2": [1, 2, 3]}})))
+    readme = tmp_path / "README.md"
+    readme.write_text("# A readme without the block\n")
+    c = pool.pool_defaults()
+    c.inputs, c.readme = str(records), str(readme)
+    with pytest.raises(pool.PoolError, match=r"^config.readme: .* has no study records block"):
+        pool.pool(c, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    assert readme.read_text() == "# A readme without the block\n"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"mode": "finetune"}')
+    c.readme = ""
+    with pytest.raises(layout.WorkdirError, match="holds a finetune run; pool the calls into"):
+        pool.pool(c, str(tmp_path / "run"))
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
+    pool.pool(c, str(tmp_path / "out"))  # the check is real: a good call writes
+    assert (tmp_path / "out" / "pool.md").is_file()

@@ -24,6 +24,18 @@ def check_directory(workdir: paths.Path) -> None:
         "cannot be read; create it, or check the name and your credentials")
 
 
+def claim(workdir: paths.Path, kind: str, noun: str) -> None:
+    """Refuses, before anything is written, a workdir that cannot be one (check_directory)
+    or that holds another mode's run (its config.json names another mode): every mode
+    writes only into a new directory or one of its own kind (layout.KINDS). `noun`: what
+    the mode does, for the message ("prepare", "pool the calls")."""
+    check_directory(workdir)
+    recorded = layout.mode(workdir) if workdir.is_dir() else None
+    if recorded is not None and recorded != kind:
+        raise layout.WorkdirError(f"--workdir {workdir} holds a {recorded} run; {noun} into "
+                                  "another directory")
+
+
 @contextlib.contextmanager
 def all_or_nothing(workdir: paths.Path):
     """Removes whatever the block created in `workdir` (and the workdir itself, if it did
