@@ -60,8 +60,10 @@ flags.DEFINE_string("compilation_cache_dir", "", "Where: default $JAX_COMPILATIO
                     "else ~/.cache/maelm_jax/jax ($MAELM_JAX_CACHE/jax).")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process "
                     "runs outside TPU pods and SLURM (which are detected automatically).")
-flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).")
-flags.DEFINE_integer("process_id", -1, "This process's index (with --coordinator_address).")
+flags.DEFINE_integer("num_processes", 0, "Number of processes (with --coordinator_address).",
+                     lower_bound=0)
+flags.DEFINE_integer("process_id", -1, "This process's index from 0 (with "
+                     "--coordinator_address).", lower_bound=-1)
 flags.DEFINE_float("time_limit_minutes", 0.0, "Stop once this much wall time has passed "
                    "(training saves a checkpoint at the step it is on; the study stops "
                    "between its parts) and exit with status 75; the same command continues. "

@@ -112,7 +112,8 @@ flags.DEFINE_integer("timing_reserve_seconds", 45, "Part 2: seconds kept for tim
                      "end, so a part cut by the budget still times what it built.",
                      lower_bound=0)
 flags.DEFINE_string("part", "", "Internal: run one part in this process.")
-flags.DEFINE_float("part_deadline", 0.0, "Internal: the Unix time the part is stopped at.")
+flags.DEFINE_float("part_deadline", 0.0, "Internal: the Unix time the part is stopped at.",
+                  lower_bound=0.0)
 flags.DEFINE_string("compile_case", "", "Internal: one compile process (cold, cached, new).")
 flags.DEFINE_string("cache", "", "Internal: the compile part's cache directory.")
 

@@ -30,6 +30,8 @@ import tempfile
 
 from absl import app, flags
 
+from maelm_jax import cli
+
 import cold_run
 import records
 
@@ -110,4 +112,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.forwarding_flags_parser)

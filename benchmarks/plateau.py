@@ -23,6 +23,8 @@ import tempfile
 
 from absl import app, flags
 
+from maelm_jax import cli
+
 import cold_run
 import records
 
@@ -84,4 +86,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.tool_flags_parser)

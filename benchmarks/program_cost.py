@@ -273,7 +273,7 @@ harness.define_objectives_flag(list(harness.OBJECTIVES), "Comma-separated, from 
                                f"{', '.join(harness.OBJECTIVES)}.")
 flags.DEFINE_enum("platform", "cuda", ["cuda", "tpu"], "The platform to export for.")
 flags.DEFINE_float("bandwidth_tbs", 3.35, "Memory bandwidth (TB/s) for the time estimate "
-                   "(H100 SXM 3.35, H200 4.8, TPU v5e 0.82).")
+                   "(H100 SXM 3.35, H200 4.8, TPU v5e 0.82).", lower_bound=0.001)
 flags.DEFINE_string("json", None, "Also write the summaries to this JSON file.")
 
 

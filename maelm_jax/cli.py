@@ -113,7 +113,7 @@ def parse_flags(argv: list[str], prefix: str = "error") -> list[str]:
     if message is None:
         try:
             rest = flags.FLAGS(argv)
-            if "config" in flags.FLAGS:
+            if "config" in flags.FLAGS and not isinstance(flags.FLAGS.config, str | None):
                 flags.FLAGS.config.keys()  # a file that failed to load raises when first read
         except Exception as e:  # noqa: BLE001 - config_flags raises whatever the file did
             if debug:
@@ -130,3 +130,13 @@ def parse_flags(argv: list[str], prefix: str = "error") -> list[str]:
 def tool_flags_parser(argv: list[str]) -> list[str]:
     """parse_flags for scripts and benchmarks: their error lines start with their name."""
     return parse_flags(argv, program())
+
+
+def forwarding_flags_parser(argv: list[str]) -> list[str]:
+    """The flags parser of a script that hands what follows `--` to main.py (which checks
+    it): the script's own flag mistakes are one line starting with its name; the rest is
+    returned as it is."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        fail(_message(argv, e), program())

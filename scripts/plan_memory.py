@@ -39,11 +39,11 @@ FLAGS = flags.FLAGS
 cli.define_config("configs/pretrain/base.py", "Pretraining config file[:variant], as for "
                   "main.py.", prefix=cli.program())
 flags.DEFINE_integer("devices", 0, "Devices to plan for when config.mesh.shape has a -1 "
-                     "(default: the product of its sizes; not with --topology).")
+                     "(default: the product of its sizes; not with --topology).", lower_bound=0)
 flags.DEFINE_string("topology", None, "A TPU slice to compile for, e.g. v5e:8x8, v4:2x2x4, "
                     "v6e:4x4 (see maelm_jax/topology.py); needs libtpu.")
 flags.DEFINE_integer("num_slices", 1, "Slices of --topology in a multislice job "
-                     "(config.mesh.dcn_shape lays them out).")
+                     "(config.mesh.dcn_shape lays them out).", lower_bound=1)
 flags.DEFINE_string("remat_policies", None, "Comma-separated model.remat_policy values to "
                     "compare, or 'all' (default: the config's).")
 flags.DEFINE_bool("fit", False, "With --topology: for each policy, the largest micro-batch "

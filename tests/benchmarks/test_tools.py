@@ -55,6 +55,8 @@ def test_plan_memory_compiles_for_a_tpu_slice(tmp_path):
     (["stray"], "unexpected arguments: stray"),
     (["--fit"], "--fit: needs --topology"),
     (["--topology=v9:2x2"], "--topology: expected <generation>:<chips per axis>"),
+    (["--devices=-2"], "--devices=-2"),
+    (["--num_slices=0"], "--num_slices=0"),
 ])
 def test_plan_memory_bad_flags_are_one_line(tmp_path, flags, message):
     if not any(f.startswith("--config=") for f in flags):
@@ -100,3 +102,36 @@ def test_study_tokenizer_trains_the_pieces_a_study_is_then_given(tmp_path):
     assert missing.returncode == 1
     assert missing.stderr.strip() == ("study_tokenizer.py: --out: expected the directory to "
                                       "write tokenizer.model into")
+
+
+def _flag_definitions():
+    """(file, DEFINE_ call) of every absl flag defined by main.py, scripts/ and benchmarks/."""
+    import ast
+
+    files = [REPO_ROOT / "main.py", *sorted((REPO_ROOT / "scripts").glob("*.py")),
+             *sorted((REPO_ROOT / "benchmarks").glob("*.py"))]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr.startswith("DEFINE_")):
+                yield path, node
+
+
+def test_every_numeric_flag_of_every_tool_declares_its_range():
+    """A count or a size given out of range (a negative device count, zero steps) is the
+    flag parser's one line naming the flag, not a ZeroDivisionError later: every integer
+    and float flag of main.py, scripts/ and benchmarks/ has a bound (absl checks it while
+    parsing), and every tool parses its flags with cli's one-line parser."""
+    numeric, unbounded = 0, []
+    for path, node in _flag_definitions():
+        if node.func.attr in ("DEFINE_integer", "DEFINE_float"):
+            numeric += 1
+            keywords = {k.arg for k in node.keywords}
+            if not keywords & {"lower_bound", "upper_bound"}:
+                unbounded.append(f"{path.name}: {node.args[0].value}")
+    assert numeric > 20 and unbounded == []
+    for path in [*(REPO_ROOT / "scripts").glob("*.py"), *(REPO_ROOT / "benchmarks").glob("*.py")]:
+        text = path.read_text()
+        if "app.run(" in text:  # its own flags, or those it forwards to main.py after --
+            assert ("flags_parser=cli.tool_flags_parser" in text
+                    or "flags_parser=cli.forwarding_flags_parser" in text), path.name
