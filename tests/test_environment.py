@@ -118,3 +118,12 @@ def test_good_multi_process_flags_pass():
     distributed.check_process_flags("", 0, -1, env={})
     distributed.check_process_flags("host:1234", 2, 1, env={"SLURM_NTASKS": ""})
     distributed.check_process_flags("[::1]:1234", 4, 3, env={"OMPI_COMM_WORLD_SIZE": "4"})
+
+
+def test_the_commit_of_a_copy_without_history(monkeypatch):
+    from maelm_jax.study import run as study_run
+
+    monkeypatch.setenv("MAELM_JAX_COMMIT", "abc123")
+    assert study_run.commit() == "abc123"
+    monkeypatch.setenv("MAELM_JAX_COMMIT", " ")  # empty: git's, as if unset
+    assert study_run.commit() != " " and study_run.commit() != ""

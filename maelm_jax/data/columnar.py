@@ -10,8 +10,9 @@ both are read here without the `datasets` package, local or in a bucket:
              ``filter_field`` and ``filter_value``: keep only the rows whose column
              ``filter_field`` equals ``filter_value`` (e.g. a language), none by default.
 ``hf_disk``  ``path``: a `save_to_disk` directory (a Dataset, or a DatasetDict whose
-             ``split``, default ``"train"``, is read), or its ``.arrow`` files; the same
-             ``text_field``, ``filter_field`` and ``filter_value``.
+             ``split``, default ``"train"``, is read), or ``.arrow`` files (Arrow's IPC
+             stream format, which save_to_disk writes, or its file format, Feather v2);
+             the same ``text_field``, ``filter_field`` and ``filter_value``.
 
 Memory is bounded by a row group (a record batch), never a file. A null value is no
 document (skipped and counted); a row group's text is decoded by Arrow, so invalid UTF-8
@@ -82,15 +83,32 @@ def files(settings: dict[str, Any], field_name: str = "source") -> list[str]:
     return list(out)
 
 
+# The first bytes of Arrow's IPC file format (Feather v2, what pyarrow.feather and
+# ipc.new_file write); datasets' save_to_disk writes the stream format, which has none.
+_ARROW_FILE_MAGIC = b"ARROW1"
+
+
+def _arrow_batches(f) -> tuple[Any, Iterator[Any]]:
+    """(schema, record batches) of an Arrow file in either IPC format: the stream format
+    (datasets' save_to_disk) or the file format (Feather v2)."""
+    import pyarrow as pa
+
+    if f.read(len(_ARROW_FILE_MAGIC)) == _ARROW_FILE_MAGIC:
+        f.seek(0)
+        reader = pa.ipc.open_file(f)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    f.seek(0)
+    reader = pa.ipc.open_stream(f)
+    return reader.schema, iter(reader)
+
+
 def _batches(path: str, columns: list[str]) -> Iterator[Any]:
     """The file's record batches (a Parquet file's row groups), with `columns` only."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with paths.Path(path).open("rb") as f:
         if path.endswith(".arrow"):
-            reader = pa.ipc.open_stream(f)
-            for batch in reader:
+            for batch in _arrow_batches(f)[1]:
                 yield batch.select(columns)
             return
         parquet = pq.ParquetFile(f)
@@ -101,14 +119,13 @@ def _batches(path: str, columns: list[str]) -> Iterator[Any]:
 def _schema(path: str, count_rows: bool):
     """(the file's Arrow schema, whether it has rows: from a Parquet footer; a stream,
     which has no footer, is read until its first non-empty batch, only if `count_rows`)."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with paths.Path(path).open("rb") as f:
         if path.endswith(".arrow"):
-            reader = pa.ipc.open_stream(f)
-            rows = count_rows and any(batch.num_rows for batch in reader)
-            return reader.schema, rows
+            schema, batches = _arrow_batches(f)
+            rows = count_rows and any(batch.num_rows for batch in batches)
+            return schema, rows
         meta = pq.ParquetFile(f)
         return meta.schema_arrow, meta.metadata.num_rows > 0
 
@@ -116,7 +133,7 @@ def _schema(path: str, count_rows: bool):
 def _arrow_error(path: str, error: Exception, field_name: str) -> SourceError:
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return SourceError(f"{field_name}.path: {path} cannot be read as "
-                       f"{'an Arrow stream' if path.endswith('.arrow') else 'Parquet'} "
+                       f"{'Arrow (IPC stream or file)' if path.endswith('.arrow') else 'Parquet'} "
                        f"({reason})")
 
 

@@ -229,3 +229,19 @@ def test_a_source_that_yields_no_document_is_one_line_with_what_was_read(tmp_pat
     # The check is real: a source with one document passes.
     pipeline.validate_sources(_one_source_config(
         {"kind": "parquet", "path": str(_parquet_dir(tmp_path / "ok"))}))
+
+
+def test_an_arrow_file_in_the_ipc_file_format_reads_as_a_stream_does(tmp_path):
+    """A Feather v2 file (Arrow's IPC file format, not the stream save_to_disk writes) is
+    read alike, not refused with Arrow's own message."""
+    import pyarrow.feather as feather
+
+    feather.write_feather(_table(DOCS[:9]), str(tmp_path / "part.arrow"), chunksize=4)
+    source = {"kind": "hf_disk", "path": str(tmp_path / "part.arrow")}
+    sources.validate_source(source, "data.sources.main")
+    assert list(sources.iter_documents(source)) == DOCS[:9]
+    (tmp_path / "bad.arrow").write_bytes(b"ARROW1 but nothing else")
+    with pytest.raises(sources.SourceError, match=r"bad.arrow cannot be read as Arrow \(IPC "
+                                                  r"stream or file\)"):
+        sources.validate_source({"kind": "hf_disk", "path": str(tmp_path / "bad.arrow")},
+                                "data.sources.main")
