@@ -87,6 +87,7 @@ MIN_SECONDS = {"attention": 30, "throughput": 60, "profile": 45, "quickstart": 3
 FLAGS = flags.FLAGS
 harness.define_config("peer.py:base,layers=2")
 flags.DEFINE_string("out", "", "Directory for the suite's NAME.json and NAME.md, parts/, logs/.")
+cli.directory_flag("out")
 flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where the finished suite's record "
                     "goes (<dir>/NAME/<date>_<device>_<commit>.json, records.py; commit it, and "
                     "benchmarks/tables.py renders it into the docs); '' for none.")

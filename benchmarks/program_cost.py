@@ -275,6 +275,7 @@ flags.DEFINE_enum("platform", "cuda", ["cuda", "tpu"], "The platform to export f
 flags.DEFINE_float("bandwidth_tbs", 3.35, "Memory bandwidth (TB/s) for the time estimate "
                    "(H100 SXM 3.35, H200 4.8, TPU v5e 0.82).", lower_bound=0.001)
 flags.DEFINE_string("json", None, "Also write the summaries to this JSON file.")
+cli.output_file_flag("json")
 
 
 def main(argv) -> None:

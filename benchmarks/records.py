@@ -18,7 +18,7 @@ import subprocess
 
 from absl import flags
 
-from maelm_jax import environment
+from maelm_jax import cli, environment
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 REPO_ROOT = RESULTS_DIR.parents[1]
@@ -78,6 +78,7 @@ def define_flag(benchmark: str) -> None:
     flags.DEFINE_string("record_dir", str(RESULTS_DIR), "Where this run's record goes "
                         f"(<dir>/{benchmark}/<date>_<device>_<commit>.json; the tables in "
                         "README and docs/ are generated from the committed ones); '' for none.")
+    cli.directory_flag("record_dir")
 
 
 def save(benchmark: str, figures: dict, speed: tuple[str, float] | None = None

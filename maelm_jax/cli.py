@@ -127,6 +127,33 @@ def parse_flags(argv: list[str], prefix: str = "error") -> list[str]:
     fail(message, prefix)
 
 
+def _local(value: str) -> bool:
+    return bool(value) and "://" not in value  # a bucket's path is checked where it is used
+
+
+def directory_flag(name: str) -> None:
+    """Checks, while parsing, that --`name` (if given) is a directory or does not exist yet:
+    one line naming the flag, not a failed write once the work is done."""
+    flags.register_validator(
+        name, lambda v: not _local(v) or not os.path.exists(v) or os.path.isdir(v),
+        message=f"--{name}: expected a directory (new or existing), got a file")
+
+
+def output_file_flag(name: str) -> None:
+    """Checks, while parsing, that --`name` (if given) can be a file: not a directory, in
+    a directory that exists."""
+    flags.register_validator(
+        name, lambda v: not _local(v) or (not os.path.isdir(v)
+                                          and os.path.isdir(os.path.dirname(os.path.abspath(v)))),
+        message=f"--{name}: expected a file to write, in a directory that exists")
+
+
+def input_file_flag(name: str) -> None:
+    """Checks, while parsing, that --`name` (if given) is a file that exists."""
+    flags.register_validator(name, lambda v: not _local(v) or os.path.isfile(v),
+                             message=f"--{name}: expected a file that exists")
+
+
 def tool_flags_parser(argv: list[str]) -> list[str]:
     """parse_flags for scripts and benchmarks: their error lines start with their name."""
     return parse_flags(argv, program())

@@ -34,6 +34,7 @@ from maelm_jax.pretrain import setup as setup_lib
 FLAGS = flags.FLAGS
 cli.define_config(None, "Pretraining config file[:variant].", prefix=cli.program())
 flags.DEFINE_string("workdir", None, "Where the tokenizer and blocks are prepared.")
+cli.directory_flag("workdir")
 flags.DEFINE_integer("steps", 1000, "Train steps.", lower_bound=1)
 flags.DEFINE_integer("every", 250, "Print the diagnostics every this many steps.",
                      lower_bound=1)

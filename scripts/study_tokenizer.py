@@ -24,6 +24,7 @@ FLAGS = flags.FLAGS
 cli.define_config("configs/study/gpu.py:one_call", "Study config file[:variant], as for "
                   "main.py.", prefix=cli.program())
 flags.DEFINE_string("out", None, "The directory to write tokenizer.model into.")
+cli.directory_flag("out")
 
 
 def main(argv):

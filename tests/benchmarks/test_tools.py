@@ -135,3 +135,22 @@ def test_every_numeric_flag_of_every_tool_declares_its_range():
         if "app.run(" in text:  # its own flags, or those it forwards to main.py after --
             assert ("flags_parser=cli.tool_flags_parser" in text
                     or "flags_parser=cli.forwarding_flags_parser" in text), path.name
+
+
+@pytest.mark.parametrize("script, flag, message", [
+    ("benchmarks/program_cost.py", "--json={tmp}", "--json: expected a file to write"),
+    ("benchmarks/program_cost.py", "--json={tmp}/no/such/dir/x.json",
+     "--json: expected a file to write"),
+    ("scripts/study_tokenizer.py", "--out={tmp}/file", "--out: expected a directory"),
+    ("benchmarks/step_time.py", "--record_dir={tmp}/file", "--record_dir: expected a directory"),
+])
+def test_path_flags_are_checked_while_parsing(tmp_path, script, flag, message):
+    """A path flag that cannot be what it names (an output file that is a directory, an
+    output directory that is a file) is one line naming the flag, before any work."""
+    (tmp_path / "file").write_text("")
+    result = subprocess.run([sys.executable, str(REPO_ROOT / script),
+                             flag.format(tmp=tmp_path)], cwd=tmp_path, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=HANG_SECONDS)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
