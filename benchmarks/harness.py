@@ -308,14 +308,7 @@ def sizes(config: ml_collections.ConfigDict) -> dict:
 def define_objectives_flag(default: list[str], help_text: str) -> None:
     """--objectives: some of OBJECTIVES, checked (mlm always runs)."""
     flags.DEFINE_list("objectives", default, help_text)
-
-    @flags.validator("objectives")
-    def _known(chosen: list[str]) -> bool:
-        unknown = sorted(set(chosen) - set(recipes.names()))
-        if unknown:
-            raise flags.ValidationError(f"unknown {', '.join(unknown)}; expected some of "
-                                        f"{', '.join(recipes.names())}")
-        return True
+    cli.choices_flag("objectives", recipes.names())
 
 
 def define_host_memory_flag() -> None:

@@ -47,6 +47,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 2000, "Train steps of every variant.", lower_bound=1)
 flags.DEFINE_integer("eval_every", 1000, "Steps between evaluations.", lower_bound=1)
 flags.DEFINE_list("variants", list(VARIANTS), "The variants to run (keys of VARIANTS).")
+cli.choices_flag("variants", VARIANTS)
 records.define_flag("plateau")
 
 
@@ -70,10 +71,6 @@ def run_variant(key: str, steps: int, eval_every: int, scratch: pathlib.Path) ->
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    unknown = [v for v in FLAGS.variants if v not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"plateau.py: --variants: {unknown[0]!r} is not one of "
-                         f"{', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory() as scratch:
         runs = [run_variant(v, FLAGS.steps, FLAGS.eval_every, pathlib.Path(scratch))
                 for v in FLAGS.variants]

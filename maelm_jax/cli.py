@@ -154,6 +154,23 @@ def input_file_flag(name: str) -> None:
                              message=f"--{name}: expected a file that exists")
 
 
+def choices_flag(name: str, choices, also: tuple[str, ...] = ()) -> None:
+    """Checks, while parsing, that every item of the list flag --`name` is one of `choices`
+    (or of `also`, words with a meaning of their own such as 'all'): one line naming the
+    flag, the unknown items and the choices, before any work."""
+    known = [*also, *choices]
+
+    def check(items) -> bool:
+        items = items.split(",") if isinstance(items, str) else (items or [])
+        unknown = [i for i in (x.strip() for x in items) if i and i not in known]
+        if unknown:
+            raise flags.ValidationError(f"unknown {', '.join(unknown)}; expected "
+                                        f"some of {', '.join(known)}")
+        return True
+
+    flags.register_validator(name, check)
+
+
 def tool_flags_parser(argv: list[str]) -> list[str]:
     """parse_flags for scripts and benchmarks: their error lines start with their name."""
     return parse_flags(argv, program())

@@ -44,5 +44,5 @@ def test_an_unknown_variant_is_refused_in_one_line(tmp_path):
                           text=True, check=False)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith(
-        "plateau.py: --variants: 'nope' is not one of mlm_normal, mlm_normal_pre_ln, ")
+        "plateau.py: flag --variants=['nope']: unknown nope; expected some of mlm_normal, ")
     assert not (tmp_path / "plateau").exists()

@@ -50,7 +50,8 @@ def test_plan_memory_compiles_for_a_tpu_slice(tmp_path):
                                       "'num_layerz'; did you mean config.model.num_layers?"),
     (["--config.model.dropout=3"], "config.model.dropout: expected a number in [0, 1)"),
     (["--config=nope.py"], "nope.py does not exist"),
-    (["--remat_policies=most"], "--remat_policies: unknown most"),
+    (["--remat_policies=dots,most"], "--remat_policies=dots,most: unknown most; expected "
+                                       "some of all, none"),
     (["--config.mesh.shape=(-1,1,1)"], "config.mesh.shape has a -1; give --devices"),
     (["stray"], "unexpected arguments: stray"),
     (["--fit"], "--fit: needs --topology"),
@@ -154,3 +155,42 @@ def test_path_flags_are_checked_while_parsing(tmp_path, script, flag, message):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
+
+
+def test_every_list_flag_of_every_tool_is_checked_while_parsing():
+    """A list flag's items (--parts, --impls, --objectives, --variants, --depths, ...) are
+    checked by a validator registered with the flag (cli.choices_flag or its own), so an
+    unknown item is the parser's one line before any work, not an error in a later part.
+    --profile_sides needs the loaded config; gpu_suite.main checks it before any part."""
+    import ast
+
+    checked_in_main = {"profile_sides"}
+    lists, unchecked = 0, []
+    files = [REPO_ROOT / "main.py", *sorted((REPO_ROOT / "scripts").glob("*.py")),
+             *sorted((REPO_ROOT / "benchmarks").glob("*.py"))]
+    for path in files:
+        calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+        validated = {n.args[0].value for n in calls
+                     if isinstance(n.func, ast.Attribute) and n.args
+                     and n.func.attr in ("choices_flag", "register_validator", "validator")
+                     and isinstance(n.args[0], ast.Constant)}
+        for n in calls:
+            if isinstance(n.func, ast.Attribute) and n.func.attr == "DEFINE_list":
+                lists += 1
+                name = n.args[0].value
+                if name not in validated | checked_in_main:
+                    unchecked.append(f"{path.name}: --{name}")
+    assert lists >= 5 and unchecked == []
+
+
+def test_an_unknown_part_of_the_gpu_suite_is_one_line_before_any_part(tmp_path):
+    flag, message = "--parts=throughput,foo", "unknown foo; expected some of attention, throughput"
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks/gpu_suite.py"),
+                             f"--out={tmp_path}/suite", flag],
+                            cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                            text=True, timeout=HANG_SECONDS)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and flag.split("=")[0] in lines[0], \
+        result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
