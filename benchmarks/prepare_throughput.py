@@ -68,20 +68,19 @@ def _config(tokenizer: str):
 
 def _child(path: str, out: str) -> None:
     from maelm_jax import paths
-    from maelm_jax.data import pipeline
+    from maelm_jax.data import pipeline, shards
 
     c = _config(FLAGS.tokenizer)
     start = time.perf_counter()
     if path == "job":
         tok = pipeline.setup_tokenizer(c, paths.Path(out))
         data = pipeline.prepare_data(c, paths.Path(out), tok)
-        tokens = json.loads(paths.read_text(data.directory / "meta.json"))["sources"]["main"][
-            "tokens"]
+        manifest = shards.read_manifest(data.directory)
     else:
         from maelm_jax.data import prepare
 
         manifest = prepare.run(c, out)
-        tokens = sum(manifest["sources"]["main"][s]["tokens"] for s in ("train", "valid"))
+    tokens = sum(manifest["sources"]["main"][s]["tokens"] for s in ("train", "valid"))
     seconds = time.perf_counter() - start
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2 ** 20  # kB -> GB

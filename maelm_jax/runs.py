@@ -284,47 +284,21 @@ def default_seq_len(run_cfg: ml_collections.ConfigDict, max_positions: int) -> i
     return int(run_cfg.data.seq_len)
 
 
-def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
-                      tok: tokenizer_lib.Tokenizer) -> tuple[int, Iterable[np.ndarray]]:
-    """(L, the pretraining run's validation blocks in eval order: all sources, each
-    memory-mapped and read only as far as the analysis goes)."""
+def prepared_set(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
+                 tok: tokenizer_lib.Tokenizer) -> paths.Path:
+    """The directory of the blocks a pretraining run trained on: its data.prepared, or
+    the set it prepared in its data cache (both in the one format of data/shards.py)."""
     d = run_cfg.data
-    if d.get("prepared"):  # shards of mode "prepare"
-        data = shards.load(d.prepared)
-    else:
-        data = packing.PreparedData.load(_cache_set(workdir, run_cfg, tok))
-    return data.seq_len, itertools.chain.from_iterable(data.valid[n] for n in sorted(data.valid))
-
-
-def corpus(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
-           tok: tokenizer_lib.Tokenizer) -> dict:
-    """What a pretraining run was trained on: {"fingerprint", "sources": {name: counts}}
-    from its prepared data's meta.json or shard manifest (counts: tokens, train_blocks,
-    valid_blocks as preparation recorded them)."""
-    if run_cfg.data.get("prepared"):
-        manifest = shards.read_manifest(paths.Path(run_cfg.data.prepared))
-        return {"fingerprint": manifest["fingerprint"], "sources": {
-            name: {**{k: v for k, v in entry.items() if k not in shards.SPLITS},
-                   **{f"{split}_blocks": sum(s["blocks"] for s in entry[split]["shards"])
-                      for split in shards.SPLITS}}
-            for name, entry in manifest["sources"].items()}}
-    directory = _cache_set(workdir, run_cfg, tok)
-    meta = json.loads(paths.read_text(directory / "meta.json"))
-    return {"fingerprint": directory.name, "sources": meta["sources"]}
-
-
-def _cache_set(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
-               tok: tokenizer_lib.Tokenizer) -> paths.Path:
-    """The directory of the data set a pretraining run prepared in its data cache."""
-    d = run_cfg.data
+    if d.get("prepared"):
+        return paths.Path(d.prepared)
     cache_dir = paths.Path(d.cache_dir or workdir / layout.DATA_DIR)
-    prepared = [p for p in sorted(cache_dir.glob("*/meta.json"))
+    prepared = [p.parent for p in sorted(cache_dir.glob(f"*/{layout.MANIFEST_FILE}"))
                 if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
     try:  # the fingerprint the run prepared its data under (its corpus may have moved)
         fingerprint = packing.data_fingerprint(
             pipeline.source_fingerprints(run_cfg),
             tok.model_path, d.seq_len, d.validation_fraction)
-        chosen = [p for p in prepared if p.parent.name == fingerprint]
+        chosen = [p for p in prepared if p.name == fingerprint]
     except Exception:  # noqa: BLE001 - any failure means "cannot tell"; handled below
         chosen = []
     if not chosen and len(prepared) == 1:
@@ -334,17 +308,29 @@ def _cache_set(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
             f"config.source: cannot find the validation blocks of {workdir} in {cache_dir} "
             f"({len(prepared)} prepared data sets of length {d.seq_len}); set "
             "config.source to a corpus instead")
-    return chosen[0].parent
+    return chosen[0]
 
 
-def metrics(workdir: paths.Path, split: str) -> list[dict]:
-    """The rows of the run's metrics.jsonl whose split is `split` ("train", "eval", "dev"),
-    in order; [] when the run has written none."""
-    path = workdir / layout.METRICS_FILE
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
-    return [r for r in rows if r.get("split") == split]
+def validation_blocks(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
+                      tok: tokenizer_lib.Tokenizer) -> tuple[int, Iterable[np.ndarray]]:
+    """(L, the pretraining run's validation blocks in eval order: all sources, each read
+    only as far as the analysis goes)."""
+    data = shards.load(prepared_set(workdir, run_cfg, tok))
+    return data.seq_len, itertools.chain.from_iterable(data.valid[n] for n in sorted(data.valid))
+
+
+def corpus(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
+           tok: tokenizer_lib.Tokenizer) -> dict:
+    """What a pretraining run was trained on: {"fingerprint", "sources": {name: counts}}
+    from its prepared set's manifest (counts: documents, tokens, train_blocks,
+    valid_blocks, and what the readers cleaned)."""
+    manifest = shards.read_manifest(prepared_set(workdir, run_cfg, tok))
+    return {"fingerprint": manifest["fingerprint"], "sources": {
+        name: {"documents": sum(entry[split]["documents"] for split in shards.SPLITS),
+               "tokens": sum(entry[split]["tokens"] for split in shards.SPLITS),
+               **{f"{split}_blocks": entry[split]["blocks"] for split in shards.SPLITS},
+               "read": entry.get("read", {})}
+        for name, entry in manifest["sources"].items()}}
 
 
 def finished_steps(workdir: paths.Path) -> list[int]:

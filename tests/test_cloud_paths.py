@@ -26,7 +26,7 @@ from support import made_up_documents
 from tiny_config import tiny_config
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 WORDS = {1: ["good", "great", "fine", "lovely", "fun"], 0: ["bad", "awful", "poor", "dull"]}
 
@@ -87,8 +87,9 @@ def test_pretraining_and_its_resumption_write_only_into_the_bucket(bucket, pretr
     assert recorded["train"]["num_steps"] == 14
     assert (run / "tokenizer.model").stat().st_size > 0
     (data,) = (run / "data").iterdir()
-    assert sorted(p.name for p in data.iterdir()) == ["meta.json", "train_main.bin",
-                                                      "valid_main.bin"]
+    assert sorted(p.name for p in data.iterdir()) == [
+        "manifest.json", "tokenizer.model", "train_main-00000-of-00001.blocks",
+        "valid_main-00000-of-00001.blocks"]
     # The bucket's commit files mark finished steps; the digests were written after them.
     steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir())
     assert steps == [5, 10, 14]

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import grain
 import numpy as np
 
-from maelm_jax.data import packing
+from maelm_jax.data import shards
 
 
 def _mixed_indices(blocks: dict[str, np.ndarray], weights: dict[str, float],
@@ -37,7 +37,7 @@ def _mixed_indices(blocks: dict[str, np.ndarray], weights: dict[str, float],
 
 
 def train_batches(
-    data: packing.PreparedData,
+    data: shards.PreparedData,
     batch_size: int,
     seed: int,
     start_step: int = 0,
@@ -85,7 +85,7 @@ def span_rows(spans: Sequence[tuple[int, int]] | None, batch_size: int) -> np.nd
     return rows
 
 
-def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int) -> list[np.ndarray]:
+def eval_batches(data: shards.PreparedData, batch_size: int, num_batches: int) -> list[np.ndarray]:
     """The first num_batches full [batch_size, L] batches of the validation split, in
     fixed order (all sources concatenated), so successive evals are comparable. Only those
     blocks are read (the split of a large corpus is gigabytes)."""
@@ -103,7 +103,7 @@ def eval_batches(data: packing.PreparedData, batch_size: int, num_batches: int) 
     return [blocks[i * batch_size : (i + 1) * batch_size].astype(np.int32) for i in range(count)]
 
 
-def unigram_baseline(data: packing.PreparedData, vocab_size: int,
+def unigram_baseline(data: shards.PreparedData, vocab_size: int,
                      max_tokens: int = 10_000_000) -> tuple[int, float]:
     """(the most frequent piece of the training blocks, its share of their tokens).
 

@@ -1,25 +1,25 @@
-"""Tokenise the corpus once and pack it into blocks of exactly L tokens.
+"""Tokenise the corpus once and pack it into blocks of exactly L tokens, in the job.
 
 RoBERTa FULL-SENTENCES packing: documents are joined by ``</s>`` into one token stream and
 cut into blocks of L - 1 tokens, each preceded by ``<s>``. No padding, so every training
 array has a static shape. The tail shorter than a block is dropped.
 
-Blocks are stored once per (corpus, tokenizer, L, split) as raw little-endian arrays read
-through ``np.memmap``: random access by index makes shuffling, per-process sharding and
-exact resumption free. Documents are assigned to the validation split by a hash of their
-text, so the split does not depend on corpus order. Preparation writes into a temporary
-directory and renames it when complete, so an interrupted run never leaves data that a
-later run would trust.
+Blocks are written once per (corpus, tokenizer, L, split) in the format mode prepare
+writes (maelm_jax/data/shards.py: CRC-checked shards, ``manifest.json``, the tokenizer),
+under ``<cache_dir>/<fingerprint>/``, and read by the same reader: random access by index
+makes shuffling, per-process sharding and exact resumption free. Documents are assigned
+to the validation split by a hash of their text, so the split does not depend on corpus
+order. Preparation writes into a temporary directory and renames it when complete, so an
+interrupted run never leaves data that a later run would trust; a set of the earlier
+in-job format (``meta.json`` and ``.bin`` files) is a cache, prepared again.
 
 The cache may be in a bucket (``gs://``). Blocks are then packed in a local temporary
-directory and uploaded with ``meta.json`` last (its presence is what marks a set as
-complete), and every process reads the arrays whole into memory, since a bucket's
-object cannot be memory-mapped.
+directory and uploaded with ``manifest.json`` last (its presence is what marks a set as
+complete), and read by ranges as mode prepare's shards are.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -33,10 +33,12 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors, paths
+from maelm_jax import errors, layout, paths
 from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.data import shards
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the blocks' content (in the fingerprint): not of their files
+_EARLIER_FORMAT_FILE = "meta.json"  # what in-job preparation wrote before it wrote shards
 _ENCODE_CHUNK = 512  # documents per sentencepiece batch call
 _ENCODE_CHUNK_CHARS = 8_000_000  # ... or fewer, so progress is logged every few seconds
 _PROGRESS_SECONDS = 10.0
@@ -67,26 +69,6 @@ class BlockPacker:
         return blocks
 
 
-@dataclasses.dataclass
-class _SplitWriter:
-    """Appends blocks of one split of one source to a raw file."""
-
-    path: pathlib.Path
-    dtype: np.dtype
-    blocks: int = 0
-
-    def __post_init__(self):
-        self._file = open(self.path, "wb")
-
-    def write(self, blocks: list[list[int]]) -> None:
-        if blocks:
-            self._file.write(np.asarray(blocks, dtype=self.dtype).tobytes())
-            self.blocks += len(blocks)
-
-    def close(self) -> None:
-        self._file.close()
-
-
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype("<i4")
 
@@ -112,93 +94,35 @@ def pack_source(
     validation_fraction: float,
     out_dir: pathlib.Path,
     name: str,
+    blocks_per_shard: int = shards.BLOCKS_PER_SHARD,
 ) -> dict:
-    """Tokenises and packs one source into `<split>_<name>.bin` files; returns counts."""
+    """Tokenises and packs one source into shards of each split in `out_dir`; returns
+    the source's manifest entry ({split: {"shards", "documents", "tokens"}})."""
     dtype = token_dtype(tok.vocab_size)
-    writers = {
-        split: _SplitWriter(out_dir / f"{split}_{name}.bin", dtype) for split in ("train", "valid")
-    }
+    writers = {split: shards.ShardWriter(out_dir, split, name, seq_len, dtype, blocks_per_shard)
+               for split in shards.SPLITS}
     packers = {split: BlockPacker(seq_len) for split in writers}
-    docs = tokens = 0
+    counts = {split: {"documents": 0, "tokens": 0} for split in writers}
     start = last_report = time.monotonic()
     for chunk in chunks(documents):
         for doc, ids in zip(chunk, tok.encode(chunk), strict=False):
             split = "valid" if is_validation(doc, validation_fraction) else "train"
             writers[split].write(packers[split].add(ids))
-            docs += 1
-            tokens += len(ids) + 1
+            counts[split]["documents"] += 1
+            counts[split]["tokens"] += len(ids) + 1
         now = time.monotonic()
         if now - last_report > _PROGRESS_SECONDS:
             last_report = now
-            logging.info(
-                "preparing %s: %d documents, %.1fM tokens, %d blocks (%.0f tokens/s)",
-                name,
-                docs,
-                tokens / 1e6,
-                writers["train"].blocks,
-                tokens / (now - start),
-            )
-    for w in writers.values():
-        w.close()
-    logging.info(
-        "prepared %s: %d documents, %d tokens -> %d train / %d valid blocks in %.1fs",
-        name,
-        docs,
-        tokens,
-        writers["train"].blocks,
-        writers["valid"].blocks,
-        time.monotonic() - start,
-    )
-    return {
-        "documents": docs,
-        "tokens": tokens,
-        "train_blocks": writers["train"].blocks,
-        "valid_blocks": writers["valid"].blocks,
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class PreparedData:
-    """Memory-mapped blocks of every source, each [num_blocks, seq_len] (read into memory
-    when the directory is in a bucket)."""
-
-    directory: paths.Path
-    seq_len: int
-    train: dict[str, np.ndarray]
-    valid: dict[str, np.ndarray]
-    weights: dict[str, float]
-
-    @classmethod
-    def load(cls, directory: paths.Path,
-             weights: dict[str, float] | None = None) -> PreparedData:
-        """The blocks in `directory`, mixed by `weights` (the config's; every source 1.0
-        when None). The cache never decides the mixture: its key leaves the weights out."""
-        meta = json.loads(paths.read_text(directory / "meta.json"))
-        dtype, L = np.dtype(meta["dtype"]), meta["seq_len"]
-
-        def open_split(split):
-            arrays = {}
-            for name, stats in meta["sources"].items():
-                n = stats[f"{split}_blocks"]
-                arrays[name] = (_read_blocks(directory / f"{split}_{name}.bin", dtype, n, L)
-                                if n else np.zeros((0, L), dtype))
-            return arrays
-
-        return cls(
-            directory,
-            L,
-            open_split("train"),
-            open_split("valid"),
-            {name: float((weights or {}).get(name, 1.0)) for name in meta["sources"]},
-        )
-
-
-def _read_blocks(path: paths.Path, dtype: np.dtype, n: int, seq_len: int) -> np.ndarray:
-    """[n, seq_len] blocks, read-only: memory-mapped from a local file, or read whole from
-    a bucket (every process then holds a copy)."""
-    if paths.is_local(path):
-        return np.memmap(path, dtype=dtype, mode="r", shape=(n, seq_len))
-    return np.frombuffer(path.read_bytes(), dtype=dtype).reshape(n, seq_len)
+            tokens = sum(c["tokens"] for c in counts.values())
+            logging.info("preparing %s: %d documents, %.1fM tokens, %d blocks (%.0f tokens/s)",
+                         name, sum(c["documents"] for c in counts.values()), tokens / 1e6,
+                         writers["train"].blocks, tokens / (now - start))
+    entry = {split: {"shards": writers[split].close(), **counts[split]} for split in writers}
+    logging.info("prepared %s: %d documents, %d tokens -> %d train / %d valid blocks in %.1fs",
+                 name, sum(c["documents"] for c in counts.values()),
+                 sum(c["tokens"] for c in counts.values()), writers["train"].blocks,
+                 writers["valid"].blocks, time.monotonic() - start)
+    return entry
 
 
 def data_fingerprint(
@@ -225,59 +149,72 @@ def data_fingerprint(
 
 
 def prepare(
-    sources: dict[str, tuple[Iterable[str], float]],
+    sources: dict[str, Iterable[str]],
     source_fingerprints: dict[str, str],
     tok: tokenizer_lib.Tokenizer,
     seq_len: int,
     validation_fraction: float,
     cache_dir: paths.Path,
-) -> PreparedData:
-    """Packs every source (name -> (documents, weight)) unless already prepared.
+    weights: dict[str, float] | None = None,
+    read: dict | None = None,
+    blocks_per_shard: int = shards.BLOCKS_PER_SHARD,
+    cache_bytes: int = 16 * 2**30,
+) -> shards.PreparedData:
+    """Packs every source (name -> documents) unless already prepared.
 
-    Returns the memory-mapped blocks, mixed by the weights given here: the prepared blocks
-    do not depend on them, so a cache shared by runs of other mixtures serves them all.
-    Raises ValueError naming a source that yields no training block, or when the
+    Returns the blocks, mixed by `weights` (the config's; the prepared blocks do not
+    depend on them, so a cache shared by runs of other mixtures serves them all). `read`:
+    per source, the reader's statistics object, recorded in the manifest once read.
+    `cache_bytes`: the bound of this host's cache of blocks read from a bucket.
+    Raises UserError naming a source that yields no training block, or when the
     validation split is empty.
     """
     fingerprint = data_fingerprint(
         source_fingerprints, tok.model_path, seq_len, validation_fraction
     )
-    weights = {name: weight for name, (_, weight) in sources.items()}
     final = cache_dir / fingerprint
-    if (final / "meta.json").exists():
+    field, read = "config.data.cache_dir", read or {}
+    if (final / layout.MANIFEST_FILE).exists():
         logging.info("reusing prepared data in %s", final)
-        return PreparedData.load(final, weights)
+        return shards.load(final, weights, fingerprint, cache_bytes, field)
+    if (final / _EARLIER_FORMAT_FILE).exists():
+        logging.warning("%s holds blocks of the earlier in-job format (%s and .bin files); "
+                        "it is a cache: preparing it again as shards", final,
+                        _EARLIER_FORMAT_FILE)
+        paths.remove(final)
     local = paths.is_local(cache_dir)
     paths.make_dirs(cache_dir)
     # Packed beside the final directory, which one rename then completes; for a cache in a
     # bucket, on local disk and then uploaded.
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir if local else None))
     try:
-        meta = {
-            "format": FORMAT_VERSION,
-            "seq_len": seq_len,
-            "dtype": token_dtype(tok.vocab_size).str,
-            "sources": {},
-        }
-        for name, (documents, _) in sources.items():
-            stats = pack_source(documents, tok, seq_len, validation_fraction, tmp, name)
-            if stats["train_blocks"] == 0:
+        entries = {}
+        for name, documents in sources.items():
+            entry = pack_source(documents, tok, seq_len, validation_fraction, tmp, name,
+                                blocks_per_shard)
+            train_blocks = sum(s["blocks"] for s in entry["train"]["shards"])
+            if train_blocks == 0:
+                tokens = entry["train"]["tokens"] + entry["valid"]["tokens"]
                 raise errors.UserError(
-                    f"config.data.sources.{name}: {stats['tokens']} tokens do not fill one "
+                    f"config.data.sources.{name}: {tokens} tokens do not fill one "
                     f"training block of data.seq_len={seq_len}; add text or lower seq_len"
                 )
-            meta["sources"][name] = stats
-        if sum(s["valid_blocks"] for s in meta["sources"].values()) == 0:
+            entry["read"] = dict(vars(read[name])) if name in read else {}
+            entries[name] = entry
+        if not any(s for e in entries.values() for s in e["valid"]["shards"]):
             raise errors.UserError(
                 "config.data.validation_fraction: no validation block of "
                 f"data.seq_len={seq_len} was held out; raise it or add text"
             )
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        (tmp / layout.TOKENIZER_FILE).write_bytes(paths.Path(tok.model_path).read_bytes())
+        manifest = shards.manifest(fingerprint, token_dtype(tok.vocab_size).str, seq_len,
+                                   validation_fraction, tok.model_path, tok.vocab_size, entries)
+        (tmp / layout.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
         if local:
             os.replace(tmp, final)
-        else:  # meta.json last: a set without it is incomplete and is prepared again
-            for file in sorted(tmp.iterdir(), key=lambda f: f.name == "meta.json"):
+        else:  # the manifest last: a set without it is incomplete and is prepared again
+            for file in sorted(tmp.iterdir(), key=lambda f: f.name == layout.MANIFEST_FILE):
                 paths.upload(file, final / file.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return PreparedData.load(final, weights)
+    return shards.load(final, weights, fingerprint, cache_bytes, field)

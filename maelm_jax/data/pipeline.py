@@ -121,15 +121,16 @@ def source_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
 
 def prepare_data(
     config: ml_collections.ConfigDict, workdir: paths.Path, tok: tokenizer_lib.Tokenizer
-) -> packing.PreparedData:
+) -> shards.PreparedData:
     """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
     cache_dir = paths.Path(config.data.cache_dir or workdir / layout.DATA_DIR)
     stats = {name: sources.ReadStats() for name in config.data.sources}
-    weights = source_weights(config)
-    inputs = {name: (_documents(config, name, stats[name]), weights[name])
-              for name in config.data.sources}
+    inputs = {name: _documents(config, name, stats[name]) for name in config.data.sources}
     data = packing.prepare(inputs, source_fingerprints(config), tok, config.data.seq_len,
-                           config.data.validation_fraction, cache_dir)
+                           config.data.validation_fraction, cache_dir,
+                           weights=source_weights(config), read=stats,
+                           blocks_per_shard=config.prepare.blocks_per_shard,
+                           cache_bytes=int(config.data.prepared_cache_gb * 2**30))
     for name, read in stats.items():
         if read.bounded_summary():
             logging.warning("%s: %s (a minified or badly converted file?)", source_field(name),

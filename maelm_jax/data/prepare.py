@@ -237,12 +237,7 @@ def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerpr
               dtype: str, tok) -> dict:
     """The manifest from the workers' notes."""
     notes = [json.loads(paths.read_text(f)) for f in sorted(notes_dir.glob("*.json"))]
-    manifest: dict[str, Any] = {
-        "format": shards.FORMAT, "fingerprint": fingerprint, "dtype": dtype,
-        "seq_len": config.data.seq_len,
-        "validation_fraction": config.data.validation_fraction,
-        "tokenizer": layout.TOKENIZER_FILE, "vocab_size": tok.vocab_size,
-        "tokenizer_sha256": shards.file_digest(tok.model_path)[1], "sources": {}}
+    entries: dict[str, Any] = {}
     for name in config.data.sources:
         entry = {split: {"shards": [], "documents": 0, "tokens": 0} for split in shards.SPLITS}
         entry["read"] = {}
@@ -261,9 +256,10 @@ def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerpr
                      "sha256": note["sha256"], "index": note["shard"]})
         for split in shards.SPLITS:
             entry[split]["shards"].sort(key=lambda s: s.pop("index"))
-            entry[split]["blocks"] = sum(s["blocks"] for s in entry[split]["shards"])
-        manifest["sources"][name] = entry
-    return manifest
+        entries[name] = entry
+    return shards.manifest(fingerprint, dtype, config.data.seq_len,
+                           config.data.validation_fraction, tok.model_path, tok.vocab_size,
+                           entries)
 
 
 def _clean(out: paths.Path) -> None:

@@ -1,7 +1,9 @@
-"""Prepared data as block shards: what `prepare` mode writes and training reads.
+"""Prepared data as block shards: the one on-disk format of packed blocks, written by
+`prepare` mode and by in-job preparation alike, and the one reader training uses.
 
-A prepared directory holds, for every source and split, the blocks of `seq_len` tokens in
-order, cut into shards of at most `blocks_per_shard` blocks::
+A prepared directory (mode prepare's workdir, or an in-job set under
+``<data.cache_dir>/<fingerprint>/``) holds, for every source and split, the blocks of
+`seq_len` tokens in order, cut into shards of at most `blocks_per_shard` blocks::
 
     manifest.json                    written last: its presence marks the set complete
     tokenizer.model                  the tokenizer the blocks were cut with
@@ -38,6 +40,7 @@ trusted only if it passes its checksum (a hole reads as zeros, which never do).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import os
@@ -49,7 +52,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from maelm_jax import errors, layout, paths, user_cache
-from maelm_jax.data import packing
 
 FORMAT = "maelm_jax.blocks/3"
 # What earlier versions wrote (ArrayRecord shards): refused with what to do.
@@ -83,12 +85,75 @@ def _checksums(tokens: np.ndarray) -> np.ndarray:
     return np.fromiter((zlib.crc32(row.tobytes()) for row in rows), np.uint32, len(rows))
 
 
-def write_shard(path: pathlib.Path, blocks: np.ndarray) -> None:
-    """One local shard file: a record per block [L] (tokens and their CRC-32), in order."""
+def _records(blocks: np.ndarray) -> np.ndarray:
+    """[n, L] blocks as their n records (tokens and their CRC-32)."""
     records = np.empty(len(blocks), record_dtype(blocks.shape[1], blocks.dtype))
     records["tokens"] = blocks
     records["crc"] = _checksums(records["tokens"])
-    records.tofile(path)
+    return records
+
+
+def write_shard(path: pathlib.Path, blocks: np.ndarray) -> None:
+    """One local shard file: a record per block [L] (tokens and their CRC-32), in order."""
+    _records(blocks).tofile(path)
+
+
+class ShardWriter:
+    """Streams the blocks of one source and split into shards of `blocks_per_shard`
+    blocks in a local directory (what write_shard writes, a shard at a time); `close()`
+    gives each its final name (…-of-<count>) and returns the manifest's shard entries."""
+
+    def __init__(self, directory: pathlib.Path, split: str, source: str, seq_len: int,
+                 dtype: np.dtype, blocks_per_shard: int = BLOCKS_PER_SHARD):
+        self.directory, self.split, self.source = directory, split, source
+        self.seq_len, self.dtype, self.per_shard = seq_len, np.dtype(dtype), blocks_per_shard
+        self.blocks = 0
+        self._open: tuple[pathlib.Path, object] | None = None
+        self._written: list[pathlib.Path] = []
+
+    def write(self, blocks) -> None:
+        """Appends [n, L] blocks (a list of rows or an array)."""
+        blocks = np.asarray(blocks, self.dtype).reshape(-1, self.seq_len)
+        while len(blocks):
+            room = self.per_shard - self.blocks % self.per_shard
+            if self.blocks % self.per_shard == 0:
+                self._next_shard()
+            _records(blocks[:room]).tofile(self._open[1])
+            self.blocks += len(blocks[:room])
+            blocks = blocks[room:]
+
+    def _next_shard(self) -> None:
+        if self._open:
+            self._open[1].close()
+        path = self.directory / f".{self.split}_{self.source}-{len(self._written):05d}"
+        self._open = (path, open(path, "wb"))
+        self._written.append(path)
+
+    def close(self) -> list[dict]:
+        if self._open:
+            self._open[1].close()
+        entries = []
+        for index, path in enumerate(self._written):
+            name = shard_name(self.split, self.source, index, len(self._written))
+            os.replace(path, self.directory / name)
+            size, sha256 = file_digest(self.directory / name)
+            entries.append({"file": name, "blocks": size // record_dtype(
+                self.seq_len, self.dtype).itemsize, "bytes": size, "sha256": sha256})
+        return entries
+
+
+def manifest(fingerprint: str, dtype: str, seq_len: int, validation_fraction: float,
+             tokenizer_path: str, vocab_size: int, sources: dict) -> dict:
+    """A prepared set's manifest.json (see the module docstring); `sources`: per source
+    {"train": {"shards": [...], "documents", "tokens"}, "valid": {...}, "read": {...}}
+    (each split's "blocks" is added from its shards)."""
+    for entry in sources.values():
+        for split in SPLITS:
+            entry[split]["blocks"] = sum(s["blocks"] for s in entry[split]["shards"])
+    return {"format": FORMAT, "fingerprint": fingerprint, "dtype": np.dtype(dtype).str,
+            "seq_len": seq_len, "validation_fraction": validation_fraction,
+            "tokenizer": layout.TOKENIZER_FILE, "vocab_size": vocab_size,
+            "tokenizer_sha256": file_digest(tokenizer_path)[1], "sources": sources}
 
 
 def read_manifest(directory: paths.Path) -> dict:
@@ -190,6 +255,18 @@ def verify_shards(directory: paths.Path, manifest: dict, digests: bool | None = 
                                     "prepare again")
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedData:
+    """The blocks of every source, each split and source an [num_blocks, seq_len] array
+    or ShardedBlocks (read on demand), and the mixture's weights."""
+
+    directory: paths.Path
+    seq_len: int
+    train: dict[str, np.ndarray | ShardedBlocks]
+    valid: dict[str, np.ndarray | ShardedBlocks]
+    weights: dict[str, float]
+
+
 class BlockCache:
     """Local sparse copies of shards that live in a bucket, holding the blocks read so far,
     bounded by `limit_bytes` of disk: past it, the least recently used shards' copies are
@@ -245,7 +322,8 @@ class ShardedBlocks:
     OPEN_LOCAL = 64
 
     def __init__(self, files: Sequence[str], counts: Sequence[int], seq_len: int,
-                 dtype: np.dtype, cache: BlockCache | None = None):
+                 dtype: np.dtype, cache: BlockCache | None = None,
+                 field: str = "config.data.prepared"):
         self.shape = (int(sum(counts)), seq_len)
         self.dtype = np.dtype(dtype)
         self._rec = record_dtype(seq_len, dtype)
@@ -253,6 +331,7 @@ class ShardedBlocks:
         self._counts = list(counts)
         self._ends = np.cumsum(counts)  # the first block index after each file's
         self._cache = cache
+        self._field = field  # what a damaged shard's message names
         self._local: collections.OrderedDict[str, np.memmap] = collections.OrderedDict()
         self._lock = threading.Lock()  # the loader's thread and evaluation read at once
 
@@ -300,7 +379,7 @@ class ShardedBlocks:
             damaged = np.flatnonzero(records["crc"] != _checksums(records["tokens"]))
             if len(damaged):
                 raise PreparedDataError(
-                    f"config.data.prepared: shard {self._files[number]} is damaged (block "
+                    f"{self._field}: shard {self._files[number]} is damaged (block "
                     f"{int(local[damaged[0]])} fails its checksum); prepare again")
             out[where] = records["tokens"][inverse]
         return out
@@ -320,12 +399,13 @@ class ShardedBlocks:
 
 
 def load(directory: str | paths.Path, weights: dict[str, float] | None = None,
-         fingerprint: str | None = None,
-         cache_bytes: int = 16 * 2**30) -> packing.PreparedData:
-    """The blocks of a prepared directory as `packing.PreparedData` (what in-job
-    preparation gives), mixed by `weights` (every source 1.0 when None). `fingerprint`,
-    when given, must be the manifest's (the config's sources, tokenizer and lengths).
-    `cache_bytes`: the bound of this host's cache of a bucket's blocks (0: none)."""
+         fingerprint: str | None = None, cache_bytes: int = 16 * 2**30,
+         field: str = "config.data.prepared") -> PreparedData:
+    """The blocks of a prepared directory, mixed by `weights` (every source 1.0 when
+    None; the manifest never decides the mixture). `fingerprint`, when given, must be the
+    manifest's (the config's sources, tokenizer and lengths). `cache_bytes`: the bound of
+    this host's cache of a bucket's blocks (0: none). `field`: the config field a damaged
+    shard is reported under."""
     directory = paths.Path(directory)
     manifest = read_manifest(directory)
     if fingerprint is not None and manifest["fingerprint"] != fingerprint:
@@ -342,10 +422,11 @@ def load(directory: str | paths.Path, weights: dict[str, float] | None = None,
         for source, entry in manifest["sources"].items():
             shards = entry[name]["shards"]
             out[source] = (ShardedBlocks([os.fspath(directory / s["file"]) for s in shards],
-                                         [s["blocks"] for s in shards], seq_len, dtype, cache)
+                                         [s["blocks"] for s in shards], seq_len, dtype, cache,
+                                         field)
                            if shards else np.zeros((0, seq_len), dtype))
         return out
 
-    return packing.PreparedData(
+    return PreparedData(
         directory, seq_len, split("train"), split("valid"),
         {name: float((weights or {}).get(name, 1.0)) for name in manifest["sources"]})

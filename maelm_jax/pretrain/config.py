@@ -4,7 +4,7 @@ Config files under ``configs/`` start from `pretrain_defaults()` and change what
 experiment needs; `validate` turns every user mistake it can see into a `ConfigError`
 naming the field, before any data is prepared or anything compiled. The fields that only
 one objective reads are that objective's (its `defaults` and `fields`,
-maelm_jax/objectives), merged in here.
+maelm_jax/pretrain/objectives), merged in here.
 
 Plain data: this module (and so every config file) imports no model code, no Flax and no
 Pallas kernel. What a config implies to build, its model and its FLOPs, is
@@ -44,7 +44,7 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # "pretrain" trains; "prepare" writes the corpus as block shards into --workdir
     # with Apache Beam (maelm_jax/data/prepare.py), for data.prepared of later runs.
     c.mode = "pretrain"
-    # A registered objective (maelm_jax/objectives): "maelm" (MAE-LM, 3ML_self, 3ML_cross
+    # A registered objective (maelm_jax/pretrain/objectives): "maelm" (MAE-LM, 3ML_self, 3ML_cross
     # by model.decoder.kind) or "mlm" (the RoBERTa baseline). Each objective's own fields
     # (the MAE-LM decoder's model.decoder.*, ...) are added below, from the registry.
     c.objective = "maelm"
@@ -69,8 +69,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # instead of preparing the sources in the job (the sources still name the corpus: the
     # manifest's fingerprint must be theirs).
     c.data.prepared = ""
-    # A prepared set in a bucket is read by ranges, never copied whole: the blocks read are
-    # kept in a local cache of at most this many GiB per host (0: none; user cache).
+    # A prepared set in a bucket (data.prepared, or data.cache_dir's) is read by ranges,
+    # never copied whole: the blocks read are kept in a local cache of at most this many
+    # GiB per host (0: none; user cache).
     c.data.prepared_cache_gb = 16.0
     c.data.encoding_errors = "replace"  # non-UTF-8 bytes: "replace" (and count) or "strict"
     c.data.prefetch = 2  # batches read ahead by a background thread
@@ -161,7 +162,7 @@ FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice(*MODES),
     # Looked up when checked, so an objective registered later is accepted.
     "objective": schema.Field((str,), "a registered objective (built in: "
-                              f"{', '.join(objectives.names())}; maelm_jax/objectives)",
+                              f"{', '.join(objectives.names())}; maelm_jax/pretrain/objectives)",
                               lambda v: v in objectives.names()),
     "seed": schema.integer(0),
     "tokenizer.model_path": schema.path("a sentencepiece .model file, or empty to train one"),

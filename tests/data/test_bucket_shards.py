@@ -20,6 +20,8 @@ from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from gcs_emulator import emulator
 from support import log_tail
 
+pytestmark = pytest.mark.tier("integration")
+
 SEQ_LEN, SHARD_BLOCKS, SHARDS = 64, 512, 3
 
 

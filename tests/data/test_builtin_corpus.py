@@ -2,7 +2,11 @@
 
 import textwrap
 
+import pytest
+
 from maelm_jax.data import builtin_corpus
+
+pytestmark = pytest.mark.tier("unit")
 
 MODULE_SOURCE = textwrap.dedent('''
     """Module docstring: the first paragraph of prose in this small fake module.

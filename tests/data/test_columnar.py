@@ -18,6 +18,8 @@ from fake_bucket import fake_gcs
 from support import made_up_documents
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("unit")
+
 DOCS = made_up_documents(60, seed=4)
 
 

@@ -20,6 +20,8 @@ from fake_bucket import fake_gcs
 from support import train_metrics
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("unit")
+
 try:  # the standard library's zstd (Python 3.14), else its backport (requirements.txt)
     from compression import zstd
 except ImportError:
@@ -100,6 +102,7 @@ def _text8_like(path, megabytes, seed=0):
     return path
 
 
+@pytest.mark.tier("integration")  # seconds: a run
 def test_a_text8_like_single_line_corpus_prepares_and_trains(tmp_path, caplog):
     line = _text8_like(tmp_path / "text8", 20)
     c = tiny_config()
@@ -113,9 +116,10 @@ def test_a_text8_like_single_line_corpus_prepares_and_trains(tmp_path, caplog):
             "by spaces; 1 line(s) longer than 4096 characters split at whitespace; 1 "
             "document(s) longer than 1000000 characters cut into parts of at most 20000"
             ) in caplog.text
-    meta = json.loads(next((tmp_path / "run" / "data").glob("*/meta.json")).read_text())
-    stats = meta["sources"]["main"]
-    assert stats["documents"] >= 1000 and stats["valid_blocks"] > 0
+    manifest = json.loads(next((tmp_path / "run" / "data").glob("*/manifest.json")).read_text())
+    stats = manifest["sources"]["main"]
+    assert stats["train"]["documents"] + stats["valid"]["documents"] >= 1000
+    assert stats["valid"]["blocks"] > 0 and stats["read"]["long_lines"] == 1
     assert set(train_metrics(tmp_path / "run")) == {1, 2}
     assert set(train_metrics(tmp_path / "run", "eval")) == {2}
 

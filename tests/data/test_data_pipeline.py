@@ -1,6 +1,7 @@
 """Packing into blocks of exactly L, reuse of prepared data, and the resumable loader."""
 
 import json
+import logging
 import os
 import pathlib
 
@@ -8,9 +9,11 @@ import numpy as np
 import pytest
 
 from maelm_jax import tokenizer
-from maelm_jax.data import loader, packing, pipeline
+from maelm_jax.data import loader, packing, pipeline, shards
 
 from tiny_config import tiny_config
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def test_packer_makes_full_sentences_blocks():
@@ -40,7 +43,7 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
     docs = _write_corpus(tmp_path / "corpus.txt")
     c = _config(tmp_path, tiny_tokenizer)
     data = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
-    train, valid = data.train["main"], data.valid["main"]
+    train, valid = np.asarray(data.train["main"]), np.asarray(data.valid["main"])
     L = c.data.seq_len
     assert train.shape[1] == valid.shape[1] == L and len(valid) > 0
     assert np.all(train[:, 0] == tokenizer.BOS_ID)
@@ -54,8 +57,19 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
     assert n == (len(expected) // (L - 1)) * (L - 1)
     np.testing.assert_array_equal(stream, expected[:n])
 
+    # One format: the set is what mode prepare writes (shards, manifest, tokenizer), and
+    # reads as config.data.prepared of another run.
+    manifest = shards.read_manifest(data.directory)
+    assert manifest["fingerprint"] == data.directory.name
+    assert manifest["sources"]["main"]["train"]["blocks"] == len(train)
+    assert sorted(p.name for p in data.directory.iterdir()) == [
+        "manifest.json", "tokenizer.model", "train_main-00000-of-00001.blocks",
+        "valid_main-00000-of-00001.blocks"]
+    shards.verify_shards(data.directory, manifest, digests=True)
+    np.testing.assert_array_equal(shards.load(data.directory).train["main"][:], train)
+
     # Same settings: the same directory is reused, untouched.
-    meta = data.directory / "meta.json"
+    meta = data.directory / "manifest.json"
     mtime = os.stat(meta).st_mtime_ns
     again = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
     assert again.directory == data.directory and os.stat(meta).st_mtime_ns == mtime
@@ -69,13 +83,30 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
     c.data.sources.second.weight = 0.5
     reused = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
     assert reused.directory == mixed.directory and reused.weights["second"] == 0.5
-    assert "weight" not in json.loads((mixed.directory / "meta.json").read_text())["sources"][
-        "second"]
+    assert "weight" not in json.loads((mixed.directory / "manifest.json").read_text())[
+        "sources"]["second"]
     del c.data.sources["second"]
     # A changed corpus is prepared anew.
     _write_corpus(tmp_path / "corpus.txt", n_docs=200)
     assert pipeline.prepare_data(c, tmp_path, tiny_tokenizer).directory != data.directory
     assert not list((tmp_path / "data").glob(".tmp-*"))
+
+
+def test_a_cache_of_the_earlier_in_job_format_is_prepared_again(tmp_path, tiny_tokenizer,
+                                                                 caplog):
+    """Before one format, in-job preparation wrote meta.json and raw .bin files under the
+    same fingerprint: a cache, so it is replaced by shards (and the log says so)."""
+    _write_corpus(tmp_path / "corpus.txt")
+    c = _config(tmp_path, tiny_tokenizer)
+    old = tmp_path / "data" / pipeline.data_fingerprint(c, tiny_tokenizer)
+    old.mkdir(parents=True)
+    (old / "meta.json").write_text('{"format": 1, "seq_len": 16, "sources": {}}')
+    (old / "train_main.bin").write_bytes(b"\0" * 64)
+    with caplog.at_level(logging.WARNING):
+        data = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    assert data.directory == old and not (old / "meta.json").exists()
+    assert not (old / "train_main.bin").exists() and (old / "manifest.json").is_file()
+    assert "earlier in-job format" in caplog.text
 
 
 def test_too_little_text_is_a_clear_error(tmp_path, tiny_tokenizer):
@@ -90,7 +121,7 @@ def _fake_data(tmp_path, sizes, weights):
     blocks = {}
     for i, (name, n) in enumerate(sizes.items()):
         blocks[name] = np.arange(n * 4, dtype=np.int32).reshape(n, 4) + 1000 * i
-    return packing.PreparedData(tmp_path, 4, blocks, blocks, weights)
+    return shards.PreparedData(tmp_path, 4, blocks, blocks, weights)
 
 
 def test_loader_is_a_function_of_the_step(tmp_path):
@@ -145,7 +176,7 @@ def test_eval_batches_are_fixed_and_full(tmp_path):
 def test_unigram_baseline_is_the_top_piece_share_weighted_by_source():
     a = np.array([[5, 5, 5, 6], [5, 7, 7, 7]])  # piece 5: 4 of 8
     b = np.array([[7, 7, 7, 7]])  # piece 7: 4 of 4
-    data = packing.PreparedData(pathlib.Path("."), 4, {"a": a, "b": b},
+    data = shards.PreparedData(pathlib.Path("."), 4, {"a": a, "b": b},
                                 {"a": a[:0], "b": b[:0]}, {"a": 3.0, "b": 1.0})
     # Mixed 3:1 -> p(5) = 0.75 * 4/8 = 0.375, p(7) = 0.75 * 3/8 + 0.25 * 1 = 0.53125.
     assert loader.unigram_baseline(data, 10) == (7, 0.53125)

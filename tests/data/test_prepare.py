@@ -22,7 +22,7 @@ from support import log_tail, made_up_documents, train_metrics
 from tiny_config import tiny_config
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 
 def _corpus(root):
@@ -81,6 +81,13 @@ def test_beam_writes_exactly_the_blocks_of_in_job_preparation(prepared):
             assert got.shape == want.shape and got.dtype == want.dtype
             np.testing.assert_array_equal(got[len(want) - 1], want[-1])
             np.testing.assert_array_equal(got[[5, 0, 2]], want[[5, 0, 2]])
+    # One format: the in-job set is the same files and the same manifest, byte for byte
+    # (but the Beam run's seconds).
+    in_job_manifest = shards.read_manifest(in_job.directory)
+    assert in_job_manifest == {k: v for k, v in manifest.items() if k != "seconds"}
+    for entry in shards._entries(manifest):
+        assert (in_job.directory / entry["file"]).read_bytes() == (
+            root / "shards" / entry["file"]).read_bytes()
     books = manifest["sources"]["books"]["train"]
     assert len(books["shards"]) > 1  # several shards, read as one sequence
     assert all(s["blocks"] == 128 for s in books["shards"][:-1])

@@ -12,6 +12,8 @@ import pytest
 
 from maelm_jax.data import builtin_corpus, digests, sources
 
+pytestmark = pytest.mark.tier("unit")
+
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 

@@ -9,6 +9,8 @@ import sentencepiece as spm
 from maelm_jax import tokenizer as tk
 from maelm_jax.data import builtin_corpus
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.fixture(scope="module")
 def documents():

@@ -21,7 +21,8 @@ from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from support import free_port, log_tail
 from tiny_config import TINY_VOCAB, tiny_config
 
-pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")
+pytestmark = [pytest.mark.tier("integration"),
+              pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")]
 
 
 def shardable_config(**model):
@@ -239,7 +240,7 @@ import json, sys
 import jax, numpy as np
 sys.path.insert(0, "tests")
 from maelm_jax import distributed, sharding
-from maelm_jax.data import loader, packing
+from maelm_jax.data import loader, shards
 from maelm_jax.pretrain import setup as setup_lib
 from tiny_config import TINY_VOCAB, tiny_config
 processes, pid, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -255,7 +256,7 @@ c.model.d_model, c.model.num_heads, c.model.d_ff = 64, 8, 128
 c.model.decoder.d_model, c.model.decoder.num_heads, c.model.decoder.d_ff = 64, 8, 128
 c.train.batch_size = 16
 rng = np.random.default_rng(0)
-data = packing.PreparedData(None, 32, {"a": rng.integers(5, TINY_VOCAB, (64, 32))}, {},
+data = shards.PreparedData(None, 32, {"a": rng.integers(5, TINY_VOCAB, (64, 32))}, {},
                             {"a": 1.0})
 spans = sharding.process_spans(mesh, 16)
 batches = loader.train_batches(data, 16, seed=0, spans=spans)
