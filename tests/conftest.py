@@ -65,49 +65,37 @@ def tiny_tokenizer(tmp_path_factory) -> tokenizer_lib.Tokenizer:
     )
 
 
-# The unit tier, `pytest -m unit`: about a minute and a half on 2 cores, for the inner loop
-# of a change. These files' tests compile nothing heavier than a toy step: config
-# validation, the registries, the workdir lifecycle, data readers, masking, FLOPs, the
-# import layers, CLI errors. Their tests marked slow, and those named in NOT_UNIT (runs of
-# several seconds each), stay out.
-UNIT_FILES = (
-    "test_paths.py", "test_docs.py", "test_import_graph.py", "test_test_groups.py",
-    "test_cloud_paths.py", "test_distributed.py", "test_reliability_inputs.py",
-    "test_config_sections.py", "test_environment.py",
-    "pretrain/test_flops.py", "pretrain/test_masking.py", "pretrain/test_objectives.py",
-    "data/test_tokenizer.py", "data/test_columnar.py", "data/test_sources.py",
-    "data/test_corpus_inputs.py", "data/test_builtin_corpus.py", "data/test_data_pipeline.py",
-    "training/test_lifecycle.py", "training/test_host_memory.py",
-    "finetune/test_finetune_metrics.py", "finetune/test_finetune_glue_data.py",
-    "study/test_pool.py", "benchmarks/test_tools.py",
-)
-NOT_UNIT = (
-    "test_environment.py::test_main_stops_with_one_line_for_a_bad_launcher_variable",
-    "test_reliability_inputs.py::test_cli_switches_the_corpus_and_lists_a_sources_fields",
-    "test_reliability_inputs.py::test_damaged_checkpoint_warns_and_resumes_from_the_previous_step",
-    "test_reliability_inputs.py::test_relative_paths_from_another_directory",
-    "data/test_corpus_inputs.py::test_a_text8_like_single_line_corpus_prepares_and_trains",
-    "pretrain/test_objectives.py::test_a_toy_objective_trains_resumes_evaluates_and_fills_masks",
-    "pretrain/test_objectives.py::test_a_toy_objective_is_studied_and_benchmarked",
-)
+# Every test file declares its tier, `pytestmark = pytest.mark.tier(...)` (a test may
+# declare its own): "unit", the seconds-scale tier (`pytest -m unit`: config validation, the
+# registries, the workdir lifecycle, data readers, masking, FLOPs, CLI errors; nothing
+# heavier than a toy step), "integration" (runs of a few seconds: steps, loops, models)
+# or "slow" (end-to-end: main.py in subprocesses, several processes, the study, benchmark
+# scripts; `pytest -m "not slow"` leaves them out). A test marked slow is slow wherever
+# it is. tests/test_test_groups.py holds that every file declares one.
+TIERS = ("unit", "integration", "slow")
 TESTS_DIR = pathlib.Path(__file__).resolve().parent
 
 
-def _unit(item) -> bool:
-    path = pathlib.Path(str(item.path)).relative_to(TESTS_DIR).as_posix()
-    return (path in UNIT_FILES and item.get_closest_marker("slow") is None
-            and f"{path}::{item.originalname}" not in NOT_UNIT)
+def tier(item) -> str:
+    marker = item.get_closest_marker("tier")
+    if marker is None or marker.args[0] not in TIERS:
+        raise pytest.UsageError(f"{item.nodeid}: its file declares no tier; add "
+                                f"pytestmark = pytest.mark.tier(one of {TIERS})")
+    return "slow" if item.get_closest_marker("slow") else marker.args[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the marks
 def pytest_collection_modifyitems(items):
-    """Marks the unit tier (above). Keeps the tests that share a module-scoped fixture in
-    one xdist worker (the fixture is then built once) and lets every other test go to
-    whichever worker is free, so that one file's slow tests do not queue behind each other
-    (pyproject's `--dist loadgroup`)."""
+    """Marks the unit and slow tiers (above) for `-m`. Keeps the tests that share a
+    module-scoped fixture in one xdist worker (the fixture is then built once) and lets
+    every other test go to whichever worker is free, so that one file's slow tests do not
+    queue behind each other (pyproject's `--dist loadgroup`)."""
     for item in items:
-        if _unit(item):
+        kind = tier(item)
+        if kind == "unit":
             item.add_marker(pytest.mark.unit)
+        elif kind == "slow":
+            item.add_marker(pytest.mark.slow)
         fixture_defs = getattr(item, "_fixtureinfo", None)
         if fixture_defs is None:
             continue

@@ -10,6 +10,8 @@ from maelm_jax.analysis import config as rank_config
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.pretrain import config as pretrain_config
 
+pytestmark = pytest.mark.tier("unit")
+
 KINDS = {
     "pretrain": (pretrain_config.pretrain_defaults, pretrain_config.fields,
                  pretrain_config.validate, pretrain_config.ConfigError),

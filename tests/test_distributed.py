@@ -10,6 +10,8 @@ import pytest
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from support import free_port, log_tail
 
+pytestmark = pytest.mark.tier("unit")
+
 # Process 1 reaches the calls that hold a collective LATE seconds after process 0: longer
 # than a CPU collective waits for a peer (30 s), so one that started on arrival would fail.
 # Then a barrier's name is used twice, process 1 reaching the second 6 s late; then a

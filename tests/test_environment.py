@@ -12,6 +12,8 @@ from maelm_jax import compile_cache, distributed, environment, errors, user_cach
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.mark.parametrize("name", ["SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"])
 def test_a_launchers_count_empty_is_unset_and_a_bad_one_is_named(name):
@@ -80,6 +82,7 @@ def test_no_module_reads_the_environment_but_through_it():
                      'int(os.environ.get("SLURM_NTASKS", "1"))')
 
 
+@pytest.mark.tier("integration")  # seconds: a run
 def test_main_stops_with_one_line_for_a_bad_launcher_variable(tmp_path):
     """An empty launcher variable is a laptop run as usual; a bad one is one line and
     status 1, before anything is written."""

@@ -19,6 +19,8 @@ from maelm_jax.pretrain import train as pretrain_train
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 TEXT = "Return a <mask> of the items in the <mask>."
 
 

@@ -8,7 +8,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
+
+pytestmark = pytest.mark.tier("unit")
 
 
 def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:

@@ -14,6 +14,8 @@ from maelm_jax.pretrain import train as pretrain_train
 
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def test_local_paths_are_made_absolute_and_uris_are_left_alone(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -34,6 +34,8 @@ from support import (
 )
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("unit")
+
 
 def _one_line_error(result, *fragments):
     """main.py failed with exit status 1 and exactly one stderr line holding fragments."""
@@ -52,6 +54,7 @@ def _main(args, cwd):
 
 # ---------------------------------------------------------------- relative paths
 
+@pytest.mark.tier("integration")  # seconds: a run
 def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeypatch):
     """The README's fine-tuning command on the README's quickstart: workdir, corpus,
     tokenizer, cache, init_from and data_dir all relative to the current directory."""
@@ -93,6 +96,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     assert p.description.endswith("runs/pre/checkpoints/3")
 
 
+@pytest.mark.tier("integration")  # seconds: a run
 def test_cli_switches_the_corpus_and_lists_a_sources_fields(tmp_path, tiny_tokenizer):
     """`--config.data.sources.main.kind=text --config.data.sources.main.path=...` on the
     default (builtin) source, from another directory with relative paths."""
@@ -168,6 +172,7 @@ def _steps(checkpoints):
     return sorted((p for p in checkpoints.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
+@pytest.mark.tier("integration")  # seconds: a run
 def test_damaged_checkpoint_warns_and_resumes_from_the_previous_step(
         tmp_path, tiny_tokenizer, caplog):
     run = tmp_path / "run"

@@ -6,6 +6,8 @@ built every module fixture again (the export's runs, 3 minutes each, twice), sil
 
 import pytest
 
+pytestmark = pytest.mark.tier("unit")
+
 
 @pytest.fixture(scope="module")
 def shared() -> object:
@@ -18,14 +20,18 @@ def test_tests_sharing_a_module_fixture_are_one_group(request, shared):
     assert request.node.nodeid.endswith("@" + request.module.__name__), request.node.nodeid
 
 
-def test_the_unit_tier_names_what_exists():
-    """Every file and test the unit tier names (conftest.py) exists: a renamed one would
-    silently leave the tier."""
+def test_every_test_file_declares_its_tier():
+    """The tiers are the files' own declarations (conftest.py), not a list beside them: a
+    new file without one would stop the collection; this names every such file at once."""
+    import ast
+
     import conftest
 
-    for name in conftest.UNIT_FILES:
-        assert (conftest.TESTS_DIR / name).is_file(), name
-    for test in conftest.NOT_UNIT:
-        file, function = test.split("::")
-        assert file in conftest.UNIT_FILES, test
-        assert f"def {function}(" in (conftest.TESTS_DIR / file).read_text(), test
+    missing = []
+    for path in sorted(conftest.TESTS_DIR.rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        declared = [ast.unparse(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                    and any(getattr(t, "id", None) == "pytestmark" for t in n.targets)]
+        if not any(f"pytest.mark.tier('{t}')" in d for d in declared for t in conftest.TIERS):
+            missing.append(path.relative_to(conftest.TESTS_DIR).as_posix())
+    assert missing == []

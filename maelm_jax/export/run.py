@@ -41,6 +41,7 @@ from maelm_jax.export import card, weights
 from maelm_jax.export import config as export_config
 from maelm_jax.export.config import ExportError
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.training import metrics as metrics_lib
 
 REMOTE_DIR = pathlib.Path(__file__).parent / "remote"
 REMOTE_FILES = ("configuration_maelm.py", "modeling_maelm.py", "tokenization_maelm.py")
@@ -216,7 +217,7 @@ def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: 
 
 
 def _last_eval(run_dir: paths.Path, step: int) -> dict:
-    evals = [row for row in runs.metrics(run_dir, "eval") if row.get("step", 0) <= step]
+    evals = [row for row in metrics_lib.read(run_dir, "eval") if row.get("step", 0) <= step]
     return {k: v for k, v in evals[-1].items() if k != "split"} if evals else {}
 
 

@@ -70,7 +70,7 @@ FINE_TUNING = lifecycle.Policy(
     harmless=("train.log_every", "train.checkpoint_every", "train.resume_saves",
               "train.nonfinite", "train.eval_batch_size", "mesh", "sharding_rules",
               "model.attention_impl", "model.pallas", "fast_compile"),
-    finished=lambda workdir: (workdir / layout.RESULTS_FILE).exists(),
+    finished=lambda workdir, config: (workdir / layout.RESULTS_FILE).exists(),
     override=lifecycle.Decision.START, override_words="start it again with the new config")
 
 # The newest resume checkpoint, and the one before it in case the newest is damaged.

@@ -16,7 +16,8 @@ numbers can be compared with its tables:
 Names follow the paper: n sequence length, d width, |V| vocabulary, l layers, b batch,
 r masking rate (here `num_predicted` = n r = k, an int, as our masking uses exact counts).
 Every function takes and returns Python ints; nothing here touches JAX. Each objective
-(maelm_jax/objectives) picks its formula; pretrain/setup.py step_flops evaluates it for a config.
+(maelm_jax/pretrain/objectives) picks its formula; pretrain/setup.py step_flops evaluates
+it for a config.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def _throughput(steps: int, seconds: float, step: int, tokens_per_step: int,
 
 
 # Pretraining's lifecycle (training/lifecycle.py). A finished run is found by its
-# checkpoint: restored at train.num_steps, engine.train has nothing left to do.
+# checkpoints: one at train.num_steps or later (a run given more steps continues).
 PRETRAINING = lifecycle.Policy(
     mode="pretrain", noun="pretraining", defaults=pretrain_config.pretrain_defaults,
     resolve_paths=pretrain_config.resolve_paths,
@@ -79,12 +79,26 @@ PRETRAINING = lifecycle.Policy(
         "sharding_rules", "model.dtype", "model.attention_impl", "model.pallas",
         "model.scan_layers",  # the checkpoint converts between the layouts on restore
         "model.remat_policy"),
-    finished=lambda workdir: False,
+    finished=lambda workdir, config: any(
+        step >= config.train.num_steps
+        for step in checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)),
     override=lifecycle.Decision.CONTINUE, override_words="continue it with the new config")
 
 
-def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
-             allow_config_change: bool):
+def _decide(config: ml_collections.ConfigDict, workdir: paths.Path,
+            allow_config_change: bool) -> lifecycle.Decision:
+    """What the run does in `workdir` (lifecycle.decide: process 0 reads the record, every
+    process gets its decision), before anything is read or written."""
+    decision = lifecycle.Decision.START
+    with distributed.as_one("pretraining workdir"):
+        if distributed.is_leader():
+            decision = lifecycle.decide(PRETRAINING, config, workdir, allow_config_change)
+    if distributed.leader_says_ok(decision is lifecycle.Decision.FINISHED):
+        return lifecycle.Decision.FINISHED
+    return decision
+
+
+def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path):
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
     others wait, then everyone loads the same files. A failure leaves the workdir as it
     was. (config.json is written once the checkpoint, if any, has restored.)"""
@@ -92,7 +106,6 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
         shards.check_run(config)  # they fit this run and are whole, before anything is written
         with distributed.as_one("tokenizer"):
             if jax.process_index() == 0:
-                lifecycle.decide(PRETRAINING, config, workdir, allow_config_change)
                 with workdir_lib.all_or_nothing(workdir):
                     paths.make_dirs(workdir)
                     pipeline.prepared_tokenizer(config, workdir)
@@ -101,7 +114,6 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path,
                                 cache_bytes=int(config.data.prepared_cache_gb * 2**30))
     with distributed.as_one("prepared data"):
         if jax.process_index() == 0:
-            lifecycle.decide(PRETRAINING, config, workdir, allow_config_change)
             with workdir_lib.all_or_nothing(workdir):
                 paths.make_dirs(workdir)
                 tok = pipeline.setup_tokenizer(config, workdir)
@@ -116,8 +128,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False) -> dict[str, float]:
     """Pretrains per `config` in `workdir`, resuming from its latest checkpoint.
 
-    Returns the last evaluation's metrics. A stop request (SIGTERM, the preemption sync
-    point, the time limit) saves a checkpoint and raises preemption.Preempted (TimeLimit).
+    Returns the last evaluation's metrics. A run found finished (a checkpoint at
+    train.num_steps) is not started again: its last evaluation is returned, nothing read
+    but its record. A stop request (SIGTERM, the preemption sync point, the time limit)
+    saves a checkpoint and raises preemption.Preempted (TimeLimit).
     """
     pretrain_config.validate(config)
     # Every path absolute, once: relative ones mean the current directory (orbax and
@@ -125,13 +139,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     config = pretrain_config.resolve_paths(config)
     workdir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(workdir)
+    if _decide(config, workdir, allow_config_change) is lifecycle.Decision.FINISHED:
+        evals = metrics_lib.read(workdir, "eval")
+        logging.info("%s holds this run, finished at step %d: nothing trained (give more "
+                     "train.num_steps to continue it)", workdir,
+                     max(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)))
+        return {k: v for k, v in (evals[-1] if evals else {}).items()
+                if k not in ("step", "split")}
     t = config.train
     mesh = sharding.make_mesh(config.mesh.shape, dcn_shape=config.mesh.dcn_shape)
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
     if not config.data.prepared:  # else the corpus need not be on this machine at all
         pipeline.validate_sources(config)
-    tok, data = _prepare(config, workdir, allow_config_change)
+    tok, data = _prepare(config, workdir)
     logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
                  jax.process_count())
 
@@ -187,7 +208,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     try:
         with sharding.activate(trainer.mesh, trainer.rules):
             _, progress, _ = engine.train(run, state, start, batches, ckpt, writer, progress)
-        last = progress.evals[-1] if progress.evals else {}  # {} when resumed at the end
+        last = progress.evals[-1] if progress.evals else {}
         return {k: v for k, v in last.items() if k != "step"}
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.

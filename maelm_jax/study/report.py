@@ -22,9 +22,10 @@ import json
 
 import numpy as np
 
-from maelm_jax import layout, paths, runs
+from maelm_jax import layout, paths
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import claims, plateau
+from maelm_jax.training import metrics as metrics_lib
 
 _CONTROL = "scratch"
 
@@ -38,7 +39,7 @@ def pretraining_record(workdir: paths.Path) -> dict:
     """What the report shows of a pretraining workdir: its last eval (loss, accuracy,
     unigram baseline), its loss curves ([step, loss] per log line) and the median MFU of
     its train logs (logged where the device's peak is known)."""
-    evals, train = runs.metrics(workdir, "eval"), runs.metrics(workdir, "train")
+    evals, train = metrics_lib.read(workdir, "eval"), metrics_lib.read(workdir, "train")
     out = {"curves": {split: [[r["step"], r["loss"]] for r in rows if "loss" in r]
                       for split, rows in (("train", train), ("eval", evals))}}
     if evals:

@@ -50,7 +50,8 @@ class Policy:
     # by older versions meant the current directory, as they do now).
     resolve_paths: Callable[[ml_collections.ConfigDict], ml_collections.ConfigDict]
     harmless: tuple[str, ...]  # dotted field prefixes that may change between attempts
-    finished: Callable[[paths.Path], bool]  # whether the workdir holds a finished run
+    # Whether the workdir holds a finished run of the config (paths absolute).
+    finished: Callable[[paths.Path, ml_collections.ConfigDict], bool]
     # What --allow_config_change does with a changed config: CONTINUE the recorded run
     # under it, or START again (the recorded run's files make way).
     override: Decision
@@ -125,7 +126,7 @@ def decide(policy: Policy, config: ml_collections.ConfigDict, workdir: paths.Pat
                 f"--workdir, or pass --allow_config_change to {policy.override_words} "
                 "anyway")
         return policy.override
-    return Decision.FINISHED if policy.finished(workdir) else Decision.CONTINUE
+    return Decision.FINISHED if policy.finished(workdir, config) else Decision.CONTINUE
 
 
 def restore_or_init(ckpt: checkpoint_lib.Checkpointer, target: Any, init: Callable[[], Any],

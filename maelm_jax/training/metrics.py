@@ -67,6 +67,16 @@ class MetricWriter:
         self._mirror.close()
 
 
+def read(workdir: paths.Path, split: str) -> list[dict]:
+    """The rows of a run's metrics.jsonl whose split is `split` ("train", "eval", "dev"),
+    in order; [] when the run has written none."""
+    path = workdir / layout.METRICS_FILE
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in paths.read_text(path).splitlines() if line.strip()]
+    return [r for r in rows if r.get("split") == split]
+
+
 def _fmt(value: float) -> str:
     return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
 

@@ -25,6 +25,8 @@ from maelm_jax.pretrain import train as pretrain_train
 from conftest import REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 
 def _with_spectrum(singular_values, n, seed=0):
     """An [n, d] matrix U diag(s) V^T with random orthonormal U and V."""

@@ -15,7 +15,7 @@ from maelm_jax.pretrain import config as pretrain_config
 from conftest import HANG_SECONDS, subprocess_env
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs" / "benchmark"

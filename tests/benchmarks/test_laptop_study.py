@@ -15,7 +15,7 @@ import records  # noqa: E402
 import tables  # noqa: E402
 
 # End-to-end: main.py in a subprocess.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 SCRIPT = [sys.executable, "benchmarks/laptop_study.py"]
 # A study of one model, a few steps, one seed, one task (the mini study's own sizes).

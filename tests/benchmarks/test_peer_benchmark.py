@@ -11,7 +11,7 @@ import pytest
 from conftest import HANG_SECONDS, subprocess_env
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 REPO = Path(__file__).resolve().parents[2]
 # peer.py's option sets the encoder's depth and the decoder's (max(1, 1 // 3) = 1); the

@@ -14,7 +14,7 @@ import records  # noqa: E402
 import tables  # noqa: E402
 
 # End-to-end: main.py in subprocesses.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 # The two variants with the most overrides: each must be a valid config.
 CHECKED = ["mlm_normal_pre_ln", "maelm_paper_decoder"]

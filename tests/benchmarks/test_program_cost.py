@@ -16,6 +16,8 @@ from maelm_jax.pretrain.objectives import recipes
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import program_cost  # noqa: E402
 
+pytestmark = pytest.mark.tier("integration")
+
 _MODULE = """module @jit_step {
   func.func public @main(%arg0: tensor<4x8xf32>) -> (tensor<4x8xf32>) {
     %c = stablehlo.constant dense<3> : tensor<i32>

@@ -13,7 +13,7 @@ from jax import lax
 from conftest import HANG_SECONDS, subprocess_env
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))

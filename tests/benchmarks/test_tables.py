@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import records  # noqa: E402
 import tables  # noqa: E402
 
+pytestmark = pytest.mark.tier("integration")
+
 MACHINE = {"device": "cpu", "platform": "cpu", "cores": 2, "jax": "0.10.2",
            "commit": "0123456789abcdef", "matmul": "fp32 jitted 2048x2048 matmul",
            "matmul_gflops": 150.0}

@@ -9,7 +9,7 @@ import pytest
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 TINY = str(REPO_ROOT / "tests" / "tiny_config.py")
 

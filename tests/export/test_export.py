@@ -39,7 +39,7 @@ from conftest import REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 torch = pytest.importorskip("torch", reason="the export's tests need PyTorch "
                             "(pip install -r requirements-hf.txt)")

@@ -13,6 +13,8 @@ from maelm_jax.models import flash_attention
 
 from support import tiny_finetuning
 
+pytestmark = pytest.mark.tier("integration")
+
 NO_DROPOUT = {"model.dropout": 0.0, "model.attention_dropout": 0.0,
               "model.classifier_dropout": 0.0, "train.num_epochs": 1, "train.log_every": 1}
 

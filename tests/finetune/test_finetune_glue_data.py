@@ -9,6 +9,8 @@ from maelm_jax.finetune.tasks.glue import examples, outputs
 
 from conftest import require_shared_data
 
+pytestmark = pytest.mark.tier("unit")
+
 BOS, EOS, PAD = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.PAD_ID
 
 

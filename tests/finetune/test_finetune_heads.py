@@ -10,6 +10,8 @@ import pytest
 from maelm_jax.finetune import heads
 from maelm_jax.models import encoder as encoder_lib
 
+pytestmark = pytest.mark.tier("integration")
+
 ARCH = {"num_layers": 1, "d_model": 16, "num_heads": 2, "d_ff": 32, "pre_ln": False,
         "vocab_size": 64, "max_positions": 32, "rel_pos_buckets": 8, "rel_pos_max_distance": 16}
 

@@ -8,6 +8,8 @@ import pytest
 from maelm_jax.finetune.tasks import squad
 from maelm_jax.finetune.tasks.glue import examples, metrics
 
+pytestmark = pytest.mark.tier("unit")
+
 # --- GLUE --------------------------------------------------------------------------------
 
 LABELS = [1, 1, 0, 0, 1]

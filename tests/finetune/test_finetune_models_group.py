@@ -15,6 +15,8 @@ from maelm_jax.training import preemption
 from support import assert_close, interrupt_batches, tiny_finetuning
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 RUN = {"train.num_epochs": 1, "train.evals_per_epoch": 2, "train.log_every": 2,
        "train.checkpoint_every": 0, "save_checkpoint": False}
 

@@ -24,7 +24,7 @@ from support import (
 )
 
 # End-to-end (left out of the fast inner loop, pytest -m "not slow"), on 8 devices.
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.tier("slow"),
               pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (CPU) devices")]
 
 # 48 train examples = 6 steps of 8 per epoch, two epochs, evaluated every 3 steps; every

@@ -14,6 +14,8 @@ from maelm_jax.training import engine
 from conftest import poison_steps
 from support import tiny_finetuning
 
+pytestmark = pytest.mark.tier("integration")
+
 RUN = {"train.num_epochs": 1, "train.log_every": 2, "train.checkpoint_every": 2}
 
 

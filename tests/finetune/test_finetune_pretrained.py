@@ -20,6 +20,8 @@ from maelm_jax.pretrain import train as pretrain_train
 from conftest import require_shared_data
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, tiny_tokenizer):

@@ -18,6 +18,8 @@ from maelm_jax.training import optimizer as optimizer_lib
 
 from support import tiny_finetuning
 
+pytestmark = pytest.mark.tier("integration")
+
 
 def _lowered_step(settings, tmp_path, **changes) -> str:
     p = train.prepare_run(*train.check_run(tiny_finetuning(settings, **changes), str(tmp_path)))

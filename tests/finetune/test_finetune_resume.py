@@ -32,6 +32,8 @@ from support import (
     write_sst2,
 )
 
+pytestmark = pytest.mark.tier("integration")
+
 
 def _outcome(workdir):
     """What must not depend on interruptions: results.json (without the wall time and the

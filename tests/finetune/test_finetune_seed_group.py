@@ -14,6 +14,8 @@ from maelm_jax.training import preemption
 
 from support import Interrupt, assert_close, interrupt_batches, tiny_finetuning
 
+pytestmark = pytest.mark.tier("integration")
+
 RUN = {"train.num_epochs": 2, "train.evals_per_epoch": 2, "train.log_every": 2,
        "train.checkpoint_every": 0, "save_checkpoint": False}
 

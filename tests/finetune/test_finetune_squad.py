@@ -12,6 +12,8 @@ from maelm_jax.finetune.tasks import squad
 
 from conftest import require_shared_data
 
+pytestmark = pytest.mark.tier("integration")
+
 CONTEXT = "The cat sat on the mat."
 # Tokens "The", " cat", " sat", " on", " the", " mat", "." as sentencepiece reports them.
 OFFSETS = np.array([(0, 3), (3, 7), (7, 11), (11, 14), (14, 18), (18, 22), (22, 23)])

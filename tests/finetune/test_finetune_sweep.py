@@ -13,6 +13,8 @@ from maelm_jax.finetune import sweep, train
 
 from support import sst2_like
 
+pytestmark = pytest.mark.tier("integration")
+
 
 @pytest.fixture
 def tiny_sweep_config(tmp_path, tiny_tokenizer):

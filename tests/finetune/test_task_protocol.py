@@ -24,6 +24,8 @@ from maelm_jax.training import preemption
 
 from support import FINETUNE_TINY
 
+pytestmark = pytest.mark.tier("integration")
+
 
 class KeywordTask(tasks.Task):
     """Whether a text holds config.keyword.word: texts from config.keyword.path, a JSON

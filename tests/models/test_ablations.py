@@ -19,6 +19,8 @@ from maelm_jax.pretrain import setup as setup_lib
 from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
+pytestmark = pytest.mark.tier("integration")
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PRETRAIN = REPO / "configs" / "pretrain"
 

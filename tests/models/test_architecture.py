@@ -15,6 +15,8 @@ from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 RECORD = {"num_layers": 2, "d_model": 32, "num_heads": 4, "d_ff": 64, "pre_ln": False,
           "vocab_size": 100, "max_positions": 40, "rel_pos_buckets": 8,
           "rel_pos_max_distance": 16, "rel_pos_bucket_fn": "t5"}

@@ -12,6 +12,8 @@ from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
+pytestmark = pytest.mark.tier("integration")
+
 
 def _cross_config(**decoder_options):
     """3ML_cross in miniature: 40 % masking, 80-10-10, a half-width pre-LN decoder."""

@@ -23,6 +23,8 @@ from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 PAIRS_VOCAB = 64
 PAIRS_LEN = 16
 

@@ -13,6 +13,8 @@ from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
+pytestmark = pytest.mark.tier("integration")
+
 SCALE = 0.25
 
 

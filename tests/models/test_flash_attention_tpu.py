@@ -17,6 +17,8 @@ from maelm_jax.pretrain import setup as setup_lib
 from test_flash_attention import SCALE, _inputs, reference
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
+pytestmark = pytest.mark.tier("integration")
+
 SEED = jnp.array([123, 456], jnp.uint32)
 DEFAULT = KernelOptions()
 

@@ -10,6 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 from maelm_jax.models import dropout, layers
 
+pytestmark = pytest.mark.tier("integration")
+
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_keep_mask_drops_at_the_rate_and_independently(rate):

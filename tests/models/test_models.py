@@ -19,6 +19,8 @@ from maelm_jax.training import optimizer
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
+pytestmark = pytest.mark.tier("integration")
+
 VOCAB = 97  # a size no other dimension has, to spot vocabulary-sized arrays
 
 

@@ -15,6 +15,8 @@ from maelm_jax.training import checkpoint
 
 from tiny_config import TINY_VOCAB, tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 
 def _stack_outputs(cfg, params, x, deterministic=True):
     stack = stack_lib.TransformerStack(cfg)

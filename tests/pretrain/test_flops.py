@@ -8,6 +8,8 @@ from maelm_jax.pretrain import setup as setup_lib
 
 from tiny_config import TINY_VOCAB, tiny_config
 
+pytestmark = pytest.mark.tier("unit")
+
 # --- building blocks, by hand --------------------------------------------------------------
 
 def test_msa_by_hand():

@@ -7,6 +7,8 @@ import pytest
 
 from maelm_jax import masking, tokenizer
 
+pytestmark = pytest.mark.tier("unit")
+
 VOCAB = 1000
 
 

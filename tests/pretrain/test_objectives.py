@@ -31,6 +31,8 @@ from maelm_jax.training import checkpoint as checkpoint_lib
 from conftest import REPO_ROOT
 from tiny_config import TINY_VOCAB, tiny_config
 
+pytestmark = pytest.mark.tier("unit")
+
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden" / "param_trees.json"
 
 
@@ -206,6 +208,7 @@ def _metrics(workdir, split):
     return {r["step"]: r for r in rows if r["split"] == split}
 
 
+@pytest.mark.tier("integration")  # seconds: a run
 def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
         toy, tmp_path, tiny_tokenizer, monkeypatch):
     from maelm_jax.fill_mask import run as fill_mask_run
@@ -252,6 +255,7 @@ def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
     assert np.all(np.diff(filled.top_probs[0]) <= 0)
 
 
+@pytest.mark.tier("integration")  # seconds: a run
 def test_a_toy_objective_is_studied_and_benchmarked(toy, tmp_path, tiny_tokenizer):
     """A registered objective is a model of the study and of the benchmarks by its name,
     with no recipe of its own."""

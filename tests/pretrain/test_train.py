@@ -20,6 +20,8 @@ from maelm_jax.pretrain import train as pretrain_train
 from conftest import HANG_SECONDS, REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
 
+pytestmark = pytest.mark.tier("integration")
+
 
 def _step_fn(c):
     """The train step exactly as the loop compiles it, on one device."""

@@ -16,6 +16,8 @@ from maelm_jax.study import merge
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
+pytestmark = pytest.mark.tier("integration")
+
 
 def _rank_run(name):
     ranks = {"with_mask": [3, 5, 6], "without_mask": [3, 4, 5], "mask_only": [1, 2, 2]}

@@ -12,6 +12,8 @@ from maelm_jax.study import pool
 
 from conftest import REPO_ROOT
 
+pytestmark = pytest.mark.tier("unit")
+
 SEEDS = ["1", "2", "3"]
 
 

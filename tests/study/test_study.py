@@ -19,7 +19,7 @@ from maelm_jax.study import timing as timing_lib
 from tiny_config import tiny_config
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 MODELS = ("mlm", "3ml_cross")  # the cheapest pair that covers both decoder kinds' plumbing
 

@@ -10,7 +10,7 @@ from maelm_jax import compile_cache, user_cache
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.tier("slow")
 
 
 def test_the_cache_directory_precedence(monkeypatch, tmp_path):

@@ -19,6 +19,8 @@ from maelm_jax import host_memory
 
 from conftest import REPO_ROOT, subprocess_env
 
+pytestmark = pytest.mark.tier("unit")
+
 # A 64 MB block (16,384 pages) malloc'ed, written and freed five times on a new thread;
 # prints the minor page faults of each round.
 _BLOCK = 64 << 20

@@ -16,6 +16,8 @@ from maelm_jax.training import lifecycle
 
 from tiny_config import tiny_config
 
+pytestmark = pytest.mark.tier("unit")
+
 START, CONTINUE, FINISHED = (lifecycle.Decision.START, lifecycle.Decision.CONTINUE,
                              lifecycle.Decision.FINISHED)
 
@@ -48,11 +50,18 @@ def test_what_a_workdir_holds_decides_the_run(mode, tmp_path):
     harmless.train.log_every += 1
     harmless.mesh.shape = (1, 1, 1)
     assert lifecycle.decide(policy, harmless, tmp_path) is CONTINUE
-    (tmp_path / layout.RESULTS_FILE).write_text("{}")
-    # Fine-tuning's results.json says finished; pretraining's checkpoint does (restored
-    # at num_steps, the loop has nothing left), so its decision stays CONTINUE.
-    assert lifecycle.decide(policy, c, tmp_path) is (
-        FINISHED if mode == "fine-tuning" else CONTINUE)
+    # Fine-tuning's results.json says finished; pretraining's checkpoint at num_steps
+    # does (one short of it continues, and so does a run given more steps).
+    if mode == "fine-tuning":
+        (tmp_path / layout.RESULTS_FILE).write_text("{}")
+    else:
+        (tmp_path / layout.CHECKPOINTS / str(c.train.num_steps - 1)).mkdir(parents=True)
+        assert lifecycle.decide(policy, c, tmp_path) is CONTINUE
+        (tmp_path / layout.CHECKPOINTS / str(c.train.num_steps)).mkdir()
+    assert lifecycle.decide(policy, c, tmp_path) is FINISHED
+    if mode == "pretraining":
+        c.train.num_steps += 1
+        assert lifecycle.decide(policy, c, tmp_path) is CONTINUE
 
 
 @pytest.mark.parametrize("mode", MODES)

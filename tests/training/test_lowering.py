@@ -32,6 +32,8 @@ from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.training import steps
 
+pytestmark = pytest.mark.tier("integration")
+
 TRITON = "__gpu$xla.gpu.triton"
 CUDNN = tuple(f"__cudnn$fmha{kind}{suffix}" for kind in (
     "Softmax", "ScaleBiasSoftmax", "SoftmaxDropout", "ScaleBiasSoftmaxDropout")

@@ -28,6 +28,8 @@ from support import (
     train_metrics,
 )
 
+pytestmark = pytest.mark.tier("integration")
+
 
 @pytest.mark.parametrize("edit, match", [
     (lambda c: setattr(c.masking, "mask_ratio", 1.5),
@@ -313,6 +315,13 @@ def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, 
     assert train_metrics(run)[100]["loss"] == pytest.approx(train_metrics(whole)[100]["loss"],
                                                             rel=1e-6)
     assert (run / "fill_mask.md").read_text() == (whole / "fill_mask.md").read_text()
+    # The finished run started again says so and trains nothing.
+    metrics = (run / "metrics.jsonl").read_text()
+    again = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True,
+                           text=True, check=True)
+    assert "holds this run, finished at step 100: nothing trained" in again.stderr
+    assert "resumed from checkpoint" not in again.stderr
+    assert (run / "metrics.jsonl").read_text() == metrics
 
 
 def test_finetuning_from_the_wrong_kind_of_checkpoint_touches_nothing(tmp_path):
