@@ -105,6 +105,53 @@ def quickstart(found: list[dict]) -> str:
                    "eval accuracy (unigram baseline)"], found, cells)
 
 
+def time_budget(found: list[dict]) -> str:
+    """benchmarks/time_budget.py: a run to a time budget, its plan against its wall time."""
+    def cells(r):
+        p, c = r["plan"], r["plan"]["costs"]
+        return [f"`{r['command']}`",
+                f"{p['budget_seconds']:.0f} s, margin {p['margin_seconds']:.0f} s",
+                f"{p['steps']:,} steps, {p['tokens'] / 1e6:.1f}M tokens",
+                f"{1e3 * c['step']:.1f} ms, {c['evaluation']:.1f} s, {c['checkpoint']:.1f} s",
+                f"{p['spent_seconds']:.0f} s", f"{p['predicted_seconds']:.0f} s",
+                f"{r['seconds']:.0f} s ({'within' if r['within_budget'] else 'OVER'})"]
+    return _table(["command", "budget", "plan", "measured: step, eval, checkpoint",
+                   "before the plan", "predicted end", "process wall (budget)"], found, cells)
+
+
+def tokens_per_hour(found: list[dict]) -> str:
+    """What an hour of training buys, from the step times of the GPU suite's throughput
+    part (BERT-base shapes against the PyTorch peer) and of step_time.py: tokens and model
+    FLOPs per hour of steps alone (evaluations and checkpoints not counted)."""
+    rows = []
+    for r in found:
+        if r["benchmark"] == "gpu_suite":
+            t = r["parts"].get("throughput") or {}
+            for name, side in t.get("sides", {}).items():
+                if side.get("ms") and "flops" in side:
+                    rows.append((r, "BERT-base, L 512, batch 32", name, side["ms"],
+                                 t["tokens_per_step"], side["flops"]))
+        else:
+            z = r["sizes"]
+            shape = (f"{z['num_layers']} x {z['d_model']}, L {z['seq_len']}, "
+                     f"batch {z['batch_size']}")
+            for name, o in r["objectives"].items():
+                rows.append((r, shape, name, o["ms"], z["seq_len"] * z["batch_size"],
+                             o["gflop"] * 1e9))
+
+    def cells(row):
+        _, shape, name, ms, tokens, flops = row
+        steps = 3600e3 / ms
+        return [shape, name, f"{ms:,.1f}", f"{steps * tokens / 1e6:,.1f}M",
+                f"{steps * flops:.2e}"]
+    head = ["date", "machine", "shape", "objective / side", "ms/step", "tokens per hour",
+            "FLOPs per hour", "commit"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join([r["date"][:10], _machine(r), *cells((r, *rest)),
+                                r["machine"]["commit"][:8]]) + " |" for r, *rest in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _sizes(r: dict) -> str:
     z = r["sizes"]
     return (f"{z['num_layers']} x {z['d_model']} ({z['num_heads']} heads, FFN {z['d_ff']}), "
@@ -243,6 +290,8 @@ def suite(found: list[dict]) -> str:
 TABLES: dict[str, Callable[[list[dict]], str]] = {
     "prepare_throughput": prepare_throughput,
     "quickstart": quickstart,
+    "time_budget": time_budget,
+    "tokens_per_hour": tokens_per_hour,
     "step_time": step_time,
     "peer": peer,
     "compile_time": compile_time,
@@ -270,10 +319,15 @@ PENDING = {
 }
 
 
+# A table drawn from other benchmarks' records: its name -> theirs.
+SOURCES = {"tokens_per_hour": ("gpu_suite", "step_time")}
+
+
 def render(name: str, results: pathlib.Path = records.RESULTS_DIR) -> str:
     if name not in TABLES:
         raise TableError(f"table {name!r}: expected one of {', '.join(TABLES)}")
-    found = records.read(name, results)
+    found = [r for benchmark in SOURCES.get(name, (name,))
+             for r in records.read(benchmark, results)]
     if not found and name in PENDING:
         return PENDING[name]
     if not found:

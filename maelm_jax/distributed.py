@@ -192,6 +192,15 @@ def leader_says_ok(ok: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.int32(ok)))
 
 
+def leader_number(value: float) -> float:
+    """Process 0's `value`, on every process (a decision from a measurement each process
+    makes a little differently, such as a time budget's planned steps)."""
+    if jax.process_count() == 1:
+        return value
+    barrier("leader number")  # as in leader_says_ok
+    return float(multihost_utils.broadcast_one_to_all(np.float64(value)))
+
+
 def host_copy(tree):
     """Every array of `tree` whole, as numpy, on every process, whatever its sharding (an
     array split over several processes' devices cannot be fetched by one alone)."""

@@ -31,6 +31,7 @@ STATE_ITEM = "state"  # checkpoints/<step>/state: the arrays
 META_ITEM = "meta"  # checkpoints/<step>/meta: the loop's JSON record (a final has none)
 # Pretraining.
 DATA_DIR = "data"  # <fingerprint>/: blocks prepared in the job (unless data.cache_dir)
+PLAN_FILE = "plan.json"  # a run to a time budget: its planned steps (training/budget.py)
 FILL_MASK_FILE = "fill_mask.md"  # fill-mask examples after the run (train.fill_mask_examples)
 # Fine-tuning.
 # Where fine-tuning kept its resume checkpoints before they moved into checkpoints/: an
@@ -80,7 +81,8 @@ class Kind:
 # A study's parts (pretraining runs, the rank analysis, sweeps) also hold its time record.
 KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TENSORBOARD_DIR + "/",
-                      CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE, STUDY_TIMES_FILE)),
+                      CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE, STUDY_TIMES_FILE,
+                      PLAN_FILE)),
     Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
     Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESULTS_FILE,
                       PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,

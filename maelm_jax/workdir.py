@@ -43,14 +43,24 @@ def all_or_nothing(workdir: paths.Path):
 
     In a bucket the removal is object by object, so a process killed during it can leave
     part of what the block wrote (never anything that was there before)."""
-    existed = workdir.exists()
-    before = set(workdir.iterdir()) if existed else set()
+    before = snapshot(workdir)
     try:
         yield
     except BaseException:
-        if not existed:
-            paths.remove(workdir)
-        elif workdir.exists():
-            for path in set(workdir.iterdir()) - before:
-                paths.remove(path)
+        restore(workdir, before)
         raise
+
+
+def snapshot(workdir: paths.Path) -> set | None:
+    """What `workdir` holds now (its top-level entries; None: it does not exist)."""
+    return set(workdir.iterdir()) if workdir.exists() else None
+
+
+def restore(workdir: paths.Path, before: set | None) -> None:
+    """Removes what was created in `workdir` since `snapshot` gave `before` (the workdir
+    itself if it did not exist then)."""
+    if before is None:
+        paths.remove(workdir)
+    elif workdir.exists():
+        for path in set(workdir.iterdir()) - before:
+            paths.remove(path)

@@ -122,6 +122,12 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.grad_accum_steps = 1  # micro-batches per step; batch_size must divide
     c.train.num_steps = 125_000
     c.train.warmup_steps = 10_000  # linear warmup to the peak, then linear decay to 0
+    # Minutes the run is given (0: none): a new run measures its step, evaluation and
+    # checkpoint here, then plans the most steps (num_steps at most) that end in time, less
+    # a margin (a share of the budget), with warmup_steps / num_steps its share of the plan
+    # (training/budget.py; the plan is the workdir's plan.json, kept on resume).
+    c.train.time_budget_minutes = 0.0
+    c.train.time_budget_margin = 0.05
     # The PRNG implementation of masks and dropout (PRNG_IMPLS; the trade-offs are
     # in maelm_jax/training/steps.py and docs/performance.md).
     c.train.prng_impl = "threefry2x32"
@@ -197,6 +203,8 @@ FIELDS: dict[str, schema.Field] = {
     "train.grad_accum_steps": schema.integer(1),
     "train.num_steps": schema.integer(1),
     "train.warmup_steps": schema.integer(0),
+    "train.time_budget_minutes": schema.number(0.0),
+    "train.time_budget_margin": schema.number(0.0, 1.0, high_open=True),
     **config_sections.TRAIN.fields("train"),
     "train.prng_impl": schema.choice(*PRNG_IMPLS),
     "train.peak_tflops_per_device": schema.number(0.0),

@@ -6,18 +6,25 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import tempfile
+import time
+
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, masking, paths, sharding
+from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import mfu, objectives
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
@@ -71,8 +78,10 @@ PRETRAINING = lifecycle.Policy(
     resolve_paths=pretrain_config.resolve_paths,
     # What changes how the run proceeds, not what its checkpoints mean: steps, logging and
     # checkpoint cadence, the mesh (checkpoints restore onto any), the kernel, the layout.
+    # A budgeted run keeps its plan (plan.json) whatever budget it is resumed with.
     harmless=(
-        "train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
+        "train.num_steps", "train.time_budget_minutes", "train.time_budget_margin",
+        "train.log_every", "train.eval_every", "train.eval_batches",
         "train.checkpoint_every", "train.resume_saves", "train.keep_checkpoints",
         "train.nonfinite", "train.peak_tflops_per_device", "data.prefetch",
         "data.prepared_cache_gb", "data.cache_dir", "data.encoding_errors", "mesh",
@@ -80,9 +89,91 @@ PRETRAINING = lifecycle.Policy(
         "model.scan_layers",  # the checkpoint converts between the layouts on restore
         "model.remat_policy"),
     finished=lambda workdir, config: any(
-        step >= config.train.num_steps
+        step >= _planned_steps(workdir, config)
         for step in checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)),
     override=lifecycle.Decision.CONTINUE, override_words="continue it with the new config")
+
+
+def _planned_steps(workdir: paths.Path, config: ml_collections.ConfigDict) -> int:
+    """The steps the run in `workdir` ends at: its time budget's plan, else num_steps."""
+    plan = budget_lib.read(workdir)
+    return plan.steps if plan else config.train.num_steps
+
+
+# Train steps timed for a time budget's plan, after one that compiles.
+MEASURED_STEPS = 5
+
+
+def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
+             eval_data: list[jax.Array], vocab_size: int) -> tuple[budget_lib.Costs, float]:
+    """(the costs of a step, an evaluation and a checkpoint of `trainer` on these devices,
+    the seconds its programs took to compile), on a state of its own (freed after) and
+    random tokens. The checkpoint is written to local temporary disk."""
+    state = [trainer.init()]
+    rows = np.random.default_rng(0).integers(
+        tokenizer_lib.NUM_SPECIAL, vocab_size,
+        (config.train.batch_size, config.data.seq_len)).astype(np.int32)
+    batch = sharding.global_batch_from_full(rows, trainer.mesh)
+
+    def step():
+        state[0], metrics = trainer.train_step(state[0], batch)
+        return metrics
+
+    def evaluation():
+        return evaluate(trainer.eval_step, state[0].params, eval_data, config.seed)
+
+    with sharding.activate(trainer.mesh, trainer.rules):
+        compile_step, step_seconds = budget_lib.timed(step, MEASURED_STEPS)
+        compile_eval, eval_seconds = budget_lib.timed(evaluation, 1)
+        with tempfile.TemporaryDirectory() as scratch:
+            ckpt = checkpoint_lib.Checkpointer(paths.Path(scratch), 2)
+
+            def save(step: int) -> float:
+                start = time.perf_counter()
+                ckpt.save(step, state[0], {"step": step})
+                ckpt.wait()
+                return time.perf_counter() - start
+
+            # The first save also sets up what every later one in this process reuses
+            # (and is spent by now): the second is what a checkpoint of the run costs.
+            save(1)
+            checkpoint_seconds = save(2)
+            ckpt.close()
+    del state[0]
+    return (budget_lib.Costs(step=step_seconds, evaluation=eval_seconds,
+                             checkpoint=checkpoint_seconds), compile_step + compile_eval)
+
+
+def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mesh,
+            eval_data: list[jax.Array], vocab_size: int, started: float,
+            resumed: bool) -> budget_lib.Plan:
+    """The run's plan: read back (a resumed run keeps it, whatever machine it is on now),
+    or made now from what this machine measures (process 0's, on every process)."""
+    t = config.train
+    plan = budget_lib.read(workdir)
+    if plan is not None:
+        logging.info("time budget: keeping the plan of this run: %s", budget_lib.describe(plan))
+        return plan
+    if resumed:  # checkpoints of a run that was never planned: its steps are num_steps
+        raise budget_lib.BudgetError(
+            f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "
+            f"{layout.PLAN_FILE}); continue it without one, or use another --workdir")
+    costs, compile_seconds = _measure(trainer, config, eval_data, vocab_size)
+    device = f"{mesh.size} x {jax.devices()[0].device_kind}"
+    # The planned run's programs compile again when its steps are not the cap's (its
+    # schedule is part of the program): counted as spent before the plan.
+    spent = time.monotonic() - started + compile_seconds
+    plan = budget_lib.make(60 * t.time_budget_minutes, t.time_budget_margin, spent, costs,
+                           t, device, t.batch_size * config.data.seq_len,
+                           mfu.model_flops_per_step(config, vocab_size))
+    steps = int(distributed.leader_number(plan.steps))
+    if steps != plan.steps:  # another process measured a little differently
+        plan = dataclasses.replace(plan, steps=steps)
+    end = datetime.datetime.now() + datetime.timedelta(
+        seconds=plan.predicted_seconds - (time.monotonic() - started))
+    logging.info("time budget: %s; the run should end about %s", budget_lib.describe(plan),
+                 end.strftime("%Y-%m-%d %H:%M"))
+    return plan
 
 
 def _decide(config: ml_collections.ConfigDict, workdir: paths.Path,
@@ -133,6 +224,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     but its record. A stop request (SIGTERM, the preemption sync point, the time limit)
     saves a checkpoint and raises preemption.Preempted (TimeLimit).
     """
+    started = time.monotonic()  # a time budget counts from here
     pretrain_config.validate(config)
     # Every path absolute, once: relative ones mean the current directory (orbax and
     # resumed runs started elsewhere would otherwise read other files).
@@ -147,6 +239,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         return {k: v for k, v in (evals[-1] if evals else {}).items()
                 if k not in ("step", "split")}
     t = config.train
+    budgeted = bool(t.time_budget_minutes) or (workdir / layout.PLAN_FILE).exists()
+    # A budget too small for the run is found after the data is prepared: the workdir is
+    # then left as it was found.
+    before = workdir_lib.snapshot(workdir)
     mesh = sharding.make_mesh(config.mesh.shape, dcn_shape=config.mesh.dcn_shape)
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
@@ -156,7 +252,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
                  jax.process_count())
 
+    dp = sharding.data_parallel_size(mesh)
+    eval_data = [
+        sharding.global_batch_from_full(b[: len(b) - len(b) % dp], mesh)
+        for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
+        if len(b) >= dp
+    ]
     trainer = setup_lib.build(config, tok.vocab_size, mesh, rules)
+    ckpt = checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS, t.keep_checkpoints)
+    # The config the run trains with: the given one, or with a time budget, scaled to its
+    # plan (config.json records the given one; plan.json the plan).
+    run_config, plan = config, None
+    if budgeted:
+        try:
+            plan = _budget(config, workdir, trainer, mesh, eval_data, tok.vocab_size, started,
+                           resumed=ckpt.latest_step() is not None)
+        except budget_lib.BudgetError:
+            if distributed.is_leader():
+                workdir_lib.restore(workdir, before)
+            raise
+        run_config = config.copy_and_resolve_references()
+        budget_lib.scale_schedule(run_config.train, plan.steps)
+        if plan.steps != t.num_steps:
+            trainer = setup_lib.build(run_config, tok.vocab_size, mesh, rules)
     logging.info("%s model: %.2fM parameters", config.objective, trainer.num_params / 1e6)
     counts = trainer.counts
     logging.info(
@@ -169,12 +287,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         counts.seq_len,
     )
 
-    ckpt = checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS, t.keep_checkpoints)
     start, state, progress = lifecycle.restore_or_init(ckpt, trainer.state.abstract,
                                                        trainer.init)
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
         layout.write_config(workdir, config)
+        if plan is not None and not (workdir / layout.PLAN_FILE).exists():
+            paths.write_atomically(workdir / layout.PLAN_FILE, plan.to_json().encode())
     writer = metrics_lib.MetricWriter(workdir, resume_step=start, enabled=distributed.is_leader())
     device_kind = jax.devices()[0].device_kind
     utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size, device_kind)
@@ -185,16 +304,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         logging.info("no peak FLOP/s known for device kind %r: logging TFLOP/s per device "
                      "without MFU (config.train.peak_tflops_per_device sets one)", device_kind)
 
-    dp = sharding.data_parallel_size(mesh)
     # The accuracy of always predicting the most frequent piece, logged with every eval.
     top_piece, unigram_accuracy = loader.unigram_baseline(data, tok.vocab_size)
     logging.info("unigram baseline: the most frequent piece %r is %.1f %% of training tokens",
                  tok.id_to_piece(top_piece), 100 * unigram_accuracy)
-    eval_data = [
-        sharding.global_batch_from_full(b[: len(b) - len(b) % dp], mesh)
-        for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
-        if len(b) >= dp
-    ]
+    t = run_config.train
     spans = sharding.process_spans(mesh, t.batch_size)
     logging.info("process %d reads rows %s of every global batch of %d (%s)",
                  jax.process_index(), sharding.describe_spans(spans), t.batch_size,
@@ -203,17 +317,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     batches = loader.train_batches(data, t.batch_size, config.seed, start_step=start,
                                    spans=spans, prefetch=config.data.prefetch)
 
-    run = Pretraining(config, trainer, eval_data, utilisation, unigram_accuracy,
+    run = Pretraining(run_config, trainer, eval_data, utilisation, unigram_accuracy,
                       resumed=start > 0)
     try:
         with sharding.activate(trainer.mesh, trainer.rules):
             _, progress, _ = engine.train(run, state, start, batches, ckpt, writer, progress)
+        _report(run_config, utilisation, start, time.monotonic() - started, plan)
         last = progress.evals[-1] if progress.evals else {}
         return {k: v for k, v in last.items() if k != "step"}
     finally:
         # Pending asynchronous saves finish (or fail loudly) before the process ends.
         ckpt.close()
         writer.close()
+
+
+def _report(config: ml_collections.ConfigDict, utilisation: mfu.Utilisation, start: int,
+            seconds: float, plan: budget_lib.Plan | None) -> None:
+    """The run's account at its end: steps, tokens and FLOPs of this process's session,
+    its wall time (against the plan's, with a budget) and MFU where the peak is known."""
+    t = config.train
+    steps = t.num_steps - start
+    flops = steps * utilisation.flops_per_step
+    line = (f"trained steps {start + 1}-{t.num_steps} in {seconds:.0f} s: "
+            f"{steps * t.batch_size * config.data.seq_len / 1e6:.1f}M tokens, {flops:.3g} "
+            f"FLOPs")
+    if utilisation.peak:
+        line += f", MFU {flops / seconds / utilisation.num_devices / 1e12 / utilisation.peak:.1%}"
+    if plan is not None and start == 0:
+        line += (f"; the plan predicted {plan.predicted_seconds:.0f} s of a "
+                 f"{plan.budget_seconds:.0f} s budget")
+    logging.info("%s", line)
 
 
 class Pretraining:

@@ -45,6 +45,7 @@ from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune.tasks import glue
 from maelm_jax.study import config as study_config
 from maelm_jax.study import timing as timing_lib
+from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import preemption
 
 
@@ -153,14 +154,12 @@ def unstoppable(study: ml_collections.ConfigDict, timing: timing_lib.Timing,
 
 
 def apply(configs: dict[str, ml_collections.ConfigDict], steps: dict[str, int]) -> None:
-    """Sets each model's pretraining to its planned steps: warmup the same share of them,
-    one evaluation and one checkpoint at the end (a stop request saves too)."""
+    """Sets each model's pretraining to its planned steps as a run to a time budget is
+    (training/budget.py: warmup the same share of them), with one evaluation and one
+    checkpoint at the end (a stop request saves too)."""
     for name, c in configs.items():
-        t = c.train
-        t.warmup_steps = round(t.warmup_steps * steps[name] / t.num_steps)
-        t.num_steps = steps[name]
-        t.eval_every = t.checkpoint_every = steps[name]
-        t.log_every = min(t.log_every, steps[name])
+        budget_lib.scale_schedule(c.train, steps[name])
+        c.train.eval_every = c.train.checkpoint_every = steps[name]
 
 
 def plan(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.ConfigDict],

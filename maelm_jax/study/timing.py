@@ -12,7 +12,6 @@ turns these figures into the study's plan.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 
 
@@ -65,21 +65,6 @@ class Timing:
     measuring: float  # the whole measurement, compiles included
 
 
-def timed(step: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(the first call's seconds less one step's, the median step) of `step`, which
-    returns what to wait for."""
-    start = time.perf_counter()
-    jax.block_until_ready(step())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(step())
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times)
-    return max(first - median, 0.0), median
-
-
 def _random_rows(c: ml_collections.ConfigDict, vocab_size: int, rows: int) -> np.ndarray:
     return np.random.default_rng(0).integers(tokenizer_lib.NUM_SPECIAL, vocab_size,
                                              (rows, c.data.seq_len)).astype(np.int32)
@@ -106,7 +91,7 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
         return metrics
 
     with sharding.activate(trainer.mesh, trainer.rules):
-        compile_train, step_seconds = timed(step, repeats)
+        compile_train, step_seconds = budget_lib.timed(step, repeats)
         start = time.perf_counter()
         pretrain_train.evaluate(trainer.eval_step, state[0].params, evals[:1], c.seed)
         compile_eval = time.perf_counter() - start
@@ -184,8 +169,8 @@ def time_finetuning(pretrain: ml_collections.ConfigDict, c: ml_collections.Confi
         return metrics
 
     with sharding.activate(trainer.mesh, trainer.rules):
-        compile_train, step_seconds = timed(step, repeats)
-        compile_eval, eval_seconds = timed(
+        compile_train, step_seconds = budget_lib.timed(step, repeats)
+        compile_eval, eval_seconds = budget_lib.timed(
             lambda: trainer.eval_step(state[0].params, eval_batch), repeats)
     start = time.perf_counter()
     trainer, batch, eval_batch = part()

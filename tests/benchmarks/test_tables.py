@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, subprocess_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import records  # noqa: E402
@@ -276,3 +276,44 @@ def test_the_plateau_table_gives_each_variant_at_each_evaluation(tmp_path):
     assert "| run | step 1,000 | step 2,000 | wall |" in out
     assert "| MLM | 5.87 / 4.3 % | 5.84 / 3.8 % | 61 s |" in out
     assert "| MAE-LM | — | 4.30 / 14.7 % | 61 s |" in out
+
+
+def test_the_time_budget_benchmark_records_its_plan_against_its_wall_time(tmp_path,
+                                                                          tiny_tokenizer):
+    """benchmarks/time_budget.py runs a model to a budget from a cold start (the tiny one
+    here, capped at 12 steps, which the minutes hold: the plan is the cap; plans below
+    the cap are tests/training/test_budget.py's), and the table shows the plan beside the
+    process's wall time."""
+    done = subprocess.run([sys.executable, "benchmarks/time_budget.py", "--minutes=5",
+                           "--cap=12", "--config=tests/tiny_config.py",
+                           f"--record_dir={tmp_path}", "--",
+                           f"--config.tokenizer.model_path={tiny_tokenizer.model_path}"],
+                          cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [record] = records.read("time_budget", tmp_path)
+    plan = record["plan"]
+    assert record["trained_steps"] == plan["steps"] == 12
+    assert plan["budget_seconds"] == 300.0 and plan["margin_seconds"] == 15.0
+    assert plan["spent_seconds"] < plan["predicted_seconds"] <= 285.0
+    assert record["seconds"] > 0 and record["within_budget"] == (record["seconds"] <= 300.0)
+    [row] = [line for line in tables.render("time_budget", tmp_path).splitlines()
+             if line.startswith("| 20")]
+    assert "12 steps" in row and "300 s, margin 15 s" in row
+
+
+def test_the_tokens_per_hour_table_reads_the_gpu_suite_and_step_time_records(tmp_path):
+    records.write("step_time", {
+        "sizes": SIZES, "repeats": 7, "steps": 2, "host_memory_kept": True,
+        "objectives": {"mlm": {"ms": 1000.0, "gflop": 100.0}}, "ratios": {}},
+        tmp_path, MACHINE)
+    records.write("gpu_suite", {"command": "", "targets": {}, "parts": {"throughput": {
+        "tokens_per_step": 16384, "sides": {
+            "maelm / pallas": {"ms": 50.0, "flops": 6e12},
+            "peer": {"ms": 49.0}}}}}, tmp_path, {**MACHINE, "device": "NVIDIA H200"})
+    rows = [line for line in tables.render("tokens_per_hour", tmp_path).splitlines()
+            if line.startswith("| 20")]
+    assert len(rows) == 2  # the peer has no FLOPs count: not a side of ours
+    text = "\n".join(rows)
+    assert "| maelm / pallas | 50.0 | 1,179.6M | 4.32e+17 |" in text  # 72,000 steps
+    assert "| mlm | 1,000.0 | 14.7M | 3.60e+14 |" in text  # 4 x 256, L 128, batch 32

@@ -1,0 +1,149 @@
+"""Training to a time budget (training/budget.py): the plan's arithmetic, the schedule's
+shape at the planned end, a budgeted run that trains its plan and keeps it when resumed,
+and a budget too small refused in one line. The measured costs are injected: nothing
+here is timed."""
+
+import json
+
+import pytest
+
+from maelm_jax import errors, layout
+from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.training import budget, engine, optimizer, preemption
+
+from support import snapshot, tiny_pretraining, train_metrics
+from tiny_config import tiny_config
+
+pytestmark = pytest.mark.tier("integration")
+
+COSTS = budget.Costs(step=2.0, evaluation=10.0, checkpoint=5.0)
+
+
+@pytest.mark.tier("unit")
+def test_the_plan_is_the_most_steps_that_fit():
+    # 10 steps, evaluated every 4 (4, 8, 10) and saved every 5 (1, 5, 10).
+    assert budget.evaluations(10, 4) == 3 and budget.checkpoints(10, 5) == 3
+    assert budget.seconds(10, COSTS, 4, 5) == 10 * 2 + 3 * 10 + 3 * 5
+    for available in (40.0, 65.0, 100.0, 333.0, 1000.0):
+        steps = budget.plan_steps(available, COSTS, 4, 5, cap=10_000)
+        assert budget.seconds(steps, COSTS, 4, 5) <= available
+        assert budget.seconds(steps + 1, COSTS, 4, 5) > available
+    assert budget.plan_steps(1e9, COSTS, 4, 5, cap=123) == 123
+    with pytest.raises(budget.BudgetError, match=r"^config.train.time_budget_minutes: 16 s "
+                                                 r"are left .* cannot hold one step"):
+        budget.plan_steps(16.0, COSTS, 4, 5, cap=100)
+
+
+@pytest.mark.tier("unit")
+def test_the_schedule_keeps_its_shape_at_the_planned_end():
+    c = tiny_config()
+    t = c.train
+    t.num_steps, t.warmup_steps, t.eval_every, t.checkpoint_every = 1000, 100, 500, 400
+    budget.scale_schedule(t, 250)
+    assert (t.num_steps, t.warmup_steps, t.eval_every, t.checkpoint_every) == (250, 25, 250, 250)
+    schedule = optimizer.learning_rate_schedule(t)
+    assert float(schedule(25)) == pytest.approx(t.learning_rate)  # the peak, a tenth in
+    assert float(schedule(250)) == 0.0  # the decay's floor at the planned end
+    assert float(schedule(249)) > 0.0
+
+
+@pytest.mark.tier("unit")
+def test_a_plan_is_made_from_the_budget_less_the_margin_and_what_was_spent():
+    c = tiny_config()
+    c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 10_000, 50, 100
+    plan = budget.make(600.0, 0.1, 100.0, COSTS, c.train, "1 x cpu", 256, 1e9)
+    assert plan.margin_seconds == 60.0
+    assert plan.steps == budget.plan_steps(440.0, COSTS, 50, 100, 10_000)
+    assert plan.spent_seconds + budget.seconds(plan.steps, COSTS, 50, 100) == \
+        pytest.approx(plan.predicted_seconds) and plan.predicted_seconds <= 540.0
+    assert plan.tokens == plan.steps * 256 and plan.flops == plan.steps * 1e9
+    assert budget.Plan.from_dict(json.loads(plan.to_json())) == plan
+
+
+SLOW_STEPS = budget.Costs(step=30.0, evaluation=0.0, checkpoint=0.0)
+
+
+def _costs(monkeypatch, costs=SLOW_STEPS):
+    """The measurement replaced by `costs` (and no compile seconds)."""
+    measured = []
+    monkeypatch.setattr(pretrain_train, "_measure",
+                        lambda *args: measured.append(args) or (costs, 0.0))
+    return measured
+
+
+def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny_tokenizer,
+                                                                   monkeypatch):
+    """10 minutes at an injected 30 s a step: the plan's steps (num_steps is the cap),
+    the warmup its share of them, the decay ending at the planned last step. Stopped
+    mid-way and resumed with another budget, the run keeps its plan (nothing measured
+    again) and ends as a run configured with the planned steps does."""
+    measured = _costs(monkeypatch)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=100, warmup_steps=20,
+                         eval_every=1000, checkpoint_every=1000, time_budget_minutes=10.0,
+                         time_budget_margin=0.05)
+    run = tmp_path / "run"
+    real = engine.Loop.stop_requested
+    monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 3)
+    with pytest.raises(preemption.Preempted, match="at step 3"):
+        pretrain_train.train_and_evaluate(c, str(run))
+    monkeypatch.setattr(engine.Loop, "stop_requested", real)
+    plan = budget.read(run)
+    assert len(measured) == 1 and plan.costs.step == 30.0
+    assert plan.steps == budget.plan_steps(570.0 - plan.spent_seconds, plan.costs, 1000,
+                                           1000, 100)
+    assert 5 <= plan.steps < 19  # 570 s less what the start took, at 30 s a step
+    recorded = json.loads((run / layout.CONFIG_FILE).read_text())
+    assert recorded["train"]["num_steps"] == 100  # the config as given; the plan beside it
+
+    c.train.time_budget_minutes = 1.0  # harmless: the plan is kept
+    pretrain_train.train_and_evaluate(c, str(run))
+    assert len(measured) == 1 and budget.read(run) == plan
+    assert max(train_metrics(run)) == plan.steps and set(train_metrics(run, "eval")) == {
+        plan.steps}
+
+    # The same as a run configured with the planned steps and warmup share.
+    plain = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=plan.steps,
+                             warmup_steps=round(20 * plan.steps / 100), eval_every=1000,
+                             checkpoint_every=1000)
+    pretrain_train.train_and_evaluate(plain, str(tmp_path / "plain"))
+    got, want = train_metrics(run)[plan.steps], train_metrics(tmp_path / "plain")[plan.steps]
+    for key in ("loss", "learning_rate"):
+        assert got[key] == pytest.approx(want[key], rel=1e-6), key
+
+    # Finished: started again it trains nothing, whatever its budget says.
+    pretrain_train.train_and_evaluate(c, str(run))
+    assert max(train_metrics(run)) == plan.steps
+
+
+def test_a_budget_too_small_is_one_line_and_leaves_the_workdir_as_it_was(
+        tmp_path, tiny_tokenizer, monkeypatch):
+    _costs(monkeypatch, budget.Costs(step=1.0, evaluation=100.0, checkpoint=1.0))
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, time_budget_minutes=1.0)
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("mine")
+    before = snapshot(workdir)
+    with pytest.raises(errors.UserError, match=r"^config.train.time_budget_minutes: 60 s less "
+                                               r"the margin \(3 s\) and the \d+ s the start "
+                                               r"took .*an evaluation \(100.0 s\)") as e:
+        pretrain_train.train_and_evaluate(c, str(workdir))
+    assert "\n" not in str(e.value)
+    assert snapshot(workdir) == before
+
+
+def test_the_costs_are_measured_on_the_run_s_own_programs(tmp_path, tiny_tokenizer, caplog):
+    """Unpatched: a step, an evaluation and a checkpoint measured here, and a budget far
+    above what 6 steps need plans the cap."""
+    import logging
+
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, time_budget_minutes=60.0)
+    with caplog.at_level(logging.INFO):
+        pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
+    plan = budget.read(tmp_path / "run")
+    assert plan.steps == 6 and plan.budget_seconds == 3600.0 and plan.margin_seconds == 180.0
+    costs = plan.costs
+    assert 0 < costs.step < 60 and 0 < costs.evaluation < 600 and 0 < costs.checkpoint < 600
+    assert plan.spent_seconds > 0 and plan.device.endswith("cpu")
+    assert max(train_metrics(tmp_path / "run")) == 6
+    assert "time budget: 6 steps" in caplog.text and "the run should end about" in caplog.text
+    assert "trained steps 1-6 in" in caplog.text and "of a 3600 s budget" in caplog.text
