@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import tempfile
 import time
 
 import jax
@@ -102,13 +101,16 @@ def _planned_steps(workdir: paths.Path, config: ml_collections.ConfigDict) -> in
 
 # Train steps timed for a time budget's plan, after one that compiles.
 MEASURED_STEPS = 5
+MEASURED_CHECKPOINTS = ".time-budget-checkpoints"  # in the workdir while they are timed
 
 
 def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
-             eval_data: list[jax.Array], vocab_size: int) -> tuple[budget_lib.Costs, float]:
+             eval_data: list[jax.Array], vocab_size: int,
+             workdir: paths.Path) -> tuple[budget_lib.Costs, float]:
     """(the costs of a step, an evaluation and a checkpoint of `trainer` on these devices,
     the seconds its programs took to compile), on a state of its own (freed after) and
-    random tokens. The checkpoint is written to local temporary disk."""
+    random tokens. The checkpoints are written where the run's go (the workdir, which
+    every process shares), in a scratch directory removed after."""
     state = [trainer.init()]
     rows = np.random.default_rng(0).integers(
         tokenizer_lib.NUM_SPECIAL, vocab_size,
@@ -125,8 +127,9 @@ def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
     with sharding.activate(trainer.mesh, trainer.rules):
         compile_step, step_seconds = budget_lib.timed(step, MEASURED_STEPS)
         compile_eval, eval_seconds = budget_lib.timed(evaluation, 1)
-        with tempfile.TemporaryDirectory() as scratch:
-            ckpt = checkpoint_lib.Checkpointer(paths.Path(scratch), 2)
+        scratch = workdir / MEASURED_CHECKPOINTS
+        try:
+            ckpt = checkpoint_lib.Checkpointer(scratch, 2)
 
             def save(step: int) -> float:
                 start = time.perf_counter()
@@ -139,6 +142,10 @@ def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
             save(1)
             checkpoint_seconds = save(2)
             ckpt.close()
+        finally:
+            distributed.barrier("time budget: checkpoints measured")
+            if distributed.is_leader():
+                paths.remove(scratch)
     del state[0]
     return (budget_lib.Costs(step=step_seconds, evaluation=eval_seconds,
                              checkpoint=checkpoint_seconds), compile_step + compile_eval)
@@ -158,7 +165,7 @@ def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mes
         raise budget_lib.BudgetError(
             f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "
             f"{layout.PLAN_FILE}); continue it without one, or use another --workdir")
-    costs, compile_seconds = _measure(trainer, config, eval_data, vocab_size)
+    costs, compile_seconds = _measure(trainer, config, eval_data, vocab_size, workdir)
     device = f"{mesh.size} x {jax.devices()[0].device_kind}"
     # The planned run's programs compile again when its steps are not the cap's (its
     # schedule is part of the program): counted as spent before the plan.

@@ -144,6 +144,7 @@ def test_the_costs_are_measured_on_the_run_s_own_programs(tmp_path, tiny_tokeniz
     costs = plan.costs
     assert 0 < costs.step < 60 and 0 < costs.evaluation < 600 and 0 < costs.checkpoint < 600
     assert plan.spent_seconds > 0 and plan.device.endswith("cpu")
+    assert not (tmp_path / "run" / pretrain_train.MEASURED_CHECKPOINTS).exists()
     assert max(train_metrics(tmp_path / "run")) == 6
     assert "time budget: 6 steps" in caplog.text and "the run should end about" in caplog.text
     assert "trained steps 1-6 in" in caplog.text and "of a 3600 s budget" in caplog.text
