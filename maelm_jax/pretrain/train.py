@@ -6,7 +6,6 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import time
 
@@ -170,12 +169,22 @@ def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mes
     # The planned run's programs compile again when its steps are not the cap's (its
     # schedule is part of the program): counted as spent before the plan.
     spent = time.monotonic() - started + compile_seconds
-    plan = budget_lib.make(60 * t.time_budget_minutes, t.time_budget_margin, spent, costs,
-                           t, device, t.batch_size * config.data.seq_len,
-                           mfu.model_flops_per_step(config, vocab_size))
-    steps = int(distributed.leader_number(plan.steps))
-    if steps != plan.steps:  # another process measured a little differently
-        plan = dataclasses.replace(plan, steps=steps)
+
+    def plan_of(steps: int | None = None) -> budget_lib.Plan:
+        return budget_lib.make(60 * t.time_budget_minutes, t.time_budget_margin, spent, costs,
+                               t, device, t.batch_size * config.data.seq_len,
+                               mfu.model_flops_per_step(config, vocab_size), steps)
+
+    # Process 0 decides (the others measured a little differently), refusals included.
+    try:
+        mine, refusal = plan_of().steps, None
+    except budget_lib.BudgetError as e:
+        mine, refusal = 0, e
+    steps = int(distributed.leader_number(mine))
+    if not steps:
+        raise refusal or budget_lib.BudgetError(
+            f"{budget_lib.FIELD}: too small for this run (process 0's log says why)")
+    plan = plan_of(steps)
     end = datetime.datetime.now() + datetime.timedelta(
         seconds=plan.predicted_seconds - (time.monotonic() - started))
     logging.info("time budget: %s; the run should end about %s", budget_lib.describe(plan),

@@ -145,20 +145,22 @@ def read(workdir: paths.Path) -> Plan | None:
 
 def make(budget_seconds: float, margin: float, spent: float, costs: Costs,
          train: ml_collections.ConfigDict, device: str, tokens_per_step: int,
-         flops_per_step: float) -> Plan:
+         flops_per_step: float, steps: int | None = None) -> Plan:
     """The plan of a run of `train` (its cap train.num_steps) given `budget_seconds` in
-    all, `spent` of them gone, a `margin` (a fraction of the budget) kept in reserve."""
+    all, `spent` of them gone, a `margin` (a fraction of the budget) kept in reserve;
+    with `steps`, the plan of those steps (another process's decision)."""
     margin_seconds = margin * budget_seconds
     available = budget_seconds - margin_seconds - spent
-    if seconds(1, costs, 1, 1) > available:
+    if steps is None and seconds(1, costs, 1, 1) > available:
         raise BudgetError(
             f"{FIELD}: {budget_seconds:.0f} s less the margin ({margin_seconds:.0f} s) and the "
             f"{spent:.0f} s the start took (data, compiling, measuring) leave "
             f"{max(available, 0):.0f} s, which cannot hold one step ({costs.step:.2f} s), an "
             f"evaluation ({costs.evaluation:.1f} s) and a checkpoint ({costs.checkpoint:.1f} "
             "s); give more minutes")
-    steps = plan_steps(available, costs, train.eval_every, train.checkpoint_every,
-                       train.num_steps)
+    if steps is None:
+        steps = plan_steps(available, costs, train.eval_every, train.checkpoint_every,
+                           train.num_steps)
     predicted = spent + seconds(steps, costs, min(train.eval_every, steps),
                                 min(train.checkpoint_every, steps))
     return Plan(steps=steps, budget_seconds=budget_seconds, margin_seconds=margin_seconds,
