@@ -66,6 +66,9 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
         "manifest.json", "tokenizer.model", "train_main-00000-of-00001.blocks",
         "valid_main-00000-of-00001.blocks"]
     shards.verify_shards(data.directory, manifest, digests=True)
+    as_prepared = c.copy_and_resolve_references()
+    as_prepared.data.prepared = str(data.directory)
+    assert shards.check_run(as_prepared) == manifest  # it fits a run as its data.prepared
     np.testing.assert_array_equal(shards.load(data.directory).train["main"][:], train)
 
     # Same settings: the same directory is reused, untouched.
