@@ -20,6 +20,7 @@ Any config field can be overridden with --config.<field>=<value>.
 import logging
 import pathlib
 import sys
+import time
 
 from absl import app, flags
 from absl import logging as absl_logging
@@ -35,7 +36,7 @@ from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import merge as study_merge
 from maelm_jax.study import pool as study_pool
 from maelm_jax.study import run as study_run
-from maelm_jax.training import preemption
+from maelm_jax.training import budget, preemption
 
 FLAGS = flags.FLAGS
 # New fields are accepted while parsing, so `--config.data.sources.main.path=...` can
@@ -143,7 +144,9 @@ def _run_mode(mode: str) -> None:
         pretrain_config.validate(FLAGS.config)
         prepare.run(pretrain_config.resolve_paths(FLAGS.config), FLAGS.workdir)
     else:
-        pretrain_train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+        # A time budget counts from the process's start (Python and JAX starting included).
+        pretrain_train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change,
+                                          started=time.monotonic() - budget.process_age())
         if FLAGS.config.train.fill_mask_examples and distributed.is_leader():
             fill_mask_run.after_pretraining(FLAGS.workdir)  # what the finished run learned
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable, Iterator
 
 import jax
 import ml_collections
@@ -15,7 +16,6 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, masking, paths, sharding
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
@@ -104,19 +104,17 @@ MEASURED_CHECKPOINTS = ".time-budget-checkpoints"  # in the workdir while they a
 
 
 def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
-             eval_data: list[jax.Array], vocab_size: int,
+             batches: Iterator[np.ndarray], eval_data: list[jax.Array],
              workdir: paths.Path) -> tuple[budget_lib.Costs, float]:
     """(the costs of a step, an evaluation and a checkpoint of `trainer` on these devices,
-    the seconds its programs took to compile), on a state of its own (freed after) and
-    random tokens. The checkpoints are written where the run's go (the workdir, which
-    every process shares), in a scratch directory removed after."""
+    the seconds its programs took to compile), on a state of its own (freed after),
+    each step fed as the run's are (`batches`: the loader's, read and sent to the devices
+    within the step's time). The checkpoints are written where the run's go (the workdir,
+    which every process shares), in a scratch directory removed after."""
     state = [trainer.init()]
-    rows = np.random.default_rng(0).integers(
-        tokenizer_lib.NUM_SPECIAL, vocab_size,
-        (config.train.batch_size, config.data.seq_len)).astype(np.int32)
-    batch = sharding.global_batch_from_full(rows, trainer.mesh)
 
     def step():
+        batch = sharding.global_batch(next(batches), trainer.mesh)
         state[0], metrics = trainer.train_step(state[0], batch)
         return metrics
 
@@ -151,8 +149,8 @@ def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
 
 
 def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mesh,
-            eval_data: list[jax.Array], vocab_size: int, started: float,
-            resumed: bool) -> budget_lib.Plan:
+            batches: Callable[[], Iterator[np.ndarray]], eval_data: list[jax.Array],
+            vocab_size: int, started: float, resumed: bool) -> budget_lib.Plan:
     """The run's plan: read back (a resumed run keeps it, whatever machine it is on now),
     or made now from what this machine measures (process 0's, on every process)."""
     t = config.train
@@ -164,7 +162,7 @@ def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mes
         raise budget_lib.BudgetError(
             f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "
             f"{layout.PLAN_FILE}); continue it without one, or use another --workdir")
-    costs, compile_seconds = _measure(trainer, config, eval_data, vocab_size, workdir)
+    costs, compile_seconds = _measure(trainer, config, batches(), eval_data, workdir)
     device = f"{mesh.size} x {jax.devices()[0].device_kind}"
     # The planned run's programs compile again when its steps are not the cap's (its
     # schedule is part of the program): counted as spent before the plan.
@@ -232,15 +230,18 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path):
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       allow_config_change: bool = False) -> dict[str, float]:
+                       allow_config_change: bool = False,
+                       started: float | None = None) -> dict[str, float]:
     """Pretrains per `config` in `workdir`, resuming from its latest checkpoint.
+    `started`: the time.monotonic() a time budget counts from (main.py: the process's
+    start; default: now).
 
     Returns the last evaluation's metrics. A run found finished (a checkpoint at
     train.num_steps) is not started again: its last evaluation is returned, nothing read
     but its record. A stop request (SIGTERM, the preemption sync point, the time limit)
     saves a checkpoint and raises preemption.Preempted (TimeLimit).
     """
-    started = time.monotonic()  # a time budget counts from here
+    started = time.monotonic() if started is None else started
     pretrain_config.validate(config)
     # Every path absolute, once: relative ones mean the current directory (orbax and
     # resumed runs started elsewhere would otherwise read other files).
@@ -279,10 +280,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     # The config the run trains with: the given one, or with a time budget, scaled to its
     # plan (config.json records the given one; plan.json the plan).
     run_config, plan = config, None
+    spans = sharding.process_spans(mesh, t.batch_size)
+
+    def batches(start_step: int = 0) -> Iterator[np.ndarray]:
+        return loader.train_batches(data, t.batch_size, config.seed, start_step=start_step,
+                                    spans=spans, prefetch=config.data.prefetch)
+
     if budgeted:
         try:
-            plan = _budget(config, workdir, trainer, mesh, eval_data, tok.vocab_size, started,
-                           resumed=ckpt.latest_step() is not None)
+            plan = _budget(config, workdir, trainer, mesh, batches, eval_data, tok.vocab_size,
+                           started, resumed=ckpt.latest_step() is not None)
         except budget_lib.BudgetError:
             if distributed.is_leader():
                 workdir_lib.restore(workdir, before)
@@ -325,19 +332,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     logging.info("unigram baseline: the most frequent piece %r is %.1f %% of training tokens",
                  tok.id_to_piece(top_piece), 100 * unigram_accuracy)
     t = run_config.train
-    spans = sharding.process_spans(mesh, t.batch_size)
     logging.info("process %d reads rows %s of every global batch of %d (%s)",
                  jax.process_index(), sharding.describe_spans(spans), t.batch_size,
                  f"the shards of {config.data.prepared}" if config.data.prepared
                  else "prepared in the job")
-    batches = loader.train_batches(data, t.batch_size, config.seed, start_step=start,
-                                   spans=spans, prefetch=config.data.prefetch)
+    # The batch size and seed are the given config's (a plan changes neither).
 
     run = Pretraining(run_config, trainer, eval_data, utilisation, unigram_accuracy,
                       resumed=start > 0)
     try:
         with sharding.activate(trainer.mesh, trainer.rules):
-            _, progress, _ = engine.train(run, state, start, batches, ckpt, writer, progress)
+            _, progress, _ = engine.train(run, state, start, batches(start), ckpt, writer,
+                                          progress)
         _report(run_config, utilisation, start, time.monotonic() - started, plan)
         last = progress.evals[-1] if progress.evals else {}
         return {k: v for k, v in last.items() if k != "step"}

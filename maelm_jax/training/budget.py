@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -35,6 +36,20 @@ class BudgetError(errors.UserError):
 
 
 FIELD = "config.train.time_budget_minutes"
+
+
+def process_age() -> float:
+    """Seconds since this process started (Python and JAX starting, before any of our code
+    runs; 0 where /proc does not say)."""
+    try:
+        with open("/proc/self/stat") as f:
+            # Field 22, after the command's parenthesised name: start time in clock ticks.
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
 
 
 def timed(step: Callable[[], object], repeats: int) -> tuple[float, float]:
