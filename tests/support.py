@@ -67,6 +67,18 @@ def tiny_pretraining(tmp_path, tok, **train):
     return c
 
 
+def preempt_at(monkeypatch, config, workdir, step: int) -> None:
+    """Runs pretraining of `config` in `workdir` until a stop is requested after `step`
+    (it saves that step and raises Preempted), then lets later runs go on undisturbed."""
+    from maelm_jax.training import engine, preemption
+
+    real = engine.Loop.stop_requested
+    monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, at: at == step)
+    with pytest.raises(preemption.Preempted, match=f"at step {step}"):
+        pretrain_train.train_and_evaluate(config, str(workdir))
+    monkeypatch.setattr(engine.Loop, "stop_requested", real)
+
+
 def expect_user_error(config, workdir, match):
     before = snapshot(workdir)
     with pytest.raises(errors.UserError, match=match) as info:

@@ -29,6 +29,7 @@ from maelm_jax.study import config as study_config
 from maelm_jax.training import checkpoint as checkpoint_lib
 
 from conftest import REPO_ROOT
+from support import preempt_at
 from tiny_config import TINY_VOCAB, tiny_config
 
 pytestmark = pytest.mark.tier("unit")
@@ -212,7 +213,6 @@ def _metrics(workdir, split):
 def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
         toy, tmp_path, tiny_tokenizer, monkeypatch):
     from maelm_jax.fill_mask import run as fill_mask_run
-    from maelm_jax.training import engine, preemption
 
     c = _toy_config(tmp_path, tiny_tokenizer)
     whole = tmp_path / "whole"
@@ -231,11 +231,7 @@ def test_a_toy_objective_trains_resumes_evaluates_and_fills_masks(
 
     # Stopped at step 4 (its checkpoint) and started again: the same run, step for step.
     resumed = tmp_path / "resumed"
-    real = engine.Loop.stop_requested
-    monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 4)
-    with pytest.raises(preemption.Preempted, match="at step 4"):
-        pretrain_train.train_and_evaluate(c, str(resumed))
-    monkeypatch.setattr(engine.Loop, "stop_requested", real)
+    preempt_at(monkeypatch, c, resumed, 4)
     pretrain_train.train_and_evaluate(c, str(resumed))
     assert sorted(_metrics(resumed, "train")) == list(range(1, 9))
     for step in range(1, 9):

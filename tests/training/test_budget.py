@@ -9,9 +9,9 @@ import pytest
 
 from maelm_jax import errors, layout
 from maelm_jax.pretrain import train as pretrain_train
-from maelm_jax.training import budget, engine, optimizer, preemption
+from maelm_jax.training import budget, optimizer
 
-from support import snapshot, tiny_pretraining, train_metrics
+from support import preempt_at, snapshot, tiny_pretraining, train_metrics
 from tiny_config import tiny_config
 
 pytestmark = pytest.mark.tier("integration")
@@ -82,11 +82,7 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
                          eval_every=1000, checkpoint_every=1000, time_budget_minutes=10.0,
                          time_budget_margin=0.05)
     run = tmp_path / "run"
-    real = engine.Loop.stop_requested
-    monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 3)
-    with pytest.raises(preemption.Preempted, match="at step 3"):
-        pretrain_train.train_and_evaluate(c, str(run))
-    monkeypatch.setattr(engine.Loop, "stop_requested", real)
+    preempt_at(monkeypatch, c, run, 3)
     plan = budget.read(run)
     assert len(measured) == 1 and plan.costs.step == 30.0
     assert plan.steps == budget.plan_steps(570.0 - plan.spent_seconds, plan.costs, 1000,

@@ -23,6 +23,7 @@ from support import (
     expect_user_error,
     plain_corpus,
     plain_documents,
+    preempt_at,
     snapshot,
     tiny_pretraining,
     train_metrics,
@@ -156,16 +157,10 @@ def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, m
     """The skipped updates and the steps since the last log line before a stop are carried
     by its checkpoint: the resumed run logs what the uninterrupted run logs (here the line
     of step 6 averages steps 4-6, the stop being at step 4)."""
-    from maelm_jax.training import preemption
-
     _poison_from([1, 2], monkeypatch)
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3)
     pretrain_train.train_and_evaluate(c, str(tmp_path / "whole"))
-    real = engine.Loop.stop_requested
-    monkeypatch.setattr(engine.Loop, "stop_requested", lambda self, step: step == 4)
-    with pytest.raises(preemption.Preempted, match="at step 4"):
-        pretrain_train.train_and_evaluate(c, str(tmp_path / "resumed"))
-    monkeypatch.setattr(engine.Loop, "stop_requested", real)
+    preempt_at(monkeypatch, c, tmp_path / "resumed", 4)
     pretrain_train.train_and_evaluate(c, str(tmp_path / "resumed"))
     whole, resumed = train_metrics(tmp_path / "whole"), train_metrics(tmp_path / "resumed")
     assert sorted(whole) == sorted(resumed) == [3, 6]
