@@ -250,9 +250,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     workdir_lib.check_directory(workdir)
     if _decide(config, workdir, allow_config_change) is lifecycle.Decision.FINISHED:
         evals = metrics_lib.read(workdir, "eval")
-        logging.info("%s holds this run, finished at step %d: nothing trained (give more "
-                     "train.num_steps to continue it)", workdir,
-                     max(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)))
+        logging.info("%s holds this run, finished at step %d: nothing trained (%s)", workdir,
+                     max(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)),
+                     "the steps its time budget planned" if budget_lib.read(workdir) else
+                     "give more train.num_steps to continue it")
         return {k: v for k, v in (evals[-1] if evals else {}).items()
                 if k not in ("step", "split")}
     t = config.train
