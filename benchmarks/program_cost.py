@@ -247,9 +247,9 @@ def export_train_step(config, platform: str) -> str:
         trainer = setup_lib.build(config, config.tokenizer.vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     with _gpu_libraries_on_this_host(), sharding.activate(trainer.mesh, trainer.rules):
-        exported = export.export(trainer.train_step, platforms=[platform],
+        exported = export.export(trainer.program, platforms=[platform],
                                  disabled_checks=checks)(trainer.state.abstract,
-                                                         trainer.batch_spec())
+                                                         trainer.batch_spec(), trainer.schedule)
     return exported.mlir_module()
 
 

@@ -303,7 +303,7 @@ def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderCon
     model = task.model(encoder_cfg)
     optimizer = optimizer_config(config.train, num_steps)
     # The schedule is data in the state: programs differ only by shapes and the model.
-    tx, _ = optimizer_lib.make_optimizer(optimizer, runtime_learning_rate=True)
+    tx = optimizer_lib.make_optimizer(optimizer)
     schedule = optimizer_lib.schedule_values(optimizer)
     options = {"xla_backend_optimization_level": 0} if config.fast_compile else None
     eval_one = make_eval_step(model, task)

@@ -43,17 +43,31 @@ class Trainer:
     counts: masking.MaskCounts  # the static sizes of every masked batch
     model: nn.Module  # the objective's model (`model`)
     tx: optax.GradientTransformation
-    schedule: optax.Schedule
+    # The learning-rate schedule as data, [peak, warmup steps, total steps] float32
+    # (optimizer.learning_rate_at), replicated: config.train's, or a time budget's plan.
+    schedule: jax.Array
     state: state_lib.StateSetup  # init(), the abstract state and its shardings
-    # train_step(state, tokens [batch, L] int32) -> (state, metrics): the state donated,
-    # the batch split over data x fsdp, metrics replicated; compiles exactly once.
-    train_step: Callable
+    # program(state, tokens [batch, L] int32, schedule) -> (state, metrics): the state
+    # donated, the batch split over data x fsdp, metrics replicated; compiles exactly once,
+    # whatever the schedule.
+    program: Callable
     # eval_step(params, tokens [b, L] int32, key) -> masked-LM sums, replicated.
     eval_step: Callable
 
     def init(self) -> pretrain_steps.TrainState:
         """The initial train state, sharded on the mesh."""
         return self.state.init()
+
+    def train_step(self, state: pretrain_steps.TrainState,
+                   tokens: jax.Array) -> tuple[pretrain_steps.TrainState, dict]:
+        """One optimiser step on the global batch `tokens` with this trainer's schedule."""
+        return self.program(state, tokens, self.schedule)
+
+    def with_steps(self, config: ml_collections.ConfigDict) -> Trainer:
+        """This trainer running `config` (this one's, with other train.num_steps and the
+        schedule and cadence scaled to them): the same compiled programs."""
+        return dataclasses.replace(self, config=config,
+                                   schedule=schedule_values(config.train, self.mesh))
 
     @property
     def num_params(self) -> int:
@@ -65,11 +79,21 @@ class Trainer:
             (self.config.train.batch_size, self.config.data.seq_len), np.int32,
             sharding=sharding.batch_sharding(self.mesh))
 
+    def lower_train_step(self) -> Any:
+        """The train step lowered for the abstract state and batch (jax's Lowered)."""
+        with sharding.activate(self.mesh, self.rules):
+            return self.program.lower(self.state.abstract, self.batch_spec(), self.schedule)
+
     def compile_train_step(self) -> Any:
         """The train step compiled ahead of time for the abstract state and batch (its
         `memory_analysis()` and `cost_analysis()` describe the real step)."""
-        with sharding.activate(self.mesh, self.rules):
-            return self.train_step.lower(self.state.abstract, self.batch_spec()).compile()
+        return self.lower_train_step().compile()
+
+
+def schedule_values(train: ml_collections.ConfigDict, mesh: Mesh) -> jax.Array:
+    """`train`'s learning-rate schedule as the train step takes it, replicated on `mesh`."""
+    return jax.device_put(np.asarray(optimizer_lib.schedule_values(train), np.float32),
+                          sharding.replicated(mesh))
 
 
 def encoder_config(config: ml_collections.ConfigDict,
@@ -168,14 +192,16 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     objective = pretrain_config.objective(config)
     model_cfg = model_config(config, vocab_size)
     model = objective.model(model_cfg)
-    tx, schedule = optimizer_lib.make_optimizer(t)
+    # The update count kept as optax.adamw's schedule keeps it: checkpoints of runs from
+    # before the schedule was data restore.
+    tx = optimizer_lib.make_optimizer(t, counts_updates=True)
     state = pretrain_steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
-    train_step = steps.jit_train_step(
-        pretrain_steps.make_train_step(model, model_cfg, objective, tx, schedule, counts,
-                                       vocab_size, t.grad_accum_steps, t.prng_impl),
-        state, mesh)
+    program = steps.jit_train_step(
+        pretrain_steps.make_train_step(model, model_cfg, objective, tx, counts, vocab_size,
+                                       t.grad_accum_steps, t.prng_impl),
+        state, mesh, replicated_args=1)
     eval_step = steps.jit_eval_step(
         pretrain_steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
         replicated_args=1)
-    return Trainer(config, vocab_size, mesh, rules, counts, model, tx, schedule, state,
-                   train_step, eval_step)
+    return Trainer(config, vocab_size, mesh, rules, counts, model, tx,
+                   schedule_values(t, mesh), state, program, eval_step)

@@ -83,14 +83,16 @@ def make_train_step(
     model_cfg: Any,
     objective: objectives.Objective,
     tx: optax.GradientTransformation,
-    schedule: optax.Schedule,
     counts: masking.MaskCounts,
     vocab_size: int,
     grad_accum_steps: int,
     prng_impl: str = "threefry2x32",
 ) -> Callable:
-    """Returns train_step(state, tokens [batch, L] int32) -> (state, metrics). `model_cfg`:
-    the objective's model config `model` was built from (its corruption and loss read it).
+    """Returns train_step(state, tokens [batch, L] int32, schedule [3] float32) -> (state,
+    metrics). `model_cfg`: the objective's model config `model` was built from (its
+    corruption and loss read it); `tx`: optimizer.make_optimizer's, given the rate
+    learning_rate_at(state.step, schedule) at each step (the schedule is data: a run's
+    length is not part of its program).
 
     `prng_impl` must be the one the state's `rng` was made with (state_setup's)."""
 
@@ -113,7 +115,7 @@ def make_train_step(
         return objective.loss_sums(
             model_cfg, jnp.zeros((*batch.targets.shape, vocab_size), jnp.float32), batch)
 
-    def train_step(state: TrainState, tokens: jax.Array):
+    def train_step(state: TrainState, tokens: jax.Array, schedule: jax.Array):
         B, L = tokens.shape
         # Row r goes to micro-batch r % A: each device's contiguous rows split evenly over
         # the micro-batches, so accumulation needs no communication.
@@ -136,12 +138,13 @@ def make_train_step(
         count = jnp.maximum(sums["count"], 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
         loss = sums["loss_sum"] / count
+        learning_rate = optimizer_lib.learning_rate_at(state.step, schedule)
         params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
-            tx, grads, state.opt_state, state.params, loss)
+            tx, grads, state.opt_state, state.params, loss, learning_rate=learning_rate)
         metrics = {
             **objectives.per_token(sums),  # loss, accuracy and any other sum, per token
             "grad_norm": grad_norm,
-            "learning_rate": schedule(state.step),
+            "learning_rate": learning_rate,
             "nonfinite": nonfinite,
         }
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -105,9 +105,9 @@ MEASURED_CHECKPOINTS = ".time-budget-checkpoints"  # in the workdir while they a
 
 def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
              batches: Iterator[np.ndarray], eval_data: list[jax.Array],
-             workdir: paths.Path) -> tuple[budget_lib.Costs, float]:
-    """(the costs of a step, an evaluation and a checkpoint of `trainer` on these devices,
-    the seconds its programs took to compile), on a state of its own (freed after),
+             workdir: paths.Path) -> budget_lib.Costs:
+    """The costs of a step, an evaluation and a checkpoint of `trainer` on these devices,
+    on a state of its own (freed after),
     each step fed as the run's are (`batches`: the loader's, read and sent to the devices
     within the step's time). The checkpoints are written where the run's go (the workdir,
     which every process shares), in a scratch directory removed after."""
@@ -122,8 +122,8 @@ def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
         return evaluate(trainer.eval_step, state[0].params, eval_data, config.seed)
 
     with sharding.activate(trainer.mesh, trainer.rules):
-        compile_step, step_seconds = budget_lib.timed(step, MEASURED_STEPS)
-        compile_eval, eval_seconds = budget_lib.timed(evaluation, 1)
+        _, step_seconds = budget_lib.timed(step, MEASURED_STEPS)
+        _, eval_seconds = budget_lib.timed(evaluation, 1)
         scratch = workdir / MEASURED_CHECKPOINTS
         try:
             ckpt = checkpoint_lib.Checkpointer(scratch, 2)
@@ -144,8 +144,8 @@ def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
             if distributed.is_leader():
                 paths.remove(scratch)
     del state[0]
-    return (budget_lib.Costs(step=step_seconds, evaluation=eval_seconds,
-                             checkpoint=checkpoint_seconds), compile_step + compile_eval)
+    return budget_lib.Costs(step=step_seconds, evaluation=eval_seconds,
+                            checkpoint=checkpoint_seconds)
 
 
 def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mesh,
@@ -162,11 +162,11 @@ def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mes
         raise budget_lib.BudgetError(
             f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "
             f"{layout.PLAN_FILE}); continue it without one, or use another --workdir")
-    costs, compile_seconds = _measure(trainer, config, batches(), eval_data, workdir)
+    costs = _measure(trainer, config, batches(), eval_data, workdir)
     device = f"{mesh.size} x {jax.devices()[0].device_kind}"
-    # The planned run's programs compile again when its steps are not the cap's (its
-    # schedule is part of the program): counted as spent before the plan.
-    spent = time.monotonic() - started + compile_seconds
+    # The planned run runs the measured programs (its schedule is data): what is left of
+    # the budget is what the measurement left.
+    spent = time.monotonic() - started
 
     def plan_of(steps: int | None = None) -> budget_lib.Plan:
         return budget_lib.make(60 * t.time_budget_minutes, t.time_budget_margin, spent, costs,
@@ -297,8 +297,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             raise
         run_config = config.copy_and_resolve_references()
         budget_lib.scale_schedule(run_config.train, plan.steps)
-        if plan.steps != t.num_steps:
-            trainer = setup_lib.build(run_config, tok.vocab_size, mesh, rules)
+        trainer = trainer.with_steps(run_config)
     logging.info("%s model: %.2fM parameters", config.objective, trainer.num_params / 1e6)
     counts = trainer.counts
     logging.info(

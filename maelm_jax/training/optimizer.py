@@ -1,4 +1,5 @@
-"""AdamW with linear warmup then linear decay, and global-norm clipping (MAE-LM Table 4)."""
+"""AdamW with linear warmup then linear decay, and global-norm clipping (MAE-LM Table 4);
+the schedule is data given to each step (learning_rate_at), not compiled in."""
 
 from __future__ import annotations
 
@@ -16,23 +17,12 @@ _DECAYED_LEAVES = ("kernel", "query_kernel", "key_kernel", "value_kernel", "out_
                    "embedding", "rel_embedding")
 
 
-def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-    """0 -> peak over warmup_steps, then linearly to 0 at num_steps."""
-    warmup = min(train.warmup_steps, train.num_steps)
-    return optax.join_schedules(
-        [
-            optax.linear_schedule(0.0, train.learning_rate, max(warmup, 1)),
-            optax.linear_schedule(train.learning_rate, 0.0, max(train.num_steps - warmup, 1)),
-        ],
-        [warmup],
-    )
-
-
 def learning_rate_at(step: jax.Array, schedule: jax.Array) -> jax.Array:
-    """learning_rate_schedule's value at `step` from the schedule as data, `schedule` =
-    [peak, warmup steps, total steps] (float32): the same line in a program that serves
-    every learning rate and length (fine-tuning's, where each task and setting would
-    otherwise compile its own step)."""
+    """The learning rate at `step` (optimiser updates done): 0 -> peak over the warmup
+    steps, then linearly to 0 at the total steps. `schedule` = [peak, warmup steps, total
+    steps] (float32) is data, not part of the program: one compiled step serves every
+    learning rate and length (fine-tuning's tasks and settings; a pretraining run whose
+    time budget plans its steps after its step is compiled and timed)."""
     peak, warmup, total = schedule[0], schedule[1], schedule[2]
     warmup = jnp.minimum(warmup, total)
     step = step.astype(jnp.float32)
@@ -47,14 +37,25 @@ def schedule_values(train: ml_collections.ConfigDict) -> tuple[float, float, flo
     return (float(train.learning_rate), float(train.warmup_steps), float(train.num_steps))
 
 
-def _scale_by_learning_rate_argument() -> optax.GradientTransformationExtraArgs:
-    """-learning_rate x updates, the rate given to each update (`learning_rate=`)."""
+def _scale_by_learning_rate_argument(
+        counts_updates: bool) -> optax.GradientTransformationExtraArgs:
+    """-learning_rate x updates, the rate given to each update (`learning_rate=`).
+    counts_updates: the state counts the updates as optax's scheduled rate does
+    (ScaleByScheduleState), so that the optimiser state has the tree of optax.adamw's with
+    a schedule (pretraining's checkpoints from before the schedule was data hold one)."""
+
+    def init(params):
+        del params
+        return (optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32)) if counts_updates
+                else optax.EmptyState())
 
     def update(updates, state, params=None, *, learning_rate, **extra_args):
         del params, extra_args
+        if counts_updates:
+            state = optax.ScaleByScheduleState(count=optax.safe_increment(state.count))
         return jax.tree.map(lambda u: -learning_rate * u, updates), state
 
-    return optax.GradientTransformationExtraArgs(lambda params: optax.EmptyState(), update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def weight_decay_mask(params) -> dict:
@@ -67,26 +68,20 @@ def weight_decay_mask(params) -> dict:
     return jax.tree_util.tree_map_with_path(decayed, params)
 
 
-def make_optimizer(
-    train: ml_collections.ConfigDict, runtime_learning_rate: bool = False,
-) -> tuple[optax.GradientTransformation, optax.Schedule | None]:
-    """(AdamW with `train`'s schedule compiled in, the schedule); runtime_learning_rate:
-    (AdamW whose every update is given its rate, `tx.update(..., learning_rate=lr)`, None),
-    the same transformations in the same order as optax.adamw's."""
+def make_optimizer(train: ml_collections.ConfigDict,
+                   counts_updates: bool = False) -> optax.GradientTransformation:
+    """AdamW whose every update is given its rate (`tx.update(..., learning_rate=lr)`, lr
+    from learning_rate_at), with `train`'s betas, epsilon, weight decay and clipping: the
+    transformations of optax.adamw in its order. counts_updates: see
+    _scale_by_learning_rate_argument."""
     mask = weight_decay_mask if train.get("weight_decay_on", "weights") == "weights" else None
-    if runtime_learning_rate:
-        schedule = None
-        adamw = optax.chain(
-            optax.scale_by_adam(b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps),
-            optax.add_decayed_weights(train.weight_decay, mask),
-            _scale_by_learning_rate_argument())
-    else:
-        schedule = learning_rate_schedule(train)
-        adamw = optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps,
-                            weight_decay=train.weight_decay, mask=mask)
+    adamw = optax.chain(
+        optax.scale_by_adam(b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps),
+        optax.add_decayed_weights(train.weight_decay, mask),
+        _scale_by_learning_rate_argument(counts_updates))
     if train.clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(train.clip_norm), adamw), schedule
-    return adamw, schedule
+        return optax.chain(optax.clip_by_global_norm(train.clip_norm), adamw)
+    return adamw
 
 
 def finite_update(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any,

@@ -17,14 +17,17 @@ from maelm_jax.training import state as state_lib
 
 def jit_train_step(train_step: Callable, setup: state_lib.StateSetup, mesh: Mesh,
                    compiler_options: dict | None = None,
-                   batch_layout: jax.sharding.NamedSharding | None = None) -> Callable:
-    """A train step (pretraining's or fine-tuning's: state, batch -> state, metrics)
+                   batch_layout: jax.sharding.NamedSharding | None = None,
+                   replicated_args: int = 0) -> Callable:
+    """A train step (pretraining's or fine-tuning's: state, batch, *args -> state, metrics)
     compiled for the mesh: state in its shardings (donated), every array of the batch split
-    over data x fsdp (or as `batch_layout` says), metrics replicated. Fixed shardings in and
-    out, so it compiles once per batch shape."""
+    over data x fsdp (or as `batch_layout` says), the `replicated_args` further arguments
+    (pretraining's schedule) and the metrics replicated. Fixed shardings in and out, so it
+    compiles once per batch shape."""
     return jax.jit(
         train_step,
-        in_shardings=(setup.shardings, batch_layout or sharding.batch_sharding(mesh)),
+        in_shardings=(setup.shardings, batch_layout or sharding.batch_sharding(mesh),
+                      *[sharding.replicated(mesh)] * replicated_args),
         out_shardings=(setup.shardings, sharding.replicated(mesh)),
         donate_argnums=0,
         compiler_options=compiler_options,

@@ -46,19 +46,26 @@ def test_one_program_serves_every_learning_rate_warmup_and_length(sst2_settings,
     assert _lowered_step(sst2_settings, tmp_path / "c", **{"train.batch_size": 4}) != first
 
 
-def test_the_schedule_as_data_is_optax_schedule_and_updates_alike():
-    """Every step of warmup, decay and beyond: the same rates as the compiled schedule
-    (optax's), and AdamW's updates bit for bit."""
+@pytest.mark.parametrize("counts_updates", [False, True])
+def test_the_schedule_as_data_is_optax_schedule_and_updates_alike(counts_updates):
+    """Every step of warmup, decay and beyond: the same rates as optax's compiled
+    schedule, and optax.adamw's updates bit for bit; counting the updates, the state has
+    optax.adamw's tree (pretraining's checkpoints from before restore)."""
     t = ml_collections.ConfigDict(dict(
         learning_rate=1e-3, warmup_steps=3, num_steps=10, weight_decay=0.01,
         weight_decay_on="weights", adam_b1=0.9, adam_b2=0.98, adam_eps=1e-6, clip_norm=1.0))
-    compiled, schedule = optimizer_lib.make_optimizer(t)
-    runtime, none = optimizer_lib.make_optimizer(t, runtime_learning_rate=True)
-    assert none is None
+    schedule = optax.join_schedules([optax.linear_schedule(0.0, 1e-3, 3),
+                                     optax.linear_schedule(1e-3, 0.0, 7)], [3])
+    compiled = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+        schedule, b1=0.9, b2=0.98, eps=1e-6, weight_decay=0.01,
+        mask=optimizer_lib.weight_decay_mask))
+    runtime = optimizer_lib.make_optimizer(t, counts_updates)
     values = jnp.asarray(optimizer_lib.schedule_values(t), jnp.float32)
     params = {"dense": {"kernel": jnp.ones((3, 4)), "bias": jnp.ones(4)}}
     a, b = params, params
     state_a, state_b = compiled.init(a), runtime.init(b)
+    same_tree = jax.tree.structure(state_a) == jax.tree.structure(state_b)
+    assert same_tree == counts_updates
     for step in range(13):
         rate = optimizer_lib.learning_rate_at(jnp.int32(step), values)
         assert float(rate) == pytest.approx(float(schedule(step)), rel=1e-6, abs=1e-12)

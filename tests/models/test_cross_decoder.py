@@ -120,7 +120,7 @@ def test_cross_train_step_compiles_once_and_learns():
     for _ in range(20):
         state, metrics = train_step(state, tokens)
         losses.append(float(metrics["loss"]))
-    assert train_step._cache_size() == 1
+    assert trainer.program._cache_size() == 1
     assert losses[-1] < losses[0] - 0.5, losses
 
 

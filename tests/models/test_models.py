@@ -363,9 +363,10 @@ def test_weight_decay_on_all_parameters_moves_biases(decay_on):
     c = tiny_config("maelm")
     c.train.update(weight_decay=0.1, weight_decay_on=decay_on, learning_rate=0.1,
                    warmup_steps=0)
-    tx, _ = optimizer.make_optimizer(c.train)
+    tx = optimizer.make_optimizer(c.train)
     params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones((2,))}}
-    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params,
+                           learning_rate=0.1)
     assert float(jnp.abs(updates["dense"]["kernel"]).max()) > 0
     assert (float(jnp.abs(updates["dense"]["bias"]).max()) > 0) == (decay_on == "all")
 

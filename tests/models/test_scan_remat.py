@@ -75,7 +75,7 @@ def test_scanned_rematerialised_step_matches_the_plain_one(objective, policy):
                  jax.device_get(new_plain.params))
     for _ in range(2):
         new_scanned, _ = scanned_step(new_scanned, tokens)
-    assert scanned_step._cache_size() == 1
+    assert scanned_step.__self__.program._cache_size() == 1  # the trainer's program
 
 
 def test_checkpoints_restore_across_layouts_and_fine_tuning_reads_stacked(tmp_path):

@@ -83,7 +83,7 @@ def test_train_step_compiles_once(objective, accum, ablation):
         tokens = rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)).astype(np.int32)
         state, metrics = train_step(state, jnp.asarray(tokens))
         losses.append(float(metrics["loss"]))
-    assert train_step._cache_size() == 1
+    assert train_step.__self__.program._cache_size() == 1  # the trainer's program
     assert int(state.step) == 24
     assert np.all(np.isfinite(losses))
 

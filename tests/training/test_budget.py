@@ -5,6 +5,7 @@ here is timed."""
 
 import json
 
+import jax.numpy as jnp
 import pytest
 
 from maelm_jax import errors, layout
@@ -41,10 +42,14 @@ def test_the_schedule_keeps_its_shape_at_the_planned_end():
     t.num_steps, t.warmup_steps, t.eval_every, t.checkpoint_every = 1000, 100, 500, 400
     budget.scale_schedule(t, 250)
     assert (t.num_steps, t.warmup_steps, t.eval_every, t.checkpoint_every) == (250, 25, 250, 250)
-    schedule = optimizer.learning_rate_schedule(t)
-    assert float(schedule(25)) == pytest.approx(t.learning_rate)  # the peak, a tenth in
-    assert float(schedule(250)) == 0.0  # the decay's floor at the planned end
-    assert float(schedule(249)) > 0.0
+    values = jnp.asarray(optimizer.schedule_values(t), jnp.float32)
+
+    def schedule(step):
+        return float(optimizer.learning_rate_at(jnp.int32(step), values))
+
+    assert schedule(25) == pytest.approx(t.learning_rate)  # the peak, a tenth in
+    assert schedule(250) == 0.0  # the decay's floor at the planned end
+    assert schedule(249) > 0.0
 
 
 @pytest.mark.tier("unit")
@@ -64,10 +69,10 @@ SLOW_STEPS = budget.Costs(step=30.0, evaluation=0.0, checkpoint=0.0)
 
 
 def _costs(monkeypatch, costs=SLOW_STEPS):
-    """The measurement replaced by `costs` (and no compile seconds)."""
+    """The measurement replaced by `costs`."""
     measured = []
     monkeypatch.setattr(pretrain_train, "_measure",
-                        lambda *args: measured.append(args) or (costs, 0.0))
+                        lambda *args: measured.append(args) or costs)
     return measured
 
 
@@ -76,8 +81,13 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
     """10 minutes at an injected 30 s a step: the plan's steps (num_steps is the cap),
     the warmup its share of them, the decay ending at the planned last step. Stopped
     mid-way and resumed with another budget, the run keeps its plan (nothing measured
-    again) and ends as a run configured with the planned steps does."""
+    again) and ends as a run configured with the planned steps does. The planned run's
+    step is the measured one's program (the schedule is data): built and compiled once."""
     measured = _costs(monkeypatch)
+    built = []
+    build = pretrain_train.setup_lib.build
+    monkeypatch.setattr(pretrain_train.setup_lib, "build",
+                        lambda *args: built.append(build(*args)) or built[-1])
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=100, warmup_steps=20,
                          eval_every=1000, checkpoint_every=1000, time_budget_minutes=10.0,
                          time_budget_margin=0.05)
@@ -85,6 +95,7 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
     preempt_at(monkeypatch, c, run, 3)
     plan = budget.read(run)
     assert len(measured) == 1 and plan.costs.step == 30.0
+    assert len(built) == 1 and built[0].program._cache_size() == 1
     assert plan.steps == budget.plan_steps(570.0 - plan.spent_seconds, plan.costs, 1000,
                                            1000, 100)
     assert 5 <= plan.steps < 19  # 570 s less what the start took, at 30 s a step

@@ -139,7 +139,7 @@ def test_finetuning_state_shards_like_pretraining():
             "vocab_size": TINY_VOCAB, "max_positions": 32, "rel_pos_buckets": 8,
             "rel_pos_max_distance": 16}
     model = heads.SequenceClassifier(encoder_lib.from_architecture(arch), num_outputs=2)
-    tx, _ = optimizer.make_optimizer(c.train)
+    tx = optimizer.make_optimizer(c.train)
     mesh = sharding.make_mesh((2, 2, 2))
     setup = finetune_setup.state_setup(model, tx, 0, 16, mesh, sharding.DEFAULT_RULES)
     words = ("encoder", "word_embeddings", "embedding")
