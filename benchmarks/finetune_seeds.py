@@ -37,6 +37,7 @@ from absl import app, flags
 from maelm_jax import cli, errors, sharding, tokenizer
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, heads, seed_group, tasks, train
+from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.study import config as study_config
 
@@ -95,7 +96,8 @@ def main(argv) -> None:
         study_config.validate(study)
         c = seed_config(study)
         vocab_size = study.pretrain.tokenizer.vocab_size
-        encoder_cfg = train.scratch_encoder(c, vocab_size)
+        encoder_cfg = finetune_encoder.build(
+            c, finetune_encoder.scratch_architecture(c, vocab_size))
     except errors.UserError as e:
         cli.fail(str(e), cli.program())
     max_len = c.data.max_seq_len

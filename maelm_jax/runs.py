@@ -33,10 +33,9 @@ import numpy as np
 from maelm_jax import errors, layout, paths, schema
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, pipeline, shards
+from maelm_jax.models import builder, layer_layout
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layer_layout
 from maelm_jax.pretrain import config as pretrain_config
-from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import state as state_lib
 
@@ -98,41 +97,32 @@ def read_json(path: paths.Path) -> dict:
         raise CheckpointError(f"config.init_from: {path} is not valid JSON ({e})") from None
 
 
-def _encoder_config(workdir: paths.Path, vocab_size: int, dropout: float,
-                    attention_dropout: float, dtype: str, attention_impl: str
-                    ) -> tuple[encoder_lib.EncoderConfig, str]:
-    """The encoder the workdir's files describe, with the fine-tuning run's dropout, dtype
-    and attention kernel, and the kind of run that wrote them: "pretraining" or
-    "fine-tuning"."""
-    run = {"dropout": dropout, "attention_dropout": attention_dropout, "dtype": dtype,
-           "attention_impl": attention_impl}
-    run_config = read_json(workdir / layout.CONFIG_FILE)
+def _architecture(workdir: paths.Path, vocab_size: int) -> tuple[dict, str, str]:
+    """(the architecture record of the encoder the workdir's files describe, where it was
+    read (for errors), the kind of run that wrote them: "pretraining" or "fine-tuning")."""
+    config_path = workdir / layout.CONFIG_FILE
+    run_config = read_json(config_path)
     if run_config.get("mode") == "finetune":
         path = workdir / layout.ENCODER_FILE
-        try:
-            cfg = encoder_lib.from_architecture(read_json(path),
-                                                where=f"config.init_from: {path}", **run)
-        except encoder_lib.ArchitectureError as e:
-            raise CheckpointError(str(e)) from None
-        return cfg, "fine-tuning"
+        return read_json(path), f"config.init_from: {path}", "fine-tuning"
     try:
-        return pretrained_encoder(run_config, vocab_size, **run), "pretraining"
+        arch = pretrained_architecture(run_config, vocab_size)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"config.init_from: {workdir / layout.CONFIG_FILE} is not a "
-                              f"pretraining config ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"config.init_from: {config_path} is not a pretraining config "
+                              f"({type(e).__name__}: {e})") from None
+    return arch, f"config.init_from: {config_path}", "pretraining"
 
 
-def pretrained_encoder(run_config: Mapping[str, Any], vocab_size: int,
-                       **run: Any) -> encoder_lib.EncoderConfig:
-    """The encoder a pretraining config (a dict, as config.json holds it) describes, as
-    fine-tuning rebuilds it: the architecture is pretraining's, the rest (`run`: dropout,
-    attention_dropout, dtype, attention_impl) the fine-tuning run's. A study sizing its
-    fine-tuning builds the same, so the program it compiles is the one the parts reuse."""
+def pretrained_architecture(run_config: Mapping[str, Any], vocab_size: int) -> dict:
+    """The architecture record of the encoder a pretraining config (a dict, as config.json
+    holds it) trains, for a vocabulary of `vocab_size`: what fine-tuning, the analyses
+    and the study's sizing build their encoder from (models/builder.py), each with its
+    own run settings."""
     # Defaults first: a run recorded before a field existed still describes its model.
     merged = schema.over_defaults(pretrain_config.pretrain_defaults().to_dict(),
                                   dict(run_config))
-    cfg = setup_lib.encoder_config(ml_collections.ConfigDict(merged), vocab_size)
-    return encoder_lib.from_architecture(encoder_lib.architecture(cfg), **run)
+    return encoder_lib.model_architecture(merged["model"], vocab_size=vocab_size,
+                                          max_positions=int(merged["data"]["seq_len"]))
 
 
 def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokenizer:
@@ -254,16 +244,18 @@ def abstract_encoder_params(cfg: encoder_lib.EncoderConfig) -> Any:
     return state_lib.abstract_params(encoder_init(cfg))
 
 
-def load_pretrained(init_from: str, dropout: float, attention_dropout: float, dtype: str,
-                    tokenizer_path: str = "", weights: bool = True,
-                    attention_impl: str = "einsum") -> Pretrained:
-    """Resolves, reads and checks the encoder a fine-tuning run starts from. weights=False
-    reads only its architecture and tokenizer (params None: the from-scratch control).
-    attention_impl: a resolved layers.ATTENTION_IMPLS name (not "auto")."""
+def load_pretrained(init_from: str, run: builder.Run, tokenizer_path: str = "",
+                    weights: bool = True) -> Pretrained:
+    """Resolves, reads and checks the encoder a fine-tuning run (or an analysis) starts
+    from, built with `run`'s settings. weights=False reads only its architecture and
+    tokenizer (params None: the from-scratch control)."""
     workdir, step_dir = resolve_checkpoint(init_from)
     tok = find_tokenizer(workdir, tokenizer_path)
-    cfg, kind = _encoder_config(workdir, tok.vocab_size, dropout, attention_dropout, dtype,
-                                attention_impl)
+    arch, record, kind = _architecture(workdir, tok.vocab_size)
+    try:
+        cfg = builder.encoder(arch, run, record=record)
+    except encoder_lib.ArchitectureError as e:
+        raise CheckpointError(str(e)) from None
     if cfg.vocab_size != tok.vocab_size:
         raise CheckpointError(f"config.init_from: {workdir} was trained with a vocabulary of "
                               f"{cfg.vocab_size} pieces but the tokenizer {tok.model_path} "

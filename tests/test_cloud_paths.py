@@ -18,6 +18,7 @@ from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.fill_mask import config as fill_mask_config
 from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import train
+from maelm_jax.models import builder
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
 
@@ -141,7 +142,7 @@ def test_finetuning_reads_and_writes_the_bucket(bucket, pretrained):
     assert (out / "tokenizer.model").read_bytes() == (
         pretrained.run / "tokenizer.model").read_bytes()
     # The fine-tuned workdir in the bucket is itself an init_from.
-    again = runs.load_pretrained("gs://bucket/sst2", 0.0, 0.0, "float32")
+    again = runs.load_pretrained("gs://bucket/sst2", builder.Run())
     assert again.description.startswith("fine-tuning checkpoint gs://bucket/sst2/checkpoints/")
     assert list(bucket.cwd.iterdir()) == []
 

@@ -19,6 +19,7 @@ from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, pipeline, sources
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.models import builder
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import checkpoint
@@ -33,6 +34,9 @@ from support import (
     train_metrics,
 )
 from tiny_config import tiny_config
+
+# What a fine-tuning run sets on the encoder it reads back (models/builder.py).
+WITH_DROPOUT = builder.Run(dropout=0.1, attention_dropout=0.1)
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -92,7 +96,7 @@ def test_relative_paths_from_another_directory(tmp_path, tiny_tokenizer, monkeyp
     assert results["num_steps"] == 2
     assert (tmp_path / "runs" / "sst2" / "results.json").is_file()
     # One checkpoint directory, relative, as init_from.
-    p = runs.load_pretrained("runs/pre/checkpoints/3", 0.1, 0.1, "float32")
+    p = runs.load_pretrained("runs/pre/checkpoints/3", WITH_DROPOUT)
     assert p.description.endswith("runs/pre/checkpoints/3")
 
 
@@ -208,7 +212,7 @@ def test_no_intact_checkpoint_is_one_line_and_touches_nothing(tmp_path, tiny_tok
     # Fine-tuning from one of them says so too.
     with pytest.raises(errors.UserError, match=r"checkpoints/2 cannot be restored \(.*\); it "
                                                r"may be damaged") as info:
-        runs.load_pretrained(str(run / "checkpoints" / "2"), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(run / "checkpoints" / "2"), WITH_DROPOUT)
     assert "\n" not in str(info.value)
 
 

@@ -19,6 +19,7 @@ from maelm_jax import distributed, errors, layout, paths, run_configs, runs, sha
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import inputs, rank, report
+from maelm_jax.models import builder
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import state as state_lib
 
@@ -84,7 +85,7 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
                  rules) -> dict:
     run_workdir, step_dir = _resolve(path)
     try:
-        pretrained = runs.load_pretrained(path, 0.0, 0.0, config.dtype)
+        pretrained = runs.load_pretrained(path, builder.Run(dtype=config.dtype))
     except errors.UserError as e:
         raise _as_runs_error(e) from None
     run_cfg = run_configs.recorded_config(run_workdir)

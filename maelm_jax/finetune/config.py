@@ -263,6 +263,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         c.init_from,
     )
     kind.validate(c)
+    if not c.init_from:  # the encoder is config.model's (else the run's it starts from)
+        schema.stack_rules(c.model, "model", c.model.attention_impl, require)
     buckets = tuple(c.data.buckets)
     require(
         list(buckets) == sorted(buckets),

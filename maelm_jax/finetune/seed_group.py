@@ -52,7 +52,7 @@ from absl import logging
 from maelm_jax import distributed, layout, paths
 from maelm_jax.data import digests
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import loading, tasks, train
+from maelm_jax.finetune import encoder, loading, tasks, train
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.training import lifecycle
 
@@ -250,7 +250,7 @@ def _encoders(p: train.Prepared, configs: Sequence[ml_collections.ConfigDict],
     params, sources = [p.encoder_params], [p.source]
     tokenizer = digests.sha256_of(p.tokenizer.model_path)
     for key, c in zip(keys[1:], configs[1:], strict=True):
-        cfg, own, tok, source = train.encoder_and_tokenizer(c)
+        cfg, own, tok, source = encoder.encoder_and_tokenizer(c)
         if cfg != p.encoder_cfg:
             raise finetune_config.FinetuneConfigError(
                 f"config.init_from: run {key} of a group starts from {c.init_from}, whose "

@@ -39,7 +39,7 @@ from absl import logging
 from maelm_jax import distributed, layout, paths
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import seed_group, train
+from maelm_jax.finetune import encoder, seed_group, train
 from maelm_jax.training import lifecycle
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
@@ -103,7 +103,7 @@ def _run_group(config: ml_collections.ConfigDict, setting: dict, seeds: tuple[in
 def _architecture(config: ml_collections.ConfigDict) -> str:
     """What decides whether runs can share a program: the encoder's config (its
     architecture, dtype, dropout and kernel), read without its weights."""
-    return repr(train.encoder_and_tokenizer(config, weights=False)[0])
+    return repr(encoder.encoder_and_tokenizer(config, weights=False)[0])
 
 
 def run_models(sweeps: dict[str, ml_collections.ConfigDict], workdirs: dict[str, str],

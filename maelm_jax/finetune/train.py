@@ -48,14 +48,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths, runs, schema, sharding
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import distributed, layout, paths, sharding
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import data, loading, tasks
+from maelm_jax.finetune import data, encoder, loading, tasks
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers, options
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
@@ -111,82 +109,6 @@ def _check_workdir(workdir: paths.Path, init_from: str) -> None:
         raise finetune_config.FinetuneConfigError(
             f"config.init_from {init_from} is inside --workdir {workdir}; fine-tune into "
             f"another directory")
-
-
-def attention_impl(config: ml_collections.ConfigDict, num_heads: int, d_model: int) -> str:
-    """config.model.attention_impl resolved for this backend and the run's dtype, checked
-    against the encoder's heads (the Pallas kernel's tiles need a power-of-two head size of
-    at least 16, and a GPU or, interpreted, a CPU)."""
-    m = config.model
-    head_dim = d_model // num_heads
-    impl = layers.resolve_attention_impl(m.attention_impl, layers.resolve_dtype(m.dtype),
-                                         attention_dropout=m.attention_dropout,
-                                         head_dims=(head_dim,))
-    if impl == "pallas" and not schema.pallas_heads(head_dim):
-        raise finetune_config.FinetuneConfigError(
-            f"config.model.attention_impl: expected 'einsum' or 'auto' for an encoder with "
-            f"{num_heads} heads of {head_dim} (the Pallas kernel needs a power-of-two head "
-            f"size >= 16), got 'pallas'")
-    if impl == "pallas" and jax.default_backend() == "tpu":
-        try:
-            length = config.data.max_seq_len or 512  # 0: at most 512 (the positions')
-            finetune_config.kernel_options(config).check_tpu_vmem(length, length, head_dim,
-                                                  "config.model.pallas")
-        except options.OptionsError as e:
-            raise finetune_config.FinetuneConfigError(str(e)) from None
-    return impl
-
-
-def encoder_and_tokenizer(config: ml_collections.ConfigDict, weights: bool = True):
-    """(EncoderConfig, encoder params (numpy) or None, tokenizer, description).
-    weights=False reads no parameters (the architecture alone)."""
-    m = config.model
-    if config.init_from:
-        pretrained = weights and config.init_weights == "pretrained"
-        p = runs.load_pretrained(config.init_from, m.dropout, m.attention_dropout, m.dtype,
-                                 config.tokenizer_path, weights=pretrained)
-        cfg = with_kernel(config, p.encoder_cfg)
-        description = (p.description if pretrained
-                       else f"random weights in the architecture of {p.description}")
-        return cfg, p.params, p.tokenizer, description
-    tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
-    return scratch_encoder(config, tok.vocab_size), None, tok, "from scratch (no init_from)"
-
-
-def with_kernel(config: ml_collections.ConfigDict,
-                encoder_cfg: encoder_lib.EncoderConfig) -> encoder_lib.EncoderConfig:
-    """encoder_cfg with the attention kernel (and its options) of the fine-tuning `config`:
-    the kernel changes no parameter, so it is chosen once the architecture is known."""
-    stack = encoder_cfg.stack
-    impl = attention_impl(config, stack.num_heads, stack.d_model)
-    return dataclasses.replace(encoder_cfg, stack=dataclasses.replace(
-        stack, attention_impl=impl, pallas=finetune_config.kernel_options(config)))
-
-
-def scratch_encoder(config: ml_collections.ConfigDict,
-                    vocab_size: int) -> encoder_lib.EncoderConfig:
-    """The encoder config.model describes (a run from scratch), for `vocab_size` pieces."""
-    m = config.model
-    if m.d_model % m.num_heads:
-        raise finetune_config.FinetuneConfigError(
-            f"config.model.d_model: expected a multiple of model.num_heads={m.num_heads}, "
-            f"got {m.d_model}")
-    arch = encoder_lib.model_architecture(m, vocab_size=vocab_size,
-                                          max_positions=m.max_positions)
-    return encoder_lib.from_architecture(
-        arch, where="config.model", dtype=m.dtype, dropout=m.dropout,
-        attention_dropout=m.attention_dropout,
-        attention_impl=attention_impl(config, m.num_heads, m.d_model),
-        pallas=finetune_config.kernel_options(config))
-
-
-def max_seq_len(config: ml_collections.ConfigDict, encoder_max_positions: int) -> int:
-    requested = config.data.max_seq_len or min(512, encoder_max_positions)
-    if requested > encoder_max_positions:
-        raise finetune_config.FinetuneConfigError(
-            f"config.data.max_seq_len: expected at most the encoder's {encoder_max_positions} "
-            f"positions, got {requested}")
-    return requested
 
 
 def _eval_steps(steps_per_epoch: int, num_epochs: int, evals_per_epoch: int) -> set[int]:
@@ -335,8 +257,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: paths.Path,
     prepare the workdir: an unfinished run of this config kept to continue, anything else
     cleared; config.json written."""
     # Checkpoint, tokenizer and data are checked before the workdir is touched.
-    encoder_cfg, encoder_params, tok, source = encoder_and_tokenizer(config)
-    max_len = max_seq_len(config, encoder_cfg.max_positions)
+    encoder_cfg, encoder_params, tok, source = encoder.encoder_and_tokenizer(config)
+    max_len = encoder.max_seq_len(config, encoder_cfg.max_positions)
     buckets = data.buckets_for(max_len, config.data.buckets)
     task = tasks.make_task(config, tok, max_len)
     if len(task.train) == 0:

@@ -101,14 +101,14 @@ def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "f
     outside the architecture (dropout, attention_dropout, activation_dropout,
     attention_impl, scan_layers, remat_policy); StackConfig's defaults for those not given.
     """
-    arch = _checked(arch, where)
+    arch = checked(arch, where)
     stack = layers.StackConfig(**{k: v for k, v in arch.items() if k in _STACK_FIELDS},
                                dtype=layers.resolve_dtype(dtype), **run)
     return EncoderConfig(stack=stack, rel_pos_init=rel_pos_init, output_dtype=output_dtype,
                          **{k: v for k, v in arch.items() if k not in _STACK_FIELDS})
 
 
-def _checked(arch: Any, where: str) -> dict[str, Any]:
+def checked(arch: Any, where: str) -> dict[str, Any]:
     """arch with ADDED's values for the fields it lacks, or an ArchitectureError."""
     if not isinstance(arch, Mapping):
         raise ArchitectureError(f"{where}: expected an object of the encoder's fields, got "

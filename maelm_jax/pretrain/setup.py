@@ -23,8 +23,8 @@ import optax
 from jax.sharding import Mesh
 
 from maelm_jax import masking, sharding
+from maelm_jax.models import builder, layers
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers, options
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import steps as pretrain_steps
 from maelm_jax.training import optimizer as optimizer_lib
@@ -96,51 +96,34 @@ def schedule_values(train: ml_collections.ConfigDict, mesh: Mesh) -> jax.Array:
                           sharding.replicated(mesh))
 
 
+def encoder_run(config: ml_collections.ConfigDict) -> builder.Run:
+    """What a pretraining `config` sets on its encoder's architecture (models/builder.py):
+    the kernel serves the objective's decoder too, and its tiles are fitted to the
+    encoder's fixed length."""
+    m = config.model
+    try:
+        stacks = pretrain_config.objective(config).attention_stacks(config)
+        length = pretrain_config.mask_counts(config).n_enc  # the encoder's, in pretraining
+    except pretrain_config.ConfigError:  # a recorded run's objective this process lacks: the
+        stacks, length = [], config.data.seq_len  # encoder alone is what is rebuilt from it
+    return builder.Run(
+        where="config.model", dtype=m.dtype, dropout=m.dropout,
+        attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout,
+        attention_impl=m.attention_impl, pallas=pretrain_config.kernel_options(config),
+        other_stacks=tuple((s.d_model // s.num_heads, s.attention_dropout) for s in stacks),
+        length=length, fit_tiles=True, scan_layers=m.scan_layers,
+        remat_policy=m.remat_policy, rel_pos_init=m.rel_pos_init, output_dtype=m.output_dtype)
+
+
 def encoder_config(config: ml_collections.ConfigDict,
                    vocab_size: int) -> encoder_lib.EncoderConfig:
     """The shared encoder's frozen description (dtype and attention kernel resolved for this
     backend), whatever the objective: what fine-tuning and the analyses rebuild."""
-    m = config.model
-    dtype = layers.resolve_dtype(m.dtype)
     try:
-        stacks = [m, *pretrain_config.objective(config).attention_stacks(config)]
-        length = pretrain_config.mask_counts(config).n_enc  # the encoder's, in pretraining
-    except pretrain_config.ConfigError:  # a recorded run's objective this process lacks: the
-        stacks = [m]  # encoder alone is what is rebuilt from it (fine-tuning, analyses)
-        length = config.data.seq_len
-    attention_impl = layers.resolve_attention_impl(
-        m.attention_impl, dtype,
-        attention_dropout=max(s.attention_dropout for s in stacks),
-        head_dims=tuple(s.d_model // s.num_heads for s in stacks))
-    pallas = pretrain_config.kernel_options(config)
-    if attention_impl == "pallas":  # its tiles shrunk to pad the encoder's kept tokens least
-        pallas = pallas.fitted(length)
-    if attention_impl == "pallas" and jax.default_backend() == "tpu":
-        check_tpu_vmem(pallas, length, stacks, "config.model.pallas")
-    return encoder_lib.from_architecture(
-        encoder_lib.model_architecture(m, vocab_size=vocab_size,
-                                       max_positions=config.data.seq_len),
-        where="config.model",
-        dtype=dtype,
-        rel_pos_init=m.rel_pos_init,
-        output_dtype=m.output_dtype,
-        dropout=m.dropout,
-        attention_dropout=m.attention_dropout,
-        activation_dropout=m.activation_dropout,
-        attention_impl=attention_impl,
-        pallas=pallas,
-        scan_layers=m.scan_layers,
-        remat_policy=m.remat_policy,
-    )
-
-
-def check_tpu_vmem(pallas: Any, length: int, stacks: list, where: str) -> None:
-    """A ConfigError where the TPU kernels' tiles would not fit their VMEM for a
-    self-attention of `length` in any of `stacks` (configs with d_model and num_heads)."""
-    try:
-        for s in stacks:
-            pallas.check_tpu_vmem(length, length, s.d_model // s.num_heads, where)
-    except options.OptionsError as e:
+        return builder.encoder(encoder_lib.model_architecture(
+            config.model, vocab_size=vocab_size, max_positions=config.data.seq_len),
+            encoder_run(config))
+    except builder.BuildError as e:
         raise pretrain_config.ConfigError(str(e)) from None
 
 
@@ -152,11 +135,8 @@ def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
     if m.dtype == "auto":
         m.dtype = layers.resolve_dtype("auto", backend).name
     if m.attention_impl == "auto":
-        stacks = [m, *pretrain_config.objective(config).attention_stacks(config)]
-        m.attention_impl = layers.resolve_attention_impl(
-            "auto", layers.resolve_dtype(m.dtype, backend), backend,
-            attention_dropout=max(s.attention_dropout for s in stacks),
-            head_dims=tuple(s.d_model // s.num_heads for s in stacks))
+        m.attention_impl = builder.attention_impl(encoder_run(config),
+                                                m.d_model // m.num_heads, backend)
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:

@@ -29,9 +29,11 @@ from maelm_jax.analysis import inputs as rank_inputs
 from maelm_jax.analysis import rank as rank_lib
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.finetune import data as finetune_data
+from maelm_jax.finetune import encoder as finetune_encoder_lib
 from maelm_jax.finetune import seed_group, tasks
 from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.models import builder
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import budget as budget_lib
@@ -118,10 +120,8 @@ def finetune_encoder(pretrain: ml_collections.ConfigDict, c: ml_collections.Conf
     """The encoder of `pretrain` as a fine-tuning part with config `c` rebuilds it from the
     pretraining checkpoint (finetune/train.py): timed alike, the measured program is the one
     the parts find again in the compilation cache."""
-    m = c.model
-    return finetune_train.with_kernel(c, runs.pretrained_encoder(
-        pretrain.to_dict(), vocab_size, dropout=m.dropout,
-        attention_dropout=m.attention_dropout, dtype=m.dtype))
+    return finetune_encoder_lib.build(c, runs.pretrained_architecture(pretrain.to_dict(),
+                                                                     vocab_size))
 
 
 def time_finetuning(pretrain: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
@@ -190,8 +190,8 @@ def time_rank(study: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
     tokens: its Gram program over its batches, then the ranks, uncentred and centred. The
     analysis builds its program afresh for every model, so the second time is a model's."""
     r = rank_config.rank_defaults()
-    encoder = runs.pretrained_encoder(c.to_dict(), vocab_size, dropout=0.0,
-                                      attention_dropout=0.0, dtype=r.dtype)
+    encoder = builder.encoder(runs.pretrained_architecture(c.to_dict(), vocab_size),
+                              builder.Run(dtype=r.dtype))
     params = jax.device_get(nn.meta.unbox(runs.encoder_init(encoder)()))
     num_tokens = study.rank_tokens or rank_config.DEFAULT_TOKENS_PER_DIM * c.model.d_model
     rows = _random_rows(c, vocab_size, -(-num_tokens // c.data.seq_len))

@@ -28,8 +28,8 @@ from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import heads
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.models import builder, relative_position
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import relative_position
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
@@ -390,7 +390,7 @@ def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path):
     # Trainer: the encoder loaded as pretrained, then it and the new head trained.
     assert hf["trainer"].tolist() == [True, True, True, True]
     for name, (run_dir, _) in exports.items():
-        pretrained = runs.load_pretrained(str(run_dir), 0.0, 0.0, "float32")
+        pretrained = runs.load_pretrained(str(run_dir), builder.Run())
         expected_ids = finetune_data.encode_texts(pretrained.tokenizer,
                                                   [spec["texts"], spec["pairs"]], MAX_LEN)
         ids = hf[name + "/ids"]

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from maelm_jax.finetune import config as finetune_config
+from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.finetune import train
-from maelm_jax.models import flash_attention
+from maelm_jax.models import builder, flash_attention
 
 from support import tiny_finetuning
 
@@ -47,9 +48,19 @@ def test_pallas_fine_tunes_as_the_einsum_reference(sst2_settings, tmp_path,  # n
 
 
 def test_heads_the_kernel_cannot_tile_are_named(sst2_settings, tmp_path):  # noqa: F811
+    """At config time, as pretraining does, for an encoder from scratch; by the builder
+    (models/builder.py) for one read from a run, whose heads only its record says."""
     c = tiny_finetuning(sst2_settings, **{"model.num_heads": 4, "model.attention_impl": "pallas"})
     with pytest.raises(finetune_config.FinetuneConfigError,
-                       match=r"config\.model\.attention_impl: .* 4 heads of 8") as info:
+                       match=r"^config\.model\.num_heads: expected heads of a power-of-two "
+                             r"size >= 16 .*got 4$"):
+        finetune_config.validate(c)
+    with pytest.raises(finetune_config.FinetuneConfigError,
+                       match=r"config\.model\.num_heads: .*got 4") as info:
         train.run(c, str(tmp_path / "run"))
     assert "\n" not in str(info.value)
     assert not (tmp_path / "run").exists()
+    arch = finetune_encoder.scratch_architecture(c, 64)
+    with pytest.raises(builder.BuildError, match=r"^config\.model\.attention_impl: expected "
+                                                 r"'einsum' or 'auto' for heads of 8 "):
+        builder.encoder(arch, finetune_encoder.run_settings(c))

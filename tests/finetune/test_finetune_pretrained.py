@@ -13,12 +13,17 @@ from configs.finetune import glue as glue_config
 from maelm_jax import runs
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as finetune_config
+from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.finetune import train
+from maelm_jax.models import builder
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import train as pretrain_train
 
 from conftest import require_shared_data
 from tiny_config import tiny_config
+
+# What a fine-tuning run sets on the encoder it reads back (models/builder.py).
+WITH_DROPOUT = builder.Run(dropout=0.1, attention_dropout=0.1)
 
 pytestmark = pytest.mark.tier("integration")
 
@@ -42,7 +47,7 @@ def _leaves(tree):
 
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained):
-    p = runs.load_pretrained(str(pretrained), 0.1, 0.1, "float32")
+    p = runs.load_pretrained(str(pretrained), WITH_DROPOUT)
     assert p.description == f"pretraining checkpoint {pretrained}/checkpoints/10"
     assert p.encoder_cfg.vocab_size == p.tokenizer.vocab_size
     assert (p.encoder_cfg.stack.num_layers, p.encoder_cfg.stack.d_model) == (2, 32)
@@ -51,7 +56,7 @@ def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained):
     want, got = _leaves(full["params"]["encoder"]), _leaves(p.params)
     assert want.keys() == got.keys()
     assert all(np.array_equal(want[k], got[k]) for k in want)
-    step = runs.load_pretrained(str(pretrained / "checkpoints" / "10"), 0.1, 0.1, "float32")
+    step = runs.load_pretrained(str(pretrained / "checkpoints" / "10"), WITH_DROPOUT)
     assert step.description == p.description
 
 
@@ -61,10 +66,10 @@ def test_random_weights_keep_the_architecture_and_tokenizer_of_init_from(pretrai
     """init_weights="random": the from-scratch control of a pretraining run."""
     c = glue_config.get_config("sst2")
     c.init_from, c.data.data_dir = str(pretrained), "glue"
-    loaded = train.encoder_and_tokenizer(c)
+    loaded = finetune_encoder.encoder_and_tokenizer(c)
     c.init_weights = "random"
     finetune_config.validate(c)
-    cfg, params, tok, description = train.encoder_and_tokenizer(c)
+    cfg, params, tok, description = finetune_encoder.encoder_and_tokenizer(c)
     assert params is None  # fresh weights from the seed, as with no init_from
     assert cfg == loaded[0] and tok.model_path == loaded[2].model_path
     assert description == f"random weights in the architecture of {loaded[3]}"
@@ -92,7 +97,7 @@ def test_refuses_another_vocabulary(pretrained, tmp_path):
     other = tokenizer_lib.train_tokenizer(documents, str(tmp_path / "other.model"), 300)
     with pytest.raises(runs.CheckpointError, match=r"vocabulary of 512 pieces but the "
                                                       r"tokenizer .*other.model has 300"):
-        runs.load_pretrained(str(pretrained), 0.1, 0.1, "float32", other.model_path)
+        runs.load_pretrained(str(pretrained), WITH_DROPOUT, other.model_path)
 
 
 def test_refuses_other_widths_and_depths(pretrained, tmp_path):
@@ -100,18 +105,18 @@ def test_refuses_other_widths_and_depths(pretrained, tmp_path):
     with pytest.raises(runs.CheckpointError,
                        match=r"parameter \['ln_embed'\]\['bias'\] has shape \(32,\), the "
                              r"encoder in its config needs \(64,\)"):
-        runs.load_pretrained(str(wide), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(wide), WITH_DROPOUT)
     shutil.rmtree(wide)
     deep = _copy_run(pretrained, tmp_path, lambda c: c["model"].update(num_layers=3))
     with pytest.raises(runs.CheckpointError, match=r"missing \['stack'\]\['layer_2'\]"):
-        runs.load_pretrained(str(deep), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(deep), WITH_DROPOUT)
 
 
 def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
     with pytest.raises(runs.CheckpointError, match=r"config.init_from: .* does not exist"):
-        runs.load_pretrained(str(tmp_path / "nowhere"), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(tmp_path / "nowhere"), WITH_DROPOUT)
     with pytest.raises(runs.CheckpointError, match="neither a workdir"):
-        runs.load_pretrained(str(tmp_path), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(tmp_path), WITH_DROPOUT)
     # An orbax checkpoint of something else: no params["encoder"].
     other = tmp_path / "other"
     manager = ocp.CheckpointManager(other / "checkpoints", item_names=("state",))
@@ -122,11 +127,11 @@ def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
     shutil.copyfile(pretrained / "config.json", other / "config.json")
     with pytest.raises(runs.CheckpointError, match=r"holds no params\['encoder'\]; it is not "
                                                       r"a pretraining or fine-tuning checkpoint"):
-        runs.load_pretrained(str(other), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(other), WITH_DROPOUT)
     # A config.json that is not a pretraining config.
     broken = _copy_run(pretrained, tmp_path, lambda c: c.update(model="tiny"))
     with pytest.raises(runs.CheckpointError, match="is not a pretraining config"):
-        runs.load_pretrained(str(broken), 0.1, 0.1, "float32")
+        runs.load_pretrained(str(broken), WITH_DROPOUT)
 
 
 def _finetuning_run(pretrained, tmp_path, record):
@@ -149,13 +154,13 @@ def test_records_written_before_a_field_existed_still_load(pretrained, tmp_path,
              "scan_layers", "remat_policy", "misaligned_positions")
     old_run = _copy_run(pretrained, tmp_path,
                         lambda c: [c["model"].pop(k) for k in later])
-    p = runs.load_pretrained(str(old_run), 0.1, 0.1, "float32")
+    p = runs.load_pretrained(str(old_run), WITH_DROPOUT)
     assert p.encoder_cfg.rel_pos_bucket_fn == "t5"
     # A fine-tuning run's encoder.json as the first release wrote it.
     record = encoder_lib.architecture(p.encoder_cfg)
     del record["rel_pos_bucket_fn"]
     run = _finetuning_run(pretrained, tmp_path, record)
-    old = runs.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
+    old = runs.load_pretrained(str(run), WITH_DROPOUT, tiny_tokenizer.model_path)
     assert old.description.startswith("fine-tuning checkpoint")
     assert old.encoder_cfg == p.encoder_cfg
 
@@ -169,7 +174,7 @@ def test_a_wrong_encoder_json_field_is_named(pretrained, tmp_path, tiny_tokenize
     with pytest.raises(runs.CheckpointError,
                        match=rf"^config.init_from: {run}/encoder.json: field 'd_model' must "
                              rf"be an integer, got '32'$"):
-        runs.load_pretrained(str(run), 0.1, 0.1, "float32", tiny_tokenizer.model_path)
+        runs.load_pretrained(str(run), WITH_DROPOUT, tiny_tokenizer.model_path)
 
 
 def _sst2_config(init_from, data_dir):
@@ -212,7 +217,7 @@ def test_sst2_from_the_tiny_checkpoint_beats_the_majority_class(sst2_run):
 def test_a_finetuned_workdir_initialises_the_next_task(sst2_run, tmp_path):
     """RoBERTa's MNLI -> RTE: the encoder from a fine-tuning run, a new head."""
     workdir, _ = sst2_run
-    p = runs.load_pretrained(str(workdir), 0.1, 0.1, "float32")
+    p = runs.load_pretrained(str(workdir), WITH_DROPOUT)
     assert p.description.startswith("fine-tuning checkpoint")
     saved = ocp.PyTreeCheckpointer().restore(next((workdir / "checkpoints").iterdir()) / "state")
     want = _leaves(saved["params"]["encoder"])

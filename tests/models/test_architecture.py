@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import train
+from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.pretrain import setup as setup_lib
@@ -90,7 +90,7 @@ def test_pretraining_and_finetuning_from_scratch_build_the_same_encoder(tiny_tok
     for model in (pretrain.model, finetune.model):
         model.update(architecture)
     pretrained = setup_lib.model_config(pretrain, tiny_tokenizer.vocab_size).encoder
-    scratch = train.encoder_and_tokenizer(finetune)[0]
+    scratch = finetune_encoder.encoder_and_tokenizer(finetune)[0]
     assert scratch == pretrained
     record = encoder_lib.architecture(scratch)
     assert {k: record[k] for k in architecture} == architecture
@@ -98,7 +98,7 @@ def test_pretraining_and_finetuning_from_scratch_build_the_same_encoder(tiny_tok
                                                                pretrain.data.seq_len)
     # Only the run's fields differ when the runs set them differently.
     finetune.model.dropout = 0.3
-    tuned = train.encoder_and_tokenizer(finetune)[0]
+    tuned = finetune_encoder.encoder_and_tokenizer(finetune)[0]
     assert encoder_lib.architecture(tuned) == record
     assert tuned == dataclasses.replace(
         pretrained, stack=dataclasses.replace(pretrained.stack, dropout=0.3))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from maelm_jax import errors, layout
-from maelm_jax.finetune import train as finetune_train
+from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import config as study_config
 from maelm_jax.study import run as study_run
@@ -344,7 +344,7 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
     part = ml_collections.ConfigDict(json.loads(
         (tmp_path / "one" / "finetune" / "mlm" / "SST-2" / "runs").glob("*/seed_1/config.json")
         .__next__().read_text()))
-    part_encoder, _, tok, _ = finetune_train.encoder_and_tokenizer(part)
+    part_encoder, _, tok, _ = finetune_encoder.encoder_and_tokenizer(part)
     pretrained = study_config.model_config(gpu.get_config("one_call,tiny"), "mlm")
     assert timing_lib.finetune_encoder(pretrained, part, tok.vocab_size) == part_encoder
     # One learning rate for the models and the control.
