@@ -1,12 +1,12 @@
 """JAX's persistent compilation cache, on by default: a machine compiles a program once.
 
-On a GPU most of a first compile is XLA's GEMM autotuning (about two minutes for a
-base-size train step on an H100). With the cache, every later run of the same program on
-the same kind of machine (a second run of a config, a resumed run, the other seeds and
+On a GPU most of a first compile is XLA's GEMM autotuning (each matmul of the program
+timed against its candidate kernels). With the cache, every later run of the same program
+on the same kind of machine (a second run of a config, a resumed run, the other seeds and
 settings of a sweep that share shapes) loads the compiled program in seconds; XLA's
 per-fusion autotuning results are kept beside it (JAX's default
-``jax_persistent_cache_enable_xla_caches``), so even a new program reuses the GEMM
-choices of its shapes. Programs that compile in under a second are not kept (JAX's
+``jax_persistent_cache_enable_xla_caches``), so even a new program reuses the GEMM choices
+of its shapes. Programs that compile in under a second are not kept (JAX's
 ``jax_persistent_cache_min_compile_time_secs``).
 
 Where: ``--compilation_cache_dir``, else ``$JAX_COMPILATION_CACHE_DIR``, else ``jax/`` in

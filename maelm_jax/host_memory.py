@@ -1,14 +1,13 @@
 """Keep the C allocator from handing each step's scratch memory back to the kernel.
 
 On CPU, XLA allocates one scratch buffer for every execution of a compiled program and
-frees it when the program ends: 620 MB per train step at the peer benchmark's
-configuration (4 x 256 encoder, batch 32 x 128). glibc's malloc serves any request above
-32 MB with a fresh `mmap` and unmaps it on `free`, so every step touched 620 MB of new
-pages: about 160,000 page faults per step, each page zeroed by the kernel, a sixth of the
-process's CPU time and 14-16 % of an MLM step's wall time (benchmarks/step_time.py) on a
-2-core machine. Requests made on XLA's worker threads come from glibc's per-thread arenas,
-which fall back to `mmap` for anything larger than their 64 MB heaps whatever the mmap
-settings say.
+frees it when the program ends: hundreds of MB per train step even at a small encoder's
+sizes. glibc's malloc serves any request above 32 MB with a fresh `mmap` and unmaps it on
+`free`, so every step touches that many new pages, each faulted in and zeroed by the
+kernel: a sizable share of the process's CPU time and of a step's wall time on a machine
+of few cores (benchmarks/step_time.py measures it). Requests made on XLA's worker threads
+come from glibc's per-thread arenas, which fall back to `mmap` for anything larger than
+their 64 MB heaps whatever the mmap settings say.
 
 `keep_freed_memory` makes glibc serve large requests from its main heap (one arena for all
 threads, no `mmap` for large blocks) and never trim that heap, so the second step reuses

@@ -4,9 +4,9 @@
 
 `quickstart.py:mlm` trains the MLM baseline with the same settings.
 
-Sized for a 2-core laptop (a jitted fp32 matmul at about 70 GFLOP/s): tokenizer, data,
-1,500 steps, evals and the closing fill-mask examples in under 10 minutes. Two
-choices differ from the papers' base model, both for laptop scale (see docs/plateau.md):
+Sized for a 2-core laptop, where the tokenizer, data, 1,500 steps, evals and the closing
+fill-mask examples take minutes. Two choices differ from the papers' base model, both for
+laptop scale (see docs/plateau.md):
 
 * `rel_pos_init="local"`: the relative position bias starts as a locality prior instead
   of N(0, 0.02). With the papers' init a model this small predicts word frequencies for

@@ -11,18 +11,18 @@ control.
 Two WikiExtractor corpora (`large`: long established articles, `wiki`: newer ones), mixed
 by weight. Presets:
 
-* `one_call` (the design's second version: claim (c), the MAE-LM paper's mechanism, and
-  MAE-LM leaving the unigram plateau at a GPU's batch, in one command of a lent GPU of
-  about 9 minutes): MLM, MAE-LM and the control; a 6 x 256 encoder (4 heads, FFN 1024) on
-  an 8,192-piece BPE trained beforehand on a CPU and given by path
-  (scripts/study_tokenizer.py), blocks of 128, batches of 512; the rank analysis; SST-2
-  (its first 8,000 examples), STS-B, MRPC and CoLA in that order (a time limit cuts the
-  least informative last), every model and the control with 5 seeds as one program per
-  task, at one learning rate for all, texts of up to 64 tokens. The pretraining steps are
-  sized at the start of the command from the times measured there (config.sizing; at most
-  8,000 per model, a cap the sizing, not the design, should reach), so the call ends
-  within --time_limit_minutes. MAE-LM's step costs 1.48x MLM's FLOPs at this shape (its
-  4-layer decoder on 6 layers; 1.16x at the paper's base): every comparison states it.
+* `one_call` (claim (c), the MAE-LM paper's mechanism, and MAE-LM leaving the unigram
+  plateau at a GPU's batch, in one command of a lent GPU of about 9 minutes): MLM, MAE-LM
+  and the control; a 6 x 256 encoder (4 heads, FFN 1024) on an 8,192-piece BPE trained
+  beforehand on a CPU and given by path (scripts/study_tokenizer.py), blocks of 128, batches
+  of 512; the rank analysis; SST-2 (its first 8,000 examples), STS-B, MRPC and CoLA in that
+  order (a time limit cuts the least informative last), every model and the control with 5
+  seeds as one program per task, at one learning rate for all, texts of up to 64 tokens. The
+  pretraining steps are sized at the start of the command from the times measured there
+  (config.sizing; at most 8,000 per model, a cap the sizing, not the design, should reach),
+  so the call ends within --time_limit_minutes. MAE-LM's step costs 1.48x MLM's FLOPs at
+  this shape (its 4-layer decoder on 6 layers; 1.16x at the paper's base): every comparison
+  states it.
 * `seeds` (claims (b) and (d), one call per pretraining seed: --config.pretrain.seed=N):
   MLM, MAE-LM and 3ML_self on the same pretraining design, 10 fine-tuning seeds on SST-2
   and STS-B (30 runs a task, one program), no control and no rank analysis; calls pool
@@ -43,7 +43,7 @@ benchmarks/gpu_study.sh runs a call on a lent GPU.
 The models are still small, so the quickstart's two aids stay (the relative bias's
 locality prior and the decoder's own relative bias; see docs/plateau.md). In `gpu` MAE-LM's
 decoder keeps the base model's 12:4 depth ratio at full width; in `one_call` and `seeds` it
-has the paper's 4 layers at full width, since 2 left MAE-LM on the unigram plateau
+has the paper's 4 layers at full width, since with 2 MAE-LM stays on the unigram plateau
 (docs/study.md); the 3ML decoders are 2 layers at half width (3ML Table 4).
 """
 
@@ -106,16 +106,13 @@ def _one_call_pretrain(tiny: bool):
     p.model.update(num_layers=6, d_model=256, num_heads=4, d_ff=1024, scan_layers=True)
     # MAE-LM's decoder: the paper's 4 layers (its decoder's depth at base and large alike)
     # rather than its 1/6-1/3 of the encoder's depth, which gives 2 here. With 2 layers
-    # MAE-LM stayed on the unigram plateau (the first GPU call, and a CPU probe at three
-    # peaks); with 4 it leaves it about as MLM does (docs/study.md). The 3ML recipes set
-    # their own decoders, and MLM has none.
+    # MAE-LM stays on the unigram plateau; with 4 it leaves it about as MLM does
+    # (docs/study.md). The 3ML recipes set their own decoders, and MLM has none.
     p.model.decoder.update(num_layers=4, d_model=256, num_heads=4, d_ff=1024)
-    # 1e-3, the peak the first GPU call ran. There MAE-LM stayed on the unigram plateau for
-    # all 2,000 steps while MLM and 3ML left it by step 200; on a CPU (this model, batch 64)
-    # MAE-LM stays there at 5e-4, 1e-3 and 2e-3 alike while MLM at 1e-3 leaves it by step
-    # 150, so the peak is not what holds MAE-LM (docs/study.md) and the one the other models
-    # are known to train at stays.
-    # Batches of 512 (the first call's 256 kept an H200 at 11 % of its bf16 peak); at most
+    # 1e-3, a peak at which MLM and 3ML leave the unigram plateau. The peak is not what
+    # holds MAE-LM there (with a 2-layer decoder it stays at lower and higher peaks alike,
+    # docs/study.md), so the one the other models are known to train at stays.
+    # Batches of 512 (at 256 a GPU runs far below its peak at this width); at most
     # 8,000 steps, so that the sizing, not this cap, decides; the warmup a tenth of the
     # planned steps (sizing.apply keeps this share).
     p.train.update(batch_size=512, num_steps=8000, learning_rate=1e-3, warmup_steps=800,
@@ -130,8 +127,8 @@ def _one_call_design(c, tiny: bool) -> None:
     f = c.finetune
     # One peak learning rate for every model and the control, by a rule fixed before any
     # call: ELECTRA's for an encoder of this width (Clark et al. 2020, Table 7: 3e-4 for
-    # Small, 256 wide; 1e-4 for Base). The first call gave the control 3x the pretrained
-    # models' rate, an asymmetry in its favour.
+    # Small, 256 wide; 1e-4 for Base). The control takes the models' rate: a larger one of
+    # its own would be an asymmetry in its favour.
     f.update(max_seq_len=64, max_train_examples=8000, min_train_examples=500, num_epochs=3,
              batch_size=32, learning_rate=3e-4, scratch_learning_rate=0.0, warmup_ratio=0.06)
     c.sizing.enabled = True

@@ -4,9 +4,9 @@ effective ranks, and GLUE fine-tuning with several seeds.
     python main.py --config=configs/study/mini.py --workdir=runs/study \
         --config.glue_dir=/data/glue
 
-Presets: `mini` (the default; the quickstart's model for each objective, under an hour
-on 2 CPU cores with 5 seeds; docs/results.md has the recorded run) and `mini.py:small`
-(a 6 x 256 encoder, 8K vocabulary, blocks of 128, 20K steps: a few hours on one GPU).
+Presets: `mini` (the default; the quickstart's model for each objective, sized for 2 CPU
+cores with 5 seeds; docs/results.md has the recorded run) and `mini.py:small` (a 6 x 256
+encoder, 8K vocabulary, blocks of 128, 20K steps: sized for one GPU).
 Pretrain on another corpus with e.g. `--config.pretrain.data.sources.main.kind=wikiextractor
 --config.pretrain.data.sources.main.path=/data/wiki`. Without glue_dir the study
 pretrains and analyses only. Run the same command again to resume; finished parts are

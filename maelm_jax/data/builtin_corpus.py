@@ -17,11 +17,9 @@ The text is real, human-written English, read from the installed standard librar
   topic, in sorted order, without its indented blocks (grammar rules and code examples)
   and heading underlines.
 
-Size on CPython 3.11.7: 422 docstring documents (1.62 M characters) and 73 topics long
-enough to keep (0.27 M characters after cleaning): 1.9 MB of UTF-8 text, 0.29 M words. Enough to
-train a tokenizer and a small encoder end to end, not to pretrain a useful one. Reading
-it takes about 2 s the first time and nothing afterwards (the documents are cached in
-memory).
+A few hundred docstring documents and some seventy topics, about 2 MB of UTF-8 text:
+enough to train a tokenizer and a small encoder end to end, not to pretrain a useful one.
+The sources are parsed once per process (the documents are cached in memory).
 
 The corpus is deterministic for a given Python version: files and topics are visited in
 sorted order and the cleaning has no randomness. Another Python version (or a

@@ -56,8 +56,9 @@ from maelm_jax import errors, layout, paths, user_cache
 FORMAT = "maelm_jax.blocks/3"
 # What earlier versions wrote (ArrayRecord shards): refused with what to do.
 FORMERLY = ("maelm_jax.blocks/1", "maelm_jax.blocks/2")
-# A prepared set of at most this many bytes is hashed whole before training (about a
-# second per GB); a larger one is checked by size up front, its records as they are read.
+# A prepared set of at most this many bytes is hashed whole before training (a cost that
+# grows with its size); a larger one is checked by size up front, its records as they are
+# read.
 DIGEST_UP_FRONT_BYTES = 2**30
 SPLITS = ("train", "valid")
 # Records of a shard: 2**16 blocks of 512 int32 tokens is 128 MB.

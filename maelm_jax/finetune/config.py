@@ -122,8 +122,8 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     c.train.resume_saves = "evaluations"
 
     config_sections.MESH.add_to(c)  # as in pretraining (docs/scaling.md)
-    # XLA's backend optimisation level 0: compiles take about a third of the time, steps
-    # run slower. For tiny models and tests on a CPU, never for real runs.
+    # XLA's backend optimisation level 0: compiles are much shorter, steps run slower. For
+    # tiny models and tests on a CPU, never for real runs.
     c.fast_compile = False
 
     c.save_checkpoint = True  # the fine-tuned encoder + head (the selected evaluation's)

@@ -2,9 +2,8 @@
 
 flax's `nn.Dropout` draws one 32-bit uniform per element. With JAX's default
 (partitionable) threefry, each of those costs a whole threefry2x32 hash, whose two 32-bit
-output words are XORed into one. Measured on a 2-core CPU, those hashes were 13 % of an
-MLM train step (4 x 256, L = 128, dropout 0.1 on the hidden states and the attention
-probabilities).
+output words are XORed into one. With dropout on the hidden states and the attention
+probabilities, those hashes are a noticeable share of a small model's train step on a CPU.
 
 Here every hash decides four elements: each of its two output words is split into two
 16-bit halves and an element is dropped when its half is below round(rate * 2**16). The

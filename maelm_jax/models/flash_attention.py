@@ -1,15 +1,15 @@
 """Flash attention with an additive bias, a key mask and dropout inside the kernel (Pallas).
 
 Why: attention dropout on the einsum path materialises the [B, heads, n, m] probabilities
-and their dropout mask in every layer, which cost 36-40 ms of a 91 ms BERT-base train step
-on an H100; cuDNN's fused kernel keeps dropout inside, but draws its bits from a
-generator whose seed is a compile-time constant and whose offset XLA advances per
-execution of each call site: masks are then not a function of (seed, step), so a resumed
-run differs, and under nn.scan the backward pass (which runs the layers in reverse) reads
-other offsets than the forward did. Here the dropout bits are a hash of a traced seed
-(drawn from the layer's "dropout" stream, as every other dropout) and of each element's
-(batch, head, query, key) index: the same in the forward and backward kernels, the same
-for a resumed run, different for every layer under nn.scan.
+and their dropout mask in every layer, a large share of a BERT-base train step's time;
+cuDNN's fused kernel keeps dropout inside, but draws its bits from a generator whose seed
+is a compile-time constant and whose offset XLA advances per execution of each call site:
+masks are then not a function of (seed, step), so a resumed run differs, and under nn.scan
+the backward pass (which runs the layers in reverse) reads other offsets than the forward
+did. Here the dropout bits are a hash of a traced seed (drawn from the layer's "dropout"
+stream, as every other dropout) and of each element's (batch, head, query, key) index: the
+same in the forward and backward kernels, the same for a resumed run, different for every
+layer under nn.scan.
 
 The kernels follow FlashAttention-2 (Dao, 2023) on Pallas' **Triton** backend, chosen
 explicitly by compiler params (a `pallas_call` without them goes to Mosaic GPU on jax

@@ -27,11 +27,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # dropout inside, bits drawn from the layer's "dropout" stream as every other dropout (a
 # GPU kernel; Pallas' interpreter on a CPU, for tests). "auto", on GPUs at half precision:
 # "pallas" when the model has attention dropout and heads the kernel tiles, else "cudnn"
-# (measured on an H200, docs/performance.md: with attention dropout 0.1 the kernel's
-# forward and backward took 2.2-2.7 ms against the einsum path's 3.4 ms at BERT-base
-# shapes, and cuDNN's fused call cannot drop); "einsum" elsewhere (on CPU and TPU XLA
-# compiles both alike). The attention diagnostics, which read the probabilities, always
-# take the einsum path.
+# (with attention dropout the kernel's forward and backward beat the einsum path's at
+# BERT-base shapes, docs/performance.md, and cuDNN's fused call cannot drop); "einsum"
+# elsewhere (on CPU and TPU XLA compiles both alike). The attention diagnostics, which read
+# the probabilities, always take the einsum path.
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "pallas")
 # How a fine-tuning head reads the encoder (finetune/heads.py): its first token's state or
 # the mean over real tokens.
@@ -159,10 +158,9 @@ class KernelOptions:
     dkv: Tile = Tile()  # block_k: the program's key block; block_q: the queries it streams
     dq: Tile = Tile()  # block_q: the program's query block; block_k: the keys it streams
     bias_grad: str = "batch"  # one of BIAS_GRADS
-    # "batch": programs per (key block, head) over the batch. 8 from the first GPU sweep
-    # (H200, B=32, L=512, 12 heads of 64, dropout 0.1; docs/performance.md): forward +
-    # backward 2.25 ms against 2.70 with 4 groups and 2.22 with "rows", which writes 4x
-    # the float32 partial sums (one per row) for XLA to add.
+    # "batch": programs per (key block, head) over the batch. 8: the GPU sweep's choice
+    # (benchmarks/gpu_suite.py, docs/performance.md), faster than fewer groups and as fast
+    # as "rows", which writes a float32 partial sum per row for XLA to add.
     bias_grad_groups: int = 8
     hash_elements: int = 1  # one of HASH_ELEMENTS
     # The TPU kernels' tiles (models/flash_attention_tpu.py; dkv: block_k its key block,

@@ -4,8 +4,7 @@ report (study/report.py) and by the pool of its calls (study/pool.py).
 
 A model whose [MASK] accuracy at the end of pretraining is under PLATEAU_FACTOR times that
 of always predicting the most frequent piece learnt word frequencies, not context: its
-results measure that, not its objective. (MAE-LM on the first one-call study's H200: 5.4 %
-against 4.6 %.)
+results measure that, not its objective.
 """
 
 PLATEAU_FACTOR = 1.5

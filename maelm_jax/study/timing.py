@@ -58,8 +58,8 @@ class Timing:
     finetune_eval: float  # one eval batch of it (every run's parameters at once)
     finetune_compile: float  # its initialisation, train and eval programs
     # What a fine-tuning part adds besides its steps and evaluations: its task data, its
-    # trainer, loading its programs, its first step and evaluation. On an H200 it was
-    # ~7.5 s a part: the first one-call study's model left it out and ran out of time.
+    # trainer, loading its programs, its first step and evaluation. A part's fixed cost: a
+    # model without it under-predicts a call's time.
     finetune_part: float
     finetune_runs: int  # the runs the measured program trains (models x seeds)
     rank_model: float  # the rank analysis of one model (its programs from the cache)

@@ -153,8 +153,8 @@ def masked_lm_sums(
     return sums
 
 
-# Metric names of sums whose name is not "<metric>_sum" (kept from before sums were
-# reported generically: logs and study reports read "accuracy").
+# Metric names of sums whose name is not "<metric>_sum" (logs and study reports read
+# "accuracy").
 _METRIC_NAMES = {"correct_sum": "accuracy"}
 CATEGORY_PREFIX = "category_"
 
