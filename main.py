@@ -1,27 +1,19 @@
 """Entry point: python main.py --config=configs/<file>.py[:variant] --workdir=<dir>.
 
-Pretraining configs (configs/pretrain/) run maelm_jax.pretrain.train; fine-tuning configs
-(configs/finetune/, `mode = "finetune"`) run maelm_jax.finetune.train, or with
-`sweep = True` maelm_jax.finetune.sweep; the effective-rank analysis
-(configs/analysis/rank.py, `mode = "rank"`) runs maelm_jax.analysis.run; fill-mask
-(configs/fill_mask.py, `mode = "fill_mask"`) runs maelm_jax.fill_mask.run; the laptop-scale
-study (configs/study/mini.py, `mode = "study"`) runs maelm_jax.study.run, and the merge of
-a study's parts run apart (configs/study/merge.py, `mode = "study_merge"`)
-maelm_jax.study.merge, and the pooling of a study's calls (configs/study/pool.py, `mode =
-"study_pool"`) maelm_jax.study.pool; the export to Hugging Face transformers (configs/export.py,
-`mode = "export"`) runs maelm_jax.export.run; a pretraining config with
-`--config.mode=prepare` writes its corpus as block shards with Apache Beam
-(maelm_jax.data.prepare) for `--config.data.prepared` of later runs. Each
-mode's entry is picked here, so no module of maelm_jax has to import its caller.
-
-Any config field can be overridden with --config.<field>=<value>.
+The config's `mode` picks what runs: `MODES` below is the one list of the modes, each with
+its configs and its entry (one signature for all), so no module of maelm_jax has to import
+its caller. Any config field can be overridden with --config.<field>=<value>.
 """
 
+import dataclasses
 import logging
 import pathlib
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
+import ml_collections
 from absl import app, flags
 from absl import logging as absl_logging
 
@@ -120,35 +112,76 @@ def main(argv):
         cli.fail(cli.one_line(e))
 
 
-def _run_mode(mode: str) -> None:
-    """The entry of the config's mode (see the module docstring)."""
-    if mode == "finetune" and FLAGS.config.get("sweep"):
-        finetune_sweep.run_sweep(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
-    elif mode == "finetune":
-        finetune_train.run(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
-    elif mode == "rank":
-        analysis_run.analyse(FLAGS.config, FLAGS.workdir)
-    elif mode == "fill_mask":
-        fill_mask_run.run(FLAGS.config, FLAGS.workdir)
-    elif mode == "study":
-        study_run.run(FLAGS.config, FLAGS.workdir)
-    elif mode == "study_merge":
-        study_merge.merge(FLAGS.config, FLAGS.workdir)
-    elif mode == "study_pool":
-        study_pool.pool(FLAGS.config, FLAGS.workdir)
-    elif mode == "export":
-        export_run.run(FLAGS.config, FLAGS.workdir)
-    elif mode == "prepare":
-        from maelm_jax.data import prepare  # Apache Beam: imported only for this mode
+Entry = Callable[[ml_collections.ConfigDict, str, bool], Any]
 
-        pretrain_config.validate(FLAGS.config)
-        prepare.run(pretrain_config.resolve_paths(FLAGS.config), FLAGS.workdir)
-    else:
-        # A time budget counts from the process's start (Python and JAX starting included).
-        pretrain_train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change,
-                                          started=time.monotonic() - budget.process_age())
-        if FLAGS.config.train.fill_mask_examples and distributed.is_leader():
-            fill_mask_run.after_pretraining(FLAGS.workdir)  # what the finished run learned
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """A mode main.py runs: the configs that ask for it, what it does, and its entry,
+    entry(config, workdir, allow_config_change)."""
+
+    configs: str
+    does: str
+    entry: Entry
+
+
+def _pretrain(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool):
+    # A time budget counts from the process's start (Python and JAX starting included).
+    pretrain_train.train_and_evaluate(config, workdir, allow_config_change,
+                                      started=time.monotonic() - budget.process_age())
+    if config.train.fill_mask_examples and distributed.is_leader():
+        fill_mask_run.after_pretraining(workdir)  # what the finished run learned
+
+
+def _prepare(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool):
+    del allow_config_change  # nothing is recorded to change
+    from maelm_jax.data import prepare  # Apache Beam: imported only for this mode
+
+    pretrain_config.validate(config)
+    prepare.run(pretrain_config.resolve_paths(config), workdir)
+
+
+def _finetune(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool):
+    if config.get("sweep"):
+        return finetune_sweep.run_sweep(config, workdir, allow_config_change)
+    return finetune_train.run(config, workdir, allow_config_change)
+
+
+def _without_override(entry: Callable[[ml_collections.ConfigDict, str], Any]) -> Entry:
+    """The entry of a mode whose workdir records nothing a changed config could conflict
+    with (it is written anew, or refused, by the mode itself)."""
+    return lambda config, workdir, allow_config_change: entry(config, workdir)
+
+
+MODES: dict[str, Mode] = {
+    "pretrain": Mode("configs/pretrain/", "pretrain an encoder: MAE-LM, 3ML or MLM",
+                     _pretrain),
+    "prepare": Mode("configs/pretrain/ with --config.mode=prepare", "write a pretraining "
+                    "corpus as block shards with Apache Beam, for later runs' data.prepared",
+                    _prepare),
+    "finetune": Mode("configs/finetune/", "fine-tune an encoder on a GLUE task or SQuAD "
+                     "2.0; a grid of settings and seeds with sweep=True", _finetune),
+    "rank": Mode("configs/analysis/rank.py", "the effective rank of runs' encoders, layer "
+                 "by layer (the MAE-LM paper's Fig. 1, Table 3)",
+                 _without_override(analysis_run.analyse)),
+    "fill_mask": Mode("configs/fill_mask.py", "fill [MASK] in texts with a pretraining run",
+                      _without_override(fill_mask_run.run)),
+    "study": Mode("configs/study/", "the objectives pretrained alike, their ranks and GLUE "
+                  "against a from-scratch control", _without_override(study_run.run)),
+    "study_merge": Mode("configs/study/merge.py", "merge a study's parts run apart",
+                        _without_override(study_merge.merge)),
+    "study_pool": Mode("configs/study/pool.py", "pool the study's calls into its claims",
+                       _without_override(study_pool.pool)),
+    "export": Mode("configs/export.py", "a run exported for Hugging Face transformers",
+                   _without_override(export_run.run)),
+}
+
+
+def _run_mode(mode: str) -> None:
+    """The entry of the config's mode (a config without `mode` is pretraining's; its
+    validation refuses an unknown one)."""
+    chosen = MODES.get(mode, MODES["pretrain"])
+    chosen.entry(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
 
 
 if __name__ == "__main__":

@@ -82,3 +82,22 @@ def test_paths_named_in_messages_exist():
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found += [(file.name, word.strip("`'\"(),;:.")) for word in node.value.split()]
     assert _missing(found) == []
+
+
+def test_the_modes_are_listed_once_as_main_py_runs_them():
+    """docs/layout.md's table of modes is main.py's MODES (read from its source, so no
+    flags are defined here): the same modes, each with the configs its entry states."""
+    import ast
+
+    tree = ast.parse((REPO_ROOT / "main.py").read_text())
+    modes = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
+                 and getattr(node.target, "id", "") == "MODES")
+    configs = {key.value: value.args[0].value for key, value in
+               zip(modes.keys, modes.values, strict=True)}
+    assert {"pretrain", "finetune", "rank", "export"} <= set(configs)
+    text = (REPO_ROOT / "docs" / "layout.md").read_text()
+    section = text.split("## Modes")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| `(\w+)` \| (.+?) \| .+ \|$", section, re.M)
+    assert [name for name, _ in rows] == list(configs)
+    for name, cell in rows:
+        assert configs[name].split(" ")[0] in cell, name
