@@ -89,19 +89,34 @@ def pytest_collection_modifyitems(items):
     """Marks the unit and slow tiers (above) for `-m`. Keeps the tests that share a
     module-scoped fixture in one xdist worker (the fixture is then built once) and lets
     every other test go to whichever worker is free, so that one file's slow tests do not
-    queue behind each other (pyproject's `--dist loadgroup`)."""
+    queue behind each other (pyproject's `--dist loadgroup`).
+
+    The slow tier runs first: xdist hands out work in this order (groups of several tests
+    first, the largest first), so the seconds-scale tests are left to fill the workers'
+    last minutes instead of one worker finishing a minutes-long test alone. A module whose
+    tests share a fixture moves whole (its fixture is built once)."""
+    grouped, slow_modules = set(), set()
     for item in items:
         kind = tier(item)
         if kind == "unit":
             item.add_marker(pytest.mark.unit)
         elif kind == "slow":
             item.add_marker(pytest.mark.slow)
+            slow_modules.add(item.module.__name__)
         fixture_defs = getattr(item, "_fixtureinfo", None)
         if fixture_defs is None:
             continue
         if any(defs[-1].scope in ("module", "package")
                for defs in fixture_defs.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            grouped.add(item.module.__name__)
+
+    def slow_first(item) -> int:
+        module = item.module.__name__
+        slow = module in slow_modules if module in grouped else tier(item) == "slow"
+        return 0 if slow else 1
+
+    items.sort(key=slow_first)  # stable: the collection's order within each rank
 
 
 def poison_steps(monkeypatch, module, factory: str, step_indices) -> None:
@@ -116,10 +131,10 @@ def poison_steps(monkeypatch, module, factory: str, step_indices) -> None:
     def make(*args, **kwargs):
         train_step = real(*args, **kwargs)
 
-        def poisoned(state, batch):
+        def poisoned(state, batch, *args):  # args: pretraining's schedule
             bad = jnp.isin(state.step, jnp.asarray(step_indices))
             dirty = jax.tree.map(lambda p: jnp.where(bad, p * jnp.nan, p), state.params)
-            new, metrics = train_step(state.replace(params=dirty), batch)
+            new, metrics = train_step(state.replace(params=dirty), batch, *args)
             params = jax.tree.map(lambda n, p: jnp.where(bad, p, n), new.params, state.params)
             return new.replace(params=params), metrics
 

@@ -211,8 +211,8 @@ def test_steps_between_logs_never_read_back_from_the_device(
     def watched(*args, **kwargs):
         train_step = real_step(*args, **kwargs)
 
-        def step(state, tokens):
-            state, metrics = train_step(state, tokens)
+        def step(state, tokens, *args):  # args: pretraining's schedule
+            state, metrics = train_step(state, tokens, *args)
             dispatched.append(None)
             return state, {k: _Watched(v, reads, dispatched) for k, v in metrics.items()}
 
