@@ -67,17 +67,12 @@ def timed(step: Callable[[], object], repeats: int) -> tuple[float, float]:
     return max(first - median, 0.0), median
 
 
-def pipelined(step: Callable[[], object], repeats: int, warmup: int = 0) -> float:
+def pipelined(step: Callable[[], object], repeats: int) -> float:
     """Seconds per call of `step` (which returns what to wait for) as a training loop runs
-    it: after a first call (its compile) and `warmup` more, `repeats` calls dispatched back
-    to back and waited for once, so the host's share of a step (reading and sending the
-    next batch) overlaps the devices' work as it does in the run, rather than adding to
-    it. The warm-up drains what a prefetching loader read ahead while the step compiled:
-    timed from its buffer, a step would leave out the reading."""
-    last = jax.block_until_ready(step())
-    for _ in range(warmup):
-        last = step()
-    jax.block_until_ready(last)
+    it: after a first call (its compile), `repeats` calls dispatched back to back and
+    waited for once, so the host's share of a step (reading and sending the next batch)
+    overlaps the devices' work as it does in the run, rather than adding to it."""
+    jax.block_until_ready(step())
     start = time.perf_counter()
     for _ in range(repeats - 1):
         step()

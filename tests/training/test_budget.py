@@ -60,9 +60,8 @@ def test_the_step_is_timed_as_the_loop_runs_it(monkeypatch):
     monkeypatch.setattr(budget.jax, "block_until_ready", lambda x: waits.append(x) or x)
     clock = iter([10.0, 12.0])
     monkeypatch.setattr(budget.time, "perf_counter", lambda: next(clock))
-    seconds = budget.pipelined(lambda: calls.append(None) or len(calls), 4, warmup=2)
-    # The compile's call, the warm-up's last, then the timed steps' last only.
-    assert len(calls) == 1 + 2 + 4 and waits == [1, 3, 7]
+    seconds = budget.pipelined(lambda: calls.append(None) or len(calls), 4)
+    assert len(calls) == 5 and waits == [1, 5]  # the compile's call, then the last only
     assert seconds == 0.5
 
 
