@@ -67,24 +67,11 @@ def timed(step: Callable[[], object], repeats: int) -> tuple[float, float]:
     return max(first - median, 0.0), median
 
 
-def pipelined(step: Callable[[], object], repeats: int) -> float:
-    """Seconds per call of `step` (which returns what to wait for) as a training loop runs
-    it: after a first call (its compile), `repeats` calls dispatched back to back and
-    waited for once, so the host's share of a step (reading and sending the next batch)
-    overlaps the devices' work as it does in the run, rather than adding to it."""
-    jax.block_until_ready(step())
-    start = time.perf_counter()
-    for _ in range(repeats - 1):
-        step()
-    jax.block_until_ready(step())
-    return (time.perf_counter() - start) / repeats
-
-
 @dataclasses.dataclass(frozen=True)
 class Costs:
     """Seconds measured on this machine."""
 
-    step: float  # one train step, as the loop dispatches them (`pipelined`)
+    step: float  # one train step (the median, after warm-up)
     evaluation: float  # one evaluation: every eval batch
     checkpoint: float  # one checkpoint written (to the point the loop goes on)
 

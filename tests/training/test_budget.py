@@ -53,19 +53,6 @@ def test_the_schedule_keeps_its_shape_at_the_planned_end():
 
 
 @pytest.mark.tier("unit")
-def test_the_step_is_timed_as_the_loop_runs_it(monkeypatch):
-    """After the call that compiles, the steps are dispatched back to back and waited for
-    once (the host's share overlaps the devices' as in the run): seconds per step."""
-    calls, waits = [], []
-    monkeypatch.setattr(budget.jax, "block_until_ready", lambda x: waits.append(x) or x)
-    clock = iter([10.0, 12.0])
-    monkeypatch.setattr(budget.time, "perf_counter", lambda: next(clock))
-    seconds = budget.pipelined(lambda: calls.append(None) or len(calls), 4)
-    assert len(calls) == 5 and waits == [1, 5]  # the compile's call, then the last only
-    assert seconds == 0.5
-
-
-@pytest.mark.tier("unit")
 def test_a_plan_is_made_from_the_budget_less_the_margin_and_what_was_spent():
     c = tiny_config()
     c.train.num_steps, c.train.eval_every, c.train.checkpoint_every = 10_000, 50, 100
