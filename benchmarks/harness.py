@@ -112,14 +112,14 @@ class Bench(Timed):
         trainer = setup_lib.build(config, vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
         self.num_params = trainer.num_params
-        self.state = trainer.init()
+        self.state, self.schedule = trainer.init(), trainer.schedule
         self.tokens = jax.device_put(tokens, sharding.batch_sharding(trainer.mesh))
         start = time.perf_counter()
         self.step = trainer.compile_train_step()
         self.compile_seconds = time.perf_counter() - start
 
     def step_once(self) -> None:
-        self.state, metrics = self.step(self.state, self.tokens)
+        self.state, metrics = self.step(self.state, self.tokens, self.schedule)
         jax.block_until_ready((self.state, metrics))
 
 
