@@ -248,8 +248,8 @@ def export_train_step(config, platform: str) -> str:
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     with _gpu_libraries_on_this_host(), sharding.activate(trainer.mesh, trainer.rules):
         exported = export.export(trainer.program, platforms=[platform],
-                                 disabled_checks=checks)(trainer.state.abstract,
-                                                         trainer.batch_spec(), trainer.schedule)
+                                 disabled_checks=checks)(
+            trainer.state.abstract, trainer.batch_spec(), trainer.schedule_spec())
     return exported.mlir_module()
 
 

@@ -12,6 +12,7 @@ without a trainer (fill-mask, the analyses, reading a run back, MFU); the config
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -43,9 +44,9 @@ class Trainer:
     counts: masking.MaskCounts  # the static sizes of every masked batch
     model: nn.Module  # the objective's model (`model`)
     tx: optax.GradientTransformation
-    # The learning-rate schedule as data, [peak, warmup steps, total steps] float32
-    # (optimizer.learning_rate_at), replicated: config.train's, or a time budget's plan.
-    schedule: jax.Array
+    # The learning-rate schedule as data, [peak, warmup steps, total steps]
+    # (optimizer.learning_rate_at): config.train's, or a time budget's plan.
+    schedule_values: tuple[float, float, float]
     state: state_lib.StateSetup  # init(), the abstract state and its shardings
     # program(state, tokens [batch, L] int32, schedule) -> (state, metrics): the state
     # donated, the batch split over data x fsdp, metrics replicated; compiles exactly once,
@@ -63,11 +64,22 @@ class Trainer:
         """One optimiser step on the global batch `tokens` with this trainer's schedule."""
         return self.program(state, tokens, self.schedule)
 
+    @functools.cached_property
+    def schedule(self) -> jax.Array:
+        """schedule_values as the program takes them, float32 [3], replicated on the mesh
+        (put there when first used: a mesh of compile-only devices holds no array)."""
+        return jax.device_put(np.asarray(self.schedule_values, np.float32),
+                              sharding.replicated(self.mesh))
+
+    def schedule_spec(self) -> jax.ShapeDtypeStruct:
+        """The abstract schedule argument of `program`, for lowering without devices."""
+        return jax.ShapeDtypeStruct((3,), np.float32, sharding=sharding.replicated(self.mesh))
+
     def with_steps(self, config: ml_collections.ConfigDict) -> Trainer:
         """This trainer running `config` (this one's, with other train.num_steps and the
         schedule and cadence scaled to them): the same compiled programs."""
         return dataclasses.replace(self, config=config,
-                                   schedule=schedule_values(config.train, self.mesh))
+                                   schedule_values=optimizer_lib.schedule_values(config.train))
 
     @property
     def num_params(self) -> int:
@@ -82,18 +94,13 @@ class Trainer:
     def lower_train_step(self) -> Any:
         """The train step lowered for the abstract state and batch (jax's Lowered)."""
         with sharding.activate(self.mesh, self.rules):
-            return self.program.lower(self.state.abstract, self.batch_spec(), self.schedule)
+            return self.program.lower(self.state.abstract, self.batch_spec(),
+                                      self.schedule_spec())
 
     def compile_train_step(self) -> Any:
         """The train step compiled ahead of time for the abstract state and batch (its
         `memory_analysis()` and `cost_analysis()` describe the real step)."""
         return self.lower_train_step().compile()
-
-
-def schedule_values(train: ml_collections.ConfigDict, mesh: Mesh) -> jax.Array:
-    """`train`'s learning-rate schedule as the train step takes it, replicated on `mesh`."""
-    return jax.device_put(np.asarray(optimizer_lib.schedule_values(train), np.float32),
-                          sharding.replicated(mesh))
 
 
 def encoder_run(config: ml_collections.ConfigDict) -> builder.Run:
@@ -184,4 +191,4 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
         pretrain_steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
         replicated_args=1)
     return Trainer(config, vocab_size, mesh, rules, counts, model, tx,
-                   schedule_values(t, mesh), state, program, eval_step)
+                   optimizer_lib.schedule_values(t), state, program, eval_step)

@@ -97,7 +97,7 @@ def lower_train_step(config, platform: str) -> str:
                               sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     with sharding.activate(trainer.mesh, trainer.rules):
         return lower(trainer.program, platform, trainer.state.abstract, trainer.batch_spec(),
-                     trainer.schedule)
+                     trainer.schedule_spec())
 
 
 def check_kernels(text: str, impl: str, attention_layers: int, cross: bool = False,
@@ -229,7 +229,7 @@ def test_pallas_runs_per_shard_on_a_mesh():
     trainer = setup_lib.build(c, c.tokenizer.vocab_size, sharding.make_mesh((4, 1, 2)))
     with sharding.activate(trainer.mesh, trainer.rules):
         text = lower(trainer.program, "cuda", trainer.state.abstract, trainer.batch_spec(),
-                     trainer.schedule)
+                     trainer.schedule_spec())
     calls = [line for line in text.splitlines() if f"@{TRITON}" in line]
     assert len(calls) == 6 and all("tensor<8x128x2x64xbf16>" in line for line in calls)
     assert "tensor<32x128x4x64xbf16>" not in " ".join(calls)
