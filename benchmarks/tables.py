@@ -109,11 +109,16 @@ def time_budget(found: list[dict]) -> str:
     """benchmarks/time_budget.py: a run to a time budget, its plan against its wall time."""
     def cells(r):
         p, c = r["plan"], r["plan"]["costs"]
+        revisions = p.get("revisions", [])  # records before the run planned again have none
+        plan = f"{p['steps']:,} steps, {p['tokens'] / 1e6:.1f}M tokens"
+        if revisions:
+            plan += (f"; re-planned {len(revisions)} times, to {revisions[-1]['steps']:,} "
+                     f"(the loop's step {1e3 * revisions[-1]['step_seconds']:.1f} ms)")
         return [f"`{r['command']}`",
-                f"{p['budget_seconds']:.0f} s, margin {p['margin_seconds']:.0f} s",
-                f"{p['steps']:,} steps, {p['tokens'] / 1e6:.1f}M tokens",
+                f"{p['budget_seconds']:.0f} s, margin {p['margin_seconds']:.0f} s", plan,
                 f"{1e3 * c['step']:.1f} ms, {c['evaluation']:.1f} s, {c['checkpoint']:.1f} s",
-                f"{p['spent_seconds']:.0f} s", f"{p['predicted_seconds']:.0f} s",
+                f"{p['spent_seconds']:.0f} s",
+                f"{(revisions[-1] if revisions else p)['predicted_seconds']:.0f} s",
                 f"{r['seconds']:.0f} s ({'within' if r['within_budget'] else 'OVER'})"]
     return _table(["command", "budget", "plan", "measured: step, eval, checkpoint",
                    "before the plan", "predicted end", "process wall (budget)"], found, cells)

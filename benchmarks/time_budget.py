@@ -9,10 +9,10 @@ Runs ``python main.py --config=<config> --workdir=<fresh directory>
 (cold_run.py: a process of its own, an empty compilation cache), the cap far above what
 the minutes hold, so that the plan, not the cap, decides. Recorded: the budget and its
 margin, the plan (steps, tokens, the measured step, evaluation and checkpoint, the seconds
-before the plan, the predicted end) and the process's wall time from start to exit
-(Python and JAX starting, which the run's own clock does not see, included), beside the
-jitted fp32 matmul's speed. A run that plans well ends before its budget: within the
-prediction plus the margin.
+before the plan, the predicted end, and the re-plans the run made from its own rate) and
+the process's wall time from start to exit (Python and JAX starting, which the run's own
+clock does not see, included), beside the jitted fp32 matmul's speed. A run that plans
+well ends before its budget: within the prediction plus the margin.
 
 Each run writes its record (records.py) to --record_dir; docs/performance.md's table is
 generated from the committed ones (`python benchmarks/tables.py`).
@@ -60,8 +60,11 @@ def measure(config: str, minutes: float, cap: int, extra: list[str]) -> dict:
 def main(argv):
     r = measure(FLAGS.config, FLAGS.minutes, FLAGS.cap, argv[1:])
     p = r["plan"]
-    print(f"{r['command']}: planned {p['steps']} steps (trained {r['trained_steps']}), "
-          f"predicted {p['predicted_seconds']:.0f} s + margin {p['margin_seconds']:.0f} s of "
+    revisions = p.get("revisions", [])
+    predicted = (revisions[-1] if revisions else p)["predicted_seconds"]
+    print(f"{r['command']}: planned {p['steps']} steps, re-planned {len(revisions)} times "
+          f"(trained {r['trained_steps']}), "
+          f"predicted {predicted:.0f} s + margin {p['margin_seconds']:.0f} s of "
           f"{p['budget_seconds']:.0f} s; the process took {r['seconds']:.0f} s"
           f"{'' if r['within_budget'] else ': OVER BUDGET'}")
     records.save("time_budget", r)

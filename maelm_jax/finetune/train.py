@@ -173,6 +173,9 @@ class FineTuning:
     def eval_due(self, step: int) -> bool:
         return step in self.eval_at
 
+    def after_log(self, step: int) -> None:
+        """Fine-tuning's steps are its epochs': nothing moves them."""
+
     def checkpoint_due(self, step: int) -> bool:
         # Not at the last step: the results follow at once, nothing to resume from. A stop
         # request saves whatever this says.

@@ -124,8 +124,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.warmup_steps = 10_000  # linear warmup to the peak, then linear decay to 0
     # Minutes the run is given (0: none): a new run measures its step, evaluation and
     # checkpoint here, then plans the most steps (num_steps at most) that end in time, less
-    # a margin (a share of the budget), with warmup_steps / num_steps its share of the plan
-    # (training/budget.py; the plan is the workdir's plan.json, kept on resume).
+    # a margin (a share of the budget), with warmup_steps / num_steps its share of the plan,
+    # and plans the end again at each log step from the loop's own rate (training/budget.py;
+    # the plan and its re-plans are the workdir's plan.json, kept on resume).
     c.train.time_budget_minutes = 0.0
     c.train.time_budget_margin = 0.05
     # The PRNG implementation of masks and dropout (PRNG_IMPLS; the trade-offs are

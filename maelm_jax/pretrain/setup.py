@@ -44,9 +44,9 @@ class Trainer:
     counts: masking.MaskCounts  # the static sizes of every masked batch
     model: nn.Module  # the objective's model (`model`)
     tx: optax.GradientTransformation
-    # The learning-rate schedule as data, [peak, warmup steps, total steps]
-    # (optimizer.learning_rate_at): config.train's, or a time budget's plan.
-    schedule_values: tuple[float, float, float]
+    # The learning-rate schedule as data, [peak, warmup steps, total steps, decay from,
+    # rate there] (optimizer.learning_rate_at): config.train's, or a time budget's plan.
+    schedule_values: tuple[float, ...]
     state: state_lib.StateSetup  # init(), the abstract state and its shardings
     # program(state, tokens [batch, L] int32, schedule) -> (state, metrics): the state
     # donated, the batch split over data x fsdp, metrics replicated; compiles exactly once,
@@ -66,20 +66,26 @@ class Trainer:
 
     @functools.cached_property
     def schedule(self) -> jax.Array:
-        """schedule_values as the program takes them, float32 [3], replicated on the mesh
+        """schedule_values as the program takes them, float32 [5], replicated on the mesh
         (put there when first used: a mesh of compile-only devices holds no array)."""
         return jax.device_put(np.asarray(self.schedule_values, np.float32),
                               sharding.replicated(self.mesh))
 
     def schedule_spec(self) -> jax.ShapeDtypeStruct:
         """The abstract schedule argument of `program`, for lowering without devices."""
-        return jax.ShapeDtypeStruct((3,), np.float32, sharding=sharding.replicated(self.mesh))
+        return jax.ShapeDtypeStruct((len(self.schedule_values),), np.float32,
+                                    sharding=sharding.replicated(self.mesh))
 
     def with_steps(self, config: ml_collections.ConfigDict) -> Trainer:
         """This trainer running `config` (this one's, with other train.num_steps and the
         schedule and cadence scaled to them): the same compiled programs."""
         return dataclasses.replace(self, config=config,
-                                   schedule_values=optimizer_lib.schedule_values(config.train))
+                                   schedule_values=schedule_values(config.train))
+
+    def with_schedule(self, values: tuple[float, ...]) -> Trainer:
+        """This trainer with the learning-rate schedule `values` (a time budget's re-plan):
+        the same compiled programs."""
+        return dataclasses.replace(self, schedule_values=tuple(values))
 
     @property
     def num_params(self) -> int:
@@ -101,6 +107,13 @@ class Trainer:
         """The train step compiled ahead of time for the abstract state and batch (its
         `memory_analysis()` and `cost_analysis()` describe the real step)."""
         return self.lower_train_step().compile()
+
+
+def schedule_values(train: ml_collections.ConfigDict) -> tuple[float, ...]:
+    """`train`'s learning-rate schedule in the five-value form (optimizer.learning_rate_at)
+    that a time budget's re-plans keep: one program takes every schedule of the run."""
+    return optimizer_lib.with_decay_end(optimizer_lib.schedule_values(train), 0,
+                                        train.num_steps)
 
 
 def encoder_run(config: ml_collections.ConfigDict) -> builder.Run:
@@ -191,4 +204,4 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
         pretrain_steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
         replicated_args=1)
     return Trainer(config, vocab_size, mesh, rules, counts, model, tx,
-                   optimizer_lib.schedule_values(t), state, program, eval_step)
+                   schedule_values(t), state, program, eval_step)

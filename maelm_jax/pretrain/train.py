@@ -6,6 +6,7 @@ checkpoint if any -> steps with periodic logs, evals and checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections.abc import Callable, Iterator
@@ -87,15 +88,15 @@ PRETRAINING = lifecycle.Policy(
         "model.scan_layers",  # the checkpoint converts between the layouts on restore
         "model.remat_policy"),
     finished=lambda workdir, config: any(
-        step >= _planned_steps(workdir, config)
+        step >= _last_step(workdir, config)
         for step in checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)),
     override=lifecycle.Decision.CONTINUE, override_words="continue it with the new config")
 
 
-def _planned_steps(workdir: paths.Path, config: ml_collections.ConfigDict) -> int:
-    """The steps the run in `workdir` ends at: its time budget's plan, else num_steps."""
+def _last_step(workdir: paths.Path, config: ml_collections.ConfigDict) -> int:
+    """The step the run in `workdir` ends at: its time budget's plan's, else num_steps."""
     plan = budget_lib.read(workdir)
-    return plan.steps if plan else config.train.num_steps
+    return plan.end if plan else config.train.num_steps
 
 
 # Train steps timed for a time budget's plan, after one that compiles.
@@ -150,14 +151,15 @@ def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
 
 def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mesh,
             batches: Callable[[], Iterator[np.ndarray]], eval_data: list[jax.Array],
-            vocab_size: int, started: float, resumed: bool) -> budget_lib.Plan:
-    """The run's plan: read back (a resumed run keeps it, whatever machine it is on now),
-    or made now from what this machine measures (process 0's, on every process)."""
+            vocab_size: int, started: float, resumed: bool) -> tuple[budget_lib.Plan, bool]:
+    """(the run's plan, whether it was made now): read back (a resumed run keeps it,
+    whatever machine it is on now), or made now from what this machine measures (process
+    0's, on every process)."""
     t = config.train
     plan = budget_lib.read(workdir)
     if plan is not None:
         logging.info("time budget: keeping the plan of this run: %s", budget_lib.describe(plan))
-        return plan
+        return plan, False
     if resumed:  # checkpoints of a run that was never planned: its steps are num_steps
         raise budget_lib.BudgetError(
             f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "
@@ -166,7 +168,7 @@ def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mes
     device = f"{mesh.size} x {jax.devices()[0].device_kind}"
     # The planned run runs the measured programs (its schedule is data): what is left of
     # the budget is what the measurement left.
-    spent = time.monotonic() - started
+    spent = budget_lib.clock() - started
 
     def plan_of(steps: int | None = None) -> budget_lib.Plan:
         return budget_lib.make(60 * t.time_budget_minutes, t.time_budget_margin, spent, costs,
@@ -184,10 +186,11 @@ def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mes
             f"{budget_lib.FIELD}: too small for this run (process 0's log says why)")
     plan = plan_of(steps)
     end = datetime.datetime.now() + datetime.timedelta(
-        seconds=plan.predicted_seconds - (time.monotonic() - started))
-    logging.info("time budget: %s; the run should end about %s", budget_lib.describe(plan),
+        seconds=plan.predicted_seconds - (budget_lib.clock() - started))
+    logging.info("time budget: %s; the run should end about %s (planned again at each log "
+                 "step from the loop's own rate)", budget_lib.describe(plan),
                  end.strftime("%Y-%m-%d %H:%M"))
-    return plan
+    return plan, True
 
 
 def _decide(config: ml_collections.ConfigDict, workdir: paths.Path,
@@ -241,7 +244,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     but its record. A stop request (SIGTERM, the preemption sync point, the time limit)
     saves a checkpoint and raises preemption.Preempted (TimeLimit).
     """
-    started = time.monotonic() if started is None else started
+    started = budget_lib.clock() if started is None else started
     pretrain_config.validate(config)
     # Every path absolute, once: relative ones mean the current directory (orbax and
     # resumed runs started elsewhere would otherwise read other files).
@@ -280,7 +283,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     ckpt = checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS, t.keep_checkpoints)
     # The config the run trains with: the given one, or with a time budget, scaled to its
     # plan (config.json records the given one; plan.json the plan).
-    run_config, plan = config, None
+    run_config, plan, planned_now = config, None, False
     spans = sharding.process_spans(mesh, t.batch_size)
 
     def batches(start_step: int = 0) -> Iterator[np.ndarray]:
@@ -289,8 +292,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     if budgeted:
         try:
-            plan = _budget(config, workdir, trainer, mesh, batches, eval_data, tok.vocab_size,
-                           started, resumed=ckpt.latest_step() is not None)
+            plan, planned_now = _budget(config, workdir, trainer, mesh, batches, eval_data,
+                                        tok.vocab_size, started,
+                                        resumed=ckpt.latest_step() is not None)
         except budget_lib.BudgetError:
             if distributed.is_leader():
                 workdir_lib.restore(workdir, before)
@@ -315,8 +319,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if distributed.is_leader():
         # Recorded once the run can go on (a run refused above leaves the old record).
         layout.write_config(workdir, config)
-        if plan is not None and not (workdir / layout.PLAN_FILE).exists():
-            paths.write_atomically(workdir / layout.PLAN_FILE, plan.to_json().encode())
+    if plan is not None and not (workdir / layout.PLAN_FILE).exists():
+        _record(workdir, plan)
     writer = metrics_lib.MetricWriter(workdir, resume_step=start, enabled=distributed.is_leader())
     device_kind = jax.devices()[0].device_kind
     utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size, device_kind)
@@ -338,13 +342,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                  else "prepared in the job")
     # The batch size and seed are the given config's (a plan changes neither).
 
+    replanner = None
+    if plan is not None:
+        replanner = budget_lib.Replanner(
+            plan, trainer.schedule_values, start, started, t, cap=config.train.num_steps,
+            replans=planned_now, record=lambda plan: _record(workdir, plan))
     run = Pretraining(run_config, trainer, eval_data, utilisation, unigram_accuracy,
-                      resumed=start > 0)
+                      resumed=start > 0, replanner=replanner)
     try:
         with sharding.activate(trainer.mesh, trainer.rules):
             _, progress, _ = engine.train(run, state, start, batches(start), ckpt, writer,
                                           progress)
-        _report(run_config, utilisation, start, time.monotonic() - started, plan)
+        _report(run_config, utilisation, start, run.num_steps, budget_lib.clock() - started,
+                plan if replanner is None else replanner.plan)
         last = progress.evals[-1] if progress.evals else {}
         return {k: v for k, v in last.items() if k != "step"}
     finally:
@@ -353,21 +363,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         writer.close()
 
 
+def _record(workdir: paths.Path, plan: budget_lib.Plan) -> None:
+    """Writes the plan to the workdir's plan.json (process 0), whole or not at all."""
+    if distributed.is_leader():
+        paths.write_atomically(workdir / layout.PLAN_FILE, plan.to_json().encode())
+
+
 def _report(config: ml_collections.ConfigDict, utilisation: mfu.Utilisation, start: int,
-            seconds: float, plan: budget_lib.Plan | None) -> None:
-    """The run's account at its end: steps, tokens and FLOPs of this process's session,
-    its wall time (against the plan's, with a budget) and MFU where the peak is known."""
+            end: int, seconds: float, plan: budget_lib.Plan | None) -> None:
+    """The run's account at its end: steps, tokens and FLOPs of this process's session
+    (steps `start` + 1 to `end`), its wall time (against the plan's, with a budget) and
+    MFU where the peak is known."""
     t = config.train
-    steps = t.num_steps - start
+    steps = end - start
     flops = steps * utilisation.flops_per_step
-    line = (f"trained steps {start + 1}-{t.num_steps} in {seconds:.0f} s: "
+    line = (f"trained steps {start + 1}-{end} in {seconds:.0f} s: "
             f"{steps * t.batch_size * config.data.seq_len / 1e6:.1f}M tokens, {flops:.3g} "
             f"FLOPs")
     if utilisation.peak:
         line += f", MFU {flops / seconds / utilisation.num_devices / 1e12 / utilisation.peak:.1%}"
     if plan is not None and start == 0:
-        line += (f"; the plan predicted {plan.predicted_seconds:.0f} s of a "
-                 f"{plan.budget_seconds:.0f} s budget")
+        predicted = (plan.revisions[-1] if plan.revisions else plan).predicted_seconds
+        line += (f"; the plan predicted {predicted:.0f} s of a {plan.budget_seconds:.0f} s "
+                 "budget")
     logging.info("%s", line)
 
 
@@ -381,12 +399,19 @@ class Pretraining:
 
     def __init__(self, config: ml_collections.ConfigDict, trainer: setup_lib.Trainer,
                  eval_data: list[jax.Array], utilisation: mfu.Utilisation,
-                 unigram_accuracy: float, resumed: bool):
+                 unigram_accuracy: float, resumed: bool,
+                 replanner: budget_lib.Replanner | None = None):
+        """`replanner`: a time budget's plan as it goes (its end and schedule in force at
+        the step the run resumes after)."""
         self.saved = resumed  # whether the workdir holds a checkpoint of this run
         self.t, self.seq_len, self.seed = config.train, config.data.seq_len, config.seed
         self.num_steps, self.nonfinite = self.t.num_steps, self.t.nonfinite
         self.trainer, self.eval_data = trainer, eval_data
         self.utilisation, self.unigram_accuracy = utilisation, unigram_accuracy
+        self.replanner = replanner
+        if replanner is not None:
+            self.num_steps = replanner.end
+            self.trainer = trainer.with_schedule(replanner.schedule)
 
     def train_step(self, state, tokens: np.ndarray):
         return self.trainer.train_step(state, sharding.global_batch(tokens, self.trainer.mesh))
@@ -396,6 +421,23 @@ class Pretraining:
 
     def eval_due(self, step: int) -> bool:
         return step % self.t.eval_every == 0
+
+    def after_log(self, step: int) -> None:
+        """A time budget's re-plan from the loop's own rate, or one recorded at `step`:
+        the run ends at its step, with the learning rate's decay aimed at it."""
+        if self.replanner is None:
+            return
+        was = self.num_steps
+        revision = self.replanner.at_log(step)
+        if revision is None:
+            return
+        self.num_steps = self.replanner.end
+        self.trainer = self.trainer.with_schedule(self.replanner.schedule)
+        logging.info("time budget: at step %d the loop ran %.1f ms a step (%.1f measured "
+                     "before it): the run ends at step %d (was %d), predicted %.0f s after the "
+                     "start", step, revision.step_seconds * 1e3,
+                     self.replanner.plan.costs.step * 1e3, revision.steps, was,
+                     revision.predicted_seconds)
 
     def checkpoint_due(self, step: int) -> bool:
         # Also a fresh run's first step: a workdir where checkpoints cannot be written
@@ -410,12 +452,22 @@ class Pretraining:
         return {**means, "perplexity": metrics_lib.perplexity(means["loss"]), **rates}
 
     def evaluate(self, state, step: int) -> dict[str, float]:
-        scores = evaluate(self.trainer.eval_step, state.params, self.eval_data, self.seed)
+        with self._paused(evaluation=True):
+            scores = evaluate(self.trainer.eval_step, state.params, self.eval_data, self.seed)
         return {**scores, "unigram_accuracy": self.unigram_accuracy}
+
+    @contextlib.contextmanager
+    def _paused(self, evaluation: bool) -> Iterator[None]:
+        """Time outside the steps, told to the time budget's re-planner."""
+        begun = budget_lib.clock()
+        yield
+        if self.replanner is not None:
+            self.replanner.paused(budget_lib.clock() - begun, evaluation)
 
     def better(self, scores, best) -> bool:
         return scores["loss"] < best["loss"]
 
     def save(self, ckpt, step, state, progress, best_params) -> None:
-        ckpt.save(step, state, {**progress.meta(step, 0.0), "data_position": step})
+        with self._paused(evaluation=False):
+            ckpt.save(step, state, {**progress.meta(step, 0.0), "data_position": step})
         self.saved = True

@@ -9,6 +9,14 @@ reaches its floor at the planned end), and the plan is recorded (`Plan`, the wor
 plan.json) so that a resumed run keeps it exactly. The study sizes its pretraining parts
 with the same arithmetic (study/sizing.py).
 
+A few steps timed before the run can be far from the rate the loop keeps (a shared or
+throttled machine, a loader that competes with the step for the cores), so the run plans
+again as it goes (`Replanner`): at each log step it measures its own rate and moves the
+planned end to what the time left holds. The learning rate has no jump at a re-plan
+(optimizer.with_decay_end: the decay goes on from the rate it had reached), and every
+re-plan is written to plan.json before any later checkpoint, so that a resumed run
+replays them at their steps and trains exactly as the run it resumes would have.
+
     wall time = what the run spent before the plan (start-up, data, compiling, measuring)
               + steps x step
               + evaluations(steps) x evaluation + checkpoints(steps) x checkpoint
@@ -28,7 +36,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from maelm_jax import errors, layout, paths
+from maelm_jax import distributed, errors, layout, paths
+from maelm_jax.training import optimizer
 
 
 class BudgetError(errors.UserError):
@@ -88,10 +97,32 @@ def checkpoints(steps: int, checkpoint_every: int) -> int:
     return periodic + (checkpoint_every > 1 and steps > 1)
 
 
+def seconds_after(step: int, end: int, costs: Costs, eval_every: int,
+                  checkpoint_every: int) -> float:
+    """Predicted seconds of steps `step` + 1 to `end` with their evaluations and periodic
+    saves (the last step's included; the first step's save is counted by `seconds`)."""
+    evals = evaluations(end, eval_every) - step // eval_every
+    saves = checkpoints(end, checkpoint_every) - (checkpoint_every > 1 and end > 1)
+    saves -= step // checkpoint_every
+    return (end - step) * costs.step + evals * costs.evaluation + saves * costs.checkpoint
+
+
 def seconds(steps: int, costs: Costs, eval_every: int, checkpoint_every: int) -> float:
     """Predicted seconds of `steps` training steps with their evaluations and saves."""
-    return (steps * costs.step + evaluations(steps, eval_every) * costs.evaluation
-            + checkpoints(steps, checkpoint_every) * costs.checkpoint)
+    return (seconds_after(0, steps, costs, eval_every, checkpoint_every)
+            + (checkpoint_every > 1 and steps > 1) * costs.checkpoint)
+
+
+def _most(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest n in [low, high] with fits(n), given fits(low) and that fits holds up to
+    some n and not after it."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def plan_steps(available: float, costs: Costs, eval_every: int, checkpoint_every: int,
@@ -104,14 +135,17 @@ def plan_steps(available: float, costs: Costs, eval_every: int, checkpoint_every
             f"cannot hold one step ({costs.step:.2f} s), an evaluation ({costs.evaluation:.1f}"
             f" s) and a checkpoint ({costs.checkpoint:.1f} s); give more time or fewer "
             "train.eval_batches")
-    low, high = 1, cap  # seconds() grows with the steps: the largest that fits
-    while low < high:
-        middle = (low + high + 1) // 2
-        if seconds(middle, costs, eval_every, checkpoint_every) <= available:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return _most(lambda n: seconds(n, costs, eval_every, checkpoint_every) <= available, 1,
+                 cap)
+
+
+def replan_steps(available: float, costs: Costs, step: int, eval_every: int,
+                 checkpoint_every: int, cap: int) -> int:
+    """The last step (at most `cap`, at least `step` + 1: a run ends with a step) of a run
+    at `step` whose remaining steps, evaluations and saves fit `available` seconds."""
+    return _most(lambda end: seconds_after(step, end, costs, eval_every,
+                                           checkpoint_every) <= available,
+                 step + 1, max(cap, step + 1))
 
 
 def scale_schedule(train: ml_collections.ConfigDict, steps: int) -> None:
@@ -126,10 +160,21 @@ def scale_schedule(train: ml_collections.ConfigDict, steps: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Revision:
+    """A re-plan made as the run went: from `step` on, the run ends at `steps`."""
+
+    step: int  # a log step: the revision applies to the updates after it
+    steps: int  # the planned last step from here on
+    step_seconds: float  # the loop's own rate that it was planned from
+    elapsed_seconds: float  # since the start, when it was made
+    predicted_seconds: float  # elapsed + the remaining steps with evaluations and saves
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A budgeted run's plan, as plan.json records it: kept by every resumption."""
 
-    steps: int
+    steps: int  # the first plan's, made before the loop (`end` is the run's last step)
     budget_seconds: float
     margin_seconds: float
     spent_seconds: float  # before the plan: start-up, data, compiling and measuring
@@ -138,13 +183,20 @@ class Plan:
     device: str  # the device kind the costs were measured on, and how many
     tokens: int  # planned tokens (steps x batch x length)
     flops: float  # planned training FLOPs (model FLOPs, pretrain/flops.py)
+    revisions: tuple[Revision, ...] = ()  # the re-plans made as the run went, in order
+
+    @property
+    def end(self) -> int:
+        """The step the run ends at: its last re-plan's, else the first plan's."""
+        return self.revisions[-1].steps if self.revisions else self.steps
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Plan:
-        return cls(**{**record, "costs": Costs(**record["costs"])})
+        revisions = tuple(Revision(**r) for r in record.get("revisions", ()))
+        return cls(**{**record, "costs": Costs(**record["costs"]), "revisions": revisions})
 
 
 def read(workdir: paths.Path) -> Plan | None:
@@ -185,9 +237,111 @@ def make(budget_seconds: float, margin: float, spent: float, costs: Costs,
 
 def describe(plan: Plan) -> str:
     """The plan in one log line."""
-    return (f"{plan.steps} steps, {plan.tokens / 1e6:.1f}M tokens, {plan.flops:.3g} FLOPs, "
+    line = (f"{plan.steps} steps, {plan.tokens / 1e6:.1f}M tokens, {plan.flops:.3g} FLOPs, "
             f"predicted to end {plan.predicted_seconds:.0f} s after the start "
             f"({plan.spent_seconds:.0f} s before the plan, {plan.costs.step * 1e3:.1f} ms a "
             f"step, {plan.costs.evaluation:.1f} s an evaluation, {plan.costs.checkpoint:.1f} "
             f"s a checkpoint, on {plan.device}), within {plan.budget_seconds:.0f} s less a "
             f"margin of {plan.margin_seconds:.0f} s")
+    if plan.revisions:
+        line += (f"; re-planned {len(plan.revisions)} times as it ran, to end at step "
+                 f"{plan.end}")
+    return line
+
+
+# A re-plan is recorded when it moves the end by at least this share of the steps: the
+# learning rate's line and plan.json are not rewritten for noise.
+REPLAN_TOLERANCE = 0.01
+
+# How the budget reads time (seconds, monotonic): a test gives a clock of its own.
+clock = time.monotonic
+
+
+class Replanner:
+    """A budgeted run's plan as the loop goes: the learning-rate schedule and last step in
+    force, re-planned at log steps from the loop's own rate (`at_log`).
+
+    The run that made the plan re-plans; a resumed run replays the recorded revisions at
+    their steps and makes none (its process started later: the budget it was given has no
+    meaning for the plan of the run it continues). `paused`: the run reports the seconds
+    it spent evaluating and saving, which are not steps."""
+
+    def __init__(self, plan: Plan, schedule: tuple[float, ...], start: int, started: float,
+                 train: ml_collections.ConfigDict, cap: int, replans: bool,
+                 record: Callable[[Plan], None]):
+        """`schedule`: the first plan's (optimizer.learning_rate_at's 5 values); `start`:
+        the step the loop resumes after; `started`: the `clock()` the budget counts from;
+        `train`: the run's cadence; `cap`: the given train.num_steps; `record(plan)`
+        writes plan.json (process 0)."""
+        self.plan, self.started, self.cap, self.replans = plan, started, cap, replans
+        self.eval_every, self.checkpoint_every = train.eval_every, train.checkpoint_every
+        self.record = record
+        self.schedule, self.end = schedule, plan.steps
+        for revision in plan.revisions:  # in force at `start`: those made at or before it
+            if revision.step <= start:
+                self._apply(revision)
+        self._first: tuple[int, float] | None = None  # (step, clock) of the first log step
+        self._last: tuple[int, float] | None = None
+        self._paused = self._paused_since_last = 0.0
+        self._evaluations: list[float] = []
+
+    def _apply(self, revision: Revision) -> None:
+        self.schedule = optimizer.with_decay_end(self.schedule, revision.step, revision.steps)
+        self.end = revision.steps
+
+    def paused(self, seconds: float, evaluation: bool) -> None:
+        """`seconds` of the loop spent outside its steps (an evaluation, or a save)."""
+        self._paused += seconds
+        self._paused_since_last += seconds
+        if evaluation:
+            self._evaluations.append(seconds)
+
+    def step_seconds(self, step: int, now: float) -> float | None:
+        """The loop's seconds a step at `step`: the larger of its mean since the first log
+        step and of the last log window (a machine slowing down is followed at once, one
+        speeding up as the mean catches up); None at the first log step (the window
+        before it holds the compile)."""
+        paused_since_last, self._paused_since_last = self._paused_since_last, 0.0
+        if self._first is None:
+            self._first = self._last = (step, now)
+            self._paused = 0.0
+            return None
+        (first, first_time), (last, last_time) = self._first, self._last
+        self._last = (step, now)
+        mean = (now - first_time - self._paused) / (step - first)
+        window = (now - last_time - paused_since_last) / (step - last)
+        return max(mean, window, 0.0)
+
+    def at_log(self, step: int) -> Revision | None:
+        """After the log line of `step`: replays a revision recorded at `step`, or (in the
+        run that planned) plans the end again from the loop's rate; returns the revision
+        applied, if any. Collective in a multi-process run that re-plans (process 0's
+        end is every process's)."""
+        recorded = [r for r in self.plan.revisions if r.step == step]
+        if recorded:
+            self._apply(recorded[0])
+            return recorded[0]
+        if not self.replans:
+            return None
+        now = clock()
+        step_seconds = self.step_seconds(step, now)
+        if step_seconds is None:
+            return None
+        costs = dataclasses.replace(
+            self.plan.costs, step=step_seconds,
+            evaluation=(statistics.mean(self._evaluations) if self._evaluations
+                        else self.plan.costs.evaluation))
+        elapsed = now - self.started
+        available = self.plan.budget_seconds - self.plan.margin_seconds - elapsed
+        end = int(distributed.leader_number(replan_steps(
+            available, costs, step, self.eval_every, self.checkpoint_every, self.cap)))
+        if abs(end - self.end) < max(1.0, REPLAN_TOLERANCE * self.end):
+            return None
+        revision = Revision(
+            step=step, steps=end, step_seconds=step_seconds, elapsed_seconds=elapsed,
+            predicted_seconds=elapsed + seconds_after(step, end, costs, self.eval_every,
+                                                      self.checkpoint_every))
+        self.plan = dataclasses.replace(self.plan, revisions=(*self.plan.revisions, revision))
+        self.record(self.plan)  # before any checkpoint after this step
+        self._apply(revision)
+        return revision

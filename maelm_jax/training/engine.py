@@ -168,6 +168,10 @@ class Run(Protocol):
     def eval_due(self, step: int) -> bool:
         """Whether to evaluate after `step` (the last step always evaluates)."""
 
+    def after_log(self, step: int) -> None:
+        """After the log line of `step` (not the last): the run may move num_steps, to
+        `step` + 1 at the earliest (a time budget planned again from the loop's rate)."""
+
     def checkpoint_due(self, step: int) -> bool:
         """Whether to save after `step` (a stop request always saves)."""
 
@@ -215,7 +219,9 @@ def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_
         unchecked = []
 
     with Loop(start, ckpt) as clock:
-        for step in range(start + 1, run.num_steps + 1):
+        step = start
+        while step < run.num_steps:  # which a run may move at a log step (Run.after_log)
+            step += 1
             state, step_metrics = run.train_step(state, next(batches))
             unchecked.append((step, step_metrics))
             last = step == run.num_steps
@@ -228,6 +234,8 @@ def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_
                 means = {**window_means(progress.window), "skipped_updates": progress.skipped}
                 writer.write("train", step, run.log_line(step, means, *clock.lap(step)))
                 progress.window = []
+                if not last:
+                    run.after_log(step)
             if evaluate:
                 scores = run.evaluate(state, step)
                 writer.write(run.eval_split, step, scores)

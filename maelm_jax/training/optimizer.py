@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 # Parameter leaves that get weight decay under weight_decay_on="weights"; biases and
@@ -17,24 +18,43 @@ _DECAYED_LEAVES = ("kernel", "query_kernel", "key_kernel", "value_kernel", "out_
                    "embedding", "rel_embedding")
 
 
-def learning_rate_at(step: jax.Array, schedule: jax.Array) -> jax.Array:
+def learning_rate_at(step: jax.Array, schedule: jax.Array, xp: Any = jnp) -> jax.Array:
     """The learning rate at `step` (optimiser updates done): 0 -> peak over the warmup
-    steps, then linearly to 0 at the total steps. `schedule` = [peak, warmup steps, total
-    steps] (float32) is data, not part of the program: one compiled step serves every
-    learning rate and length (fine-tuning's tasks and settings; a pretraining run whose
-    time budget plans its steps after its step is compiled and timed)."""
+    steps, then linearly to 0 at the total steps. `schedule` (float32) is data, not part
+    of the program: one compiled step serves every learning rate and length (fine-tuning's
+    tasks and settings; a pretraining run whose time budget plans its steps after its step
+    is compiled and timed, and plans them again as it runs):
+
+    * [peak, warmup steps, total steps]: the decay from the peak at the warmup's end;
+    * [peak, warmup steps, total steps, decay from, rate there]: the decay from the rate at
+      a later step (`with_decay_end`), the steps before it as an earlier schedule had them.
+
+    `xp`: numpy computes the same rates on the host (in the schedule's dtype)."""
     peak, warmup, total = schedule[0], schedule[1], schedule[2]
-    warmup = jnp.minimum(warmup, total)
-    step = step.astype(jnp.float32)
-    rising = peak * jnp.minimum(step, jnp.maximum(warmup, 1.0)) / jnp.maximum(warmup, 1.0)
-    falling = peak * (1.0 - jnp.clip((step - warmup) / jnp.maximum(total - warmup, 1.0),
-                                     0.0, 1.0))
-    return jnp.where(step < warmup, rising, falling)
+    warmup = xp.minimum(warmup, total)
+    origin, origin_rate = (schedule[3], schedule[4]) if len(schedule) == 5 else (warmup, peak)
+    step = step.astype(schedule.dtype)
+    rising = peak * xp.minimum(step, xp.maximum(warmup, 1.0)) / xp.maximum(warmup, 1.0)
+    falling = origin_rate * (1.0 - xp.clip((step - origin) / xp.maximum(total - origin, 1.0),
+                                           0.0, 1.0))
+    return xp.where(step < warmup, rising, falling)
 
 
 def schedule_values(train: ml_collections.ConfigDict) -> tuple[float, float, float]:
     """[peak, warmup steps, total steps] of `train` for learning_rate_at."""
     return (float(train.learning_rate), float(train.warmup_steps), float(train.num_steps))
+
+
+def with_decay_end(schedule: tuple[float, ...], step: int, total: int) -> tuple[float, ...]:
+    """`schedule` (either form of learning_rate_at) with its decay ending at `total` steps
+    instead, from `step` on: the rates of the first `step` updates are unchanged, and the
+    decay goes on from the rate it had reached (the warmup's peak, if `step` is within the
+    warmup) without a jump. Computed on the host in float64: the same numbers on every
+    process and in every resumption."""
+    values = np.asarray(schedule, np.float64)
+    origin = max(float(step), float(min(values[1], values[2])))
+    rate = float(learning_rate_at(np.float64(origin), values, xp=np))
+    return (float(values[0]), float(values[1]), float(total), origin, rate)
 
 
 def _scale_by_learning_rate_argument(

@@ -6,9 +6,10 @@ here is timed."""
 import json
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from maelm_jax import errors, layout
+from maelm_jax import errors, layout, paths
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import budget, optimizer
 
@@ -65,14 +66,87 @@ def test_a_plan_is_made_from_the_budget_less_the_margin_and_what_was_spent():
     assert budget.Plan.from_dict(json.loads(plan.to_json())) == plan
 
 
+def _replanner(plan, replans=True, start=0, clock=None):
+    t = tiny_config().train
+    t.num_steps, t.warmup_steps, t.eval_every, t.checkpoint_every = plan.steps, 10, 1000, 1000
+    recorded = []
+    replanner = budget.Replanner(plan, optimizer.with_decay_end(
+        optimizer.schedule_values(t), 0, plan.steps), start, 0.0, t, cap=1000,
+        replans=replans, record=recorded.append)
+    return replanner, recorded
+
+
+@pytest.mark.tier("unit")
+def test_the_run_plans_again_from_its_own_rate(monkeypatch):
+    """Planned at 1 s a step, the loop runs 1.5 s a step: the end moves to what the time
+    left holds, and the learning rate goes on from where it was to 0 at the new end. An
+    evaluation of 20 s between two log steps is not counted as a step, but it is what the
+    final evaluation will cost: the end moves again. A resumed run replays the recorded
+    re-plans at their steps and plans nothing itself."""
+    now = [0.0]
+    monkeypatch.setattr(budget, "clock", lambda: now[0])
+    costs = budget.Costs(step=1.0, evaluation=0.0, checkpoint=0.0)
+    plan = budget.Plan(steps=100, budget_seconds=110.0, margin_seconds=10.0,
+                       spent_seconds=0.0, costs=costs, predicted_seconds=100.0, device="cpu",
+                       tokens=0, flops=0.0)
+    replanner, recorded = _replanner(plan)
+    schedules = {0: replanner.schedule}
+    for step in range(1, 31):
+        now[0] += 1.5
+        if step == 15:
+            now[0] += 20.0
+            replanner.paused(20.0, evaluation=True)
+        if replanner.at_log(step) is not None:
+            schedules[step] = replanner.schedule
+    # At 3 s, 97 s are left: 64 more steps of 1.5 s. At 42.5 s, 57.5 s less the final
+    # evaluation's 20: 25 more steps.
+    revisions = recorded[-1].revisions
+    assert [(r.step, r.steps) for r in revisions] == [(2, 66), (15, 40)]
+    assert replanner.end == 40 == recorded[-1].end
+    assert [r.step_seconds for r in revisions] == pytest.approx([1.5, 1.5])
+
+    def rate(schedule, step):
+        return float(optimizer.learning_rate_at(np.float64(step), np.asarray(schedule), np))
+
+    peak = schedules[0][0]
+    assert rate(schedules[2], 10) == pytest.approx(peak)  # the warmup is kept
+    for step, before in ((2, schedules[0]), (15, schedules[2])):
+        assert rate(schedules[step], step) == pytest.approx(rate(before, step))  # no jump
+    assert rate(schedules[15], 39) > 0.0 and rate(schedules[15], 40) == 0.0
+
+    # A run resumed after step 1 of that plan: the re-plans come back at their steps, from
+    # the record, whatever its own clock says.
+    resumed, written = _replanner(recorded[-1], replans=False, start=1)
+    assert resumed.end == 100
+    now[0] += 1000.0
+    for step in range(2, 31):
+        resumed.at_log(step)
+        if step in schedules:
+            assert resumed.schedule == schedules[step]
+    assert not written and resumed.end == 40
+    # Resumed after a re-plan's step, it is in force from the start.
+    assert _replanner(recorded[-1], replans=False, start=20)[0].schedule == schedules[15]
+    assert _replanner(recorded[-1], replans=False, start=5)[0].schedule == schedules[2]
+
+
 SLOW_STEPS = budget.Costs(step=30.0, evaluation=0.0, checkpoint=0.0)
 
 
-def _costs(monkeypatch, costs=SLOW_STEPS):
-    """The measurement replaced by `costs`."""
+def _costs(monkeypatch, costs=SLOW_STEPS, loop_step=None):
+    """The measurement replaced by `costs`, and the budget's clock by one that moves
+    `loop_step` seconds (default: the measured step's) at each step the loop dispatches."""
     measured = []
     monkeypatch.setattr(pretrain_train, "_measure",
                         lambda *args: measured.append(args) or costs)
+    now = [0.0]
+    monkeypatch.setattr(budget, "clock", lambda: now[0])
+    step = pretrain_train.Pretraining.train_step
+
+    def timed_step(self, *args):
+        now[0] += costs.step if loop_step is None else loop_step
+        return step(self, *args)
+
+    monkeypatch.setattr(pretrain_train.Pretraining, "train_step", timed_step)
     return measured
 
 
@@ -98,7 +172,7 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
     assert len(built) == 1 and built[0].program._cache_size() == 1
     assert plan.steps == budget.plan_steps(570.0 - plan.spent_seconds, plan.costs, 1000,
                                            1000, 100)
-    assert 5 <= plan.steps < 19  # 570 s less what the start took, at 30 s a step
+    assert plan.steps == 19 and not plan.revisions  # 570 s at 30 s a step, the loop's too
     recorded = json.loads((run / layout.CONFIG_FILE).read_text())
     assert recorded["train"]["num_steps"] == 100  # the config as given; the plan beside it
 
@@ -120,6 +194,33 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
     # Finished: started again it trains nothing, whatever its budget says.
     pretrain_train.train_and_evaluate(c, str(run))
     assert max(train_metrics(run)) == plan.steps
+
+
+def test_a_run_slower_than_measured_ends_in_time_and_resumes_exactly(
+        tmp_path, tiny_tokenizer, monkeypatch):
+    """Measured at 30 s a step, the loop runs 45: 10 minutes less the margin hold 12 steps,
+    not the 19 planned, and the run ends at 12 (its learning rate at 0 there). A run that
+    stopped after the re-plan and resumes from a checkpoint before it (plan.json holds the
+    re-plan) trains exactly as the run that was not stopped."""
+    _costs(monkeypatch, loop_step=45.0)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=100, warmup_steps=20,
+                         eval_every=1000, checkpoint_every=1000, time_budget_minutes=10.0,
+                         time_budget_margin=0.05)
+    pretrain_train.train_and_evaluate(c, str(tmp_path / "whole"))
+    plan = budget.read(tmp_path / "whole")
+    assert plan.steps == 19 and [(r.step, r.steps) for r in plan.revisions] == [(2, 12)]
+    assert max(train_metrics(tmp_path / "whole")) == 12
+
+    stopped = tmp_path / "stopped"
+    preempt_at(monkeypatch, c, stopped, 5)
+    assert budget.read(stopped).revisions == plan.revisions
+    paths.remove(stopped / layout.CHECKPOINTS / "5")  # lost: the run resumes after step 1
+    pretrain_train.train_and_evaluate(c, str(stopped))
+    got, want = train_metrics(stopped), train_metrics(tmp_path / "whole")
+    assert sorted(got) == sorted(want)
+    for step in want:
+        for key in ("loss", "learning_rate"):
+            assert got[step][key] == pytest.approx(want[step][key], rel=1e-6), (step, key)
 
 
 def test_a_budget_too_small_is_one_line_and_leaves_the_workdir_as_it_was(
