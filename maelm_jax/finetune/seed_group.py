@@ -52,7 +52,7 @@ from absl import logging
 from maelm_jax import distributed, layout, paths
 from maelm_jax.data import digests
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import encoder, loading, tasks, train
+from maelm_jax.finetune import encoder, inputs, loading, tasks, train
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.training import lifecycle
 
@@ -225,7 +225,7 @@ def _check_members(members: Sequence[Member]) -> list[ml_collections.ConfigDict]
     configs = [finetune_config.prepare(m.config, m.workdir)[0] for m in members]
     recorded = json.loads(layout.config_json(configs[0]))
     for m, c in zip(members[1:], configs[1:], strict=True):
-        differ = [f for f in lifecycle.changes(train.FINE_TUNING, c, recorded)
+        differ = [f for f in lifecycle.changes(inputs.FINE_TUNING, c, recorded)
                   if f not in MEMBER_FIELDS and not f.startswith("grid.")]
         if differ:
             raise finetune_config.FinetuneConfigError(
@@ -242,7 +242,7 @@ def _roster(members: Sequence[Member], configs: Sequence[ml_collections.ConfigDi
             for m, c in zip(members, configs, strict=True)]
 
 
-def _encoders(p: train.Prepared, configs: Sequence[ml_collections.ConfigDict],
+def _encoders(p: inputs.Prepared, configs: Sequence[ml_collections.ConfigDict],
               keys: Sequence[str]) -> tuple[list, list[str]]:
     """(each run's initial encoder parameters, numpy or None for random weights; where
     each comes from, in words): the first run's as prepared, the others read and checked
@@ -282,7 +282,7 @@ def run_members(members: Sequence[Member], workdir: str,
     configs = _check_members(members)
     keys = [m.key for m in members]
     roster = _roster(members, configs)
-    config, group_dir, decision = train.check_run(configs[0], workdir, allow_config_change)
+    config, group_dir, decision = inputs.check_run(configs[0], workdir, allow_config_change)
     if decision is lifecycle.Decision.FINISHED:  # a single run's: a group never finishes there
         raise layout.WorkdirError(f"{group_dir} holds a finished fine-tuning run; a group "
                                   "needs a workdir of its own")
@@ -293,9 +293,7 @@ def run_members(members: Sequence[Member], workdir: str,
         if not distributed.leader_says_ok(same):
             logging.info("%s holds a group of other runs: starting over", group_dir)
             decision = lifecycle.Decision.START
-    p = train.prepare_run(config, group_dir, decision)
-    if distributed.is_leader():
-        paths.write_text(group_dir / layout.GROUP_FILE, json.dumps({"runs": roster}, indent=2))
+    p = inputs.prepare_run(config, group_dir, decision)
     config, t = p.config, p.config.train
     num_steps = p.steps_per_epoch * t.num_epochs
     params, sources = _encoders(p, configs, keys)
@@ -310,7 +308,9 @@ def run_members(members: Sequence[Member], workdir: str,
             config, trainer, p.task, run_eval_with, p.steps_per_epoch, started, keys,
             progress.evals, best_params),
         lambda start: stacked_batches(p.task.train, t.batch_size, p.buckets, runs.seeds,
-                                      t.num_epochs, start))
+                                      t.num_epochs, start),
+        records=[lambda: paths.write_text(group_dir / layout.GROUP_FILE,
+                                          json.dumps({"runs": roster}, indent=2))])
 
     seconds = progress.seconds + time.perf_counter() - started
     primary = p.task.primary_metric

@@ -9,7 +9,7 @@ every seed, then the seeds are aggregated by one of two rules (`grid.aggregate`)
   settings; the figure is the median of those bests. It is never below the first rule's.
 
 Runs go to ``<workdir>/runs/<setting>/seed_<s>/`` (each a complete fine-tuning workdir);
-a run whose results.json and config.json match is reused (train.FINE_TUNING's
+a run whose results.json and config.json match is reused (inputs.FINE_TUNING's
 harmless fields aside) and an unfinished one continues
 from its last resume checkpoint (train.py), so an interrupted sweep resumes. With
 ``grid.seeds_per_program`` = K > 1 the seeds of a setting train K at a time as one program
@@ -39,7 +39,7 @@ from absl import logging
 from maelm_jax import distributed, layout, paths
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import encoder, seed_group, train
+from maelm_jax.finetune import encoder, inputs, seed_group, train
 from maelm_jax.training import lifecycle
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
@@ -71,12 +71,12 @@ def run_config(config: ml_collections.ConfigDict, setting: dict,
 
 def _finished(run_dir: paths.Path, c: ml_collections.ConfigDict) -> dict | None:
     """The earlier results of this run, if any: finished with this config but for
-    fine-tuning's harmless fields (train.FINE_TUNING). A run recorded before a config
+    fine-tuning's harmless fields (inputs.FINE_TUNING). A run recorded before a config
     field existed counts as run with that field at its default."""
     results, saved = run_dir / layout.RESULTS_FILE, run_dir / layout.CONFIG_FILE
     if not (results.is_file() and saved.is_file()):
         return None
-    if lifecycle.changes(train.FINE_TUNING, c, json.loads(paths.read_text(saved))):
+    if lifecycle.changes(inputs.FINE_TUNING, c, json.loads(paths.read_text(saved))):
         return None
     return json.loads(paths.read_text(results))
 

@@ -33,13 +33,11 @@ and the files beside the final checkpoint; orbax's saves are made by every proce
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import itertools
 import json
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import flax
@@ -49,27 +47,9 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import distributed, layout, paths, sharding
-from maelm_jax import workdir as workdir_lib
-from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import data, encoder, loading, tasks
+from maelm_jax.finetune import data, inputs, loading, tasks
 from maelm_jax.finetune import setup as setup_lib
-from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
-from maelm_jax.training import metrics as metrics_lib
-
-# Fine-tuning's lifecycle (training/lifecycle.py). A run of minutes: a changed config
-# allowed starts it again rather than continuing its checkpoints under another config.
-FINE_TUNING = lifecycle.Policy(
-    mode="finetune", noun="fine-tuning", defaults=finetune_config.finetune_defaults,
-    resolve_paths=finetune_config.resolve_paths,
-    # What changes how the run proceeds, not what it computes: logging and resume
-    # cadence, evaluation batches, the mesh, the kernel, compile effort.
-    harmless=("train.log_every", "train.checkpoint_every", "train.resume_saves",
-              "train.nonfinite", "train.eval_batch_size", "mesh", "sharding_rules",
-              "model.attention_impl", "model.pallas", "fast_compile"),
-    finished=lambda workdir, config: (workdir / layout.RESULTS_FILE).exists(),
-    override=lifecycle.Decision.START, override_words="start it again with the new config")
 
 # The newest resume checkpoint, and the one before it in case the newest is damaged.
 KEEP_RESUME = 2
@@ -99,16 +79,6 @@ def start_over(workdir: paths.Path) -> None:
     paths.remove(workdir / layout.OLD_RESUME_DIR)
     paths.remove(workdir / layout.CHECKPOINTS)
     paths.remove(workdir / layout.RESULTS_FILE)
-
-
-def _check_workdir(workdir: paths.Path, init_from: str) -> None:
-    """Refuses a workdir that is not ours to overwrite (before anything is written)."""
-    workdir_lib.check_directory(workdir)
-    if init_from and paths.contains(workdir, init_from):
-        # Starting over would delete the checkpoint the run is to start from.
-        raise finetune_config.FinetuneConfigError(
-            f"config.init_from {init_from} is inside --workdir {workdir}; fine-tune into "
-            f"another directory")
 
 
 def _eval_steps(steps_per_epoch: int, num_epochs: int, evals_per_epoch: int) -> set[int]:
@@ -205,87 +175,7 @@ class FineTuning:
                   progress.meta(step, time.perf_counter() - self.started))
 
 
-@dataclasses.dataclass
-class Prepared:
-    """What a run (or a seed group, seed_group.py) has once its inputs are checked and its
-    workdir is ready: the encoder to start from, the tokenizer, the task's encoded data
-    and whether the workdir holds an unfinished run to continue."""
-
-    config: ml_collections.ConfigDict  # validated, paths absolute
-    workdir: paths.Path
-    encoder_cfg: encoder_lib.EncoderConfig
-    encoder_params: Any  # numpy, or None for random weights
-    tokenizer: Any
-    source: str  # where the encoder comes from, in words
-    max_len: int
-    buckets: tuple[int, ...]
-    task: Any  # tasks.make_task's
-    resume: bool
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return data.steps_per_epoch(len(self.task.train), self.config.train.batch_size)
-
-
-def check_run(config: ml_collections.ConfigDict, workdir: str,
-              allow_config_change: bool = False
-              ) -> tuple[ml_collections.ConfigDict, paths.Path, lifecycle.Decision]:
-    """Validates `config` (returned with absolute paths, and the workdir's) and decides,
-    reading only, what the run does in `workdir` (lifecycle.decide: process 0 reads the
-    record, every process gets its decision)."""
-    config, workdir = finetune_config.prepare(config, workdir)
-    if config.sweep:
-        raise finetune_config.FinetuneConfigError(
-            "config.sweep: expected False for a single run (sweep.run_sweep runs the grid)")
-    _check_workdir(workdir, config.init_from)
-    decision = lifecycle.Decision.START
-    with distributed.as_one("fine-tuning workdir"):
-        if distributed.is_leader():
-            decision = lifecycle.decide(FINE_TUNING, config, workdir, allow_config_change)
-    finished = distributed.leader_says_ok(decision is lifecycle.Decision.FINISHED)
-    resume = distributed.leader_says_ok(decision is lifecycle.Decision.CONTINUE)
-    if resume and (workdir / layout.OLD_RESUME_DIR).is_dir():
-        raise layout.WorkdirError(
-            f"{workdir}/{layout.OLD_RESUME_DIR}: resume checkpoints in an older layout; "
-            f"move them where runs keep them now (mv {workdir}/{layout.OLD_RESUME_DIR} "
-            f"{workdir}/{layout.CHECKPOINTS}) and run again")
-    return config, workdir, (lifecycle.Decision.FINISHED if finished else
-                             lifecycle.Decision.CONTINUE if resume else lifecycle.Decision.START)
-
-
-def prepare_run(config: ml_collections.ConfigDict, workdir: paths.Path,
-                decision: lifecycle.Decision) -> Prepared:
-    """Reads the encoder, tokenizer and task data of `config` and `workdir` (check_run's,
-    `decision` not FINISHED; all before the workdir is touched), then has process 0
-    prepare the workdir: an unfinished run of this config kept to continue, anything else
-    cleared; config.json written."""
-    # Checkpoint, tokenizer and data are checked before the workdir is touched.
-    encoder_cfg, encoder_params, tok, source = encoder.encoder_and_tokenizer(config)
-    max_len = encoder.max_seq_len(config, encoder_cfg.max_positions)
-    buckets = data.buckets_for(max_len, config.data.buckets)
-    task = tasks.make_task(config, tok, max_len)
-    if len(task.train) == 0:
-        raise finetune_config.FinetuneConfigError(
-            f"config.data: {task.name} has no usable training example")
-    if config.data.one_bucket:
-        buckets = data.one_bucket(buckets, max(
-            len(s) for split in (task.train, *task.eval_splits()) for s in split.sequences))
-    resume = decision is lifecycle.Decision.CONTINUE
-    # Process 0 prepares the workdir; the others wait, so none reads it half cleared.
-    with distributed.as_one("fine-tuning workdir"):
-        if distributed.is_leader():
-            if resume:
-                loading.drop_final(workdir)  # a finish cut short: resumed, then written again
-            else:
-                start_over(workdir)
-            layout.write_config(workdir, config)
-    logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
-                 task.name, len(task.train), max_len, buckets, source)
-    return Prepared(config, workdir, encoder_cfg, encoder_params, tok, source, max_len,
-                    buckets, task, resume)
-
-
-def results_record(p: Prepared, seed: int, evals: list[dict], best: int,
+def results_record(p: inputs.Prepared, seed: int, evals: list[dict], best: int,
                    files: list[str], seconds: float) -> dict:
     """A finished run's results.json: its evaluations, the best (index `best`) and the
     selected one, and what it ran on."""
@@ -311,10 +201,13 @@ def results_record(p: Prepared, seed: int, evals: list[dict], best: int,
     }
 
 
-def train_prepared(p: Prepared, trainer: setup_lib.Trainer, make_run: Callable,
-                   make_batches: Callable[[int], Iterator]):
-    """The loop of a prepared run or seed group: its resume checkpoint restored (or a fresh
-    state), its metrics writer, then engine.train to the last step.
+def train_prepared(p: inputs.Prepared, trainer: setup_lib.Trainer, make_run: Callable,
+                   make_batches: Callable[[int], Iterator],
+                   records: Sequence[Callable[[], None]] = ()):
+    """The session of a prepared run or seed group (lifecycle.session): the workdir made
+    ready (an unfinished run of this config kept to continue, anything else cleared),
+    config.json and `records` written, its resume checkpoint restored (or a fresh state),
+    then engine.train to the last step.
 
     make_run(run_eval_with, progress, best_params) -> the engine.Run (FineTuning or a seed
     group's), given what the checkpoint carried; make_batches(start) -> the train batches
@@ -325,22 +218,25 @@ def train_prepared(p: Prepared, trainer: setup_lib.Trainer, make_run: Callable,
     sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
     run_eval_with = evaluator(trainer, t.eval_batch_size, p.buckets)
     keeps_best = t.select == "best"
-    with contextlib.closing(checkpoint_lib.Checkpointer(p.workdir / layout.CHECKPOINTS,
-                                                        KEEP_RESUME)) as ckpt:
-        target = ResumeState(trainer.state.abstract,
-                             trainer.state.abstract.params if keeps_best else None)
-        start, saved, progress = lifecycle.restore_or_init(
-            ckpt, target, lambda: ResumeState(trainer.state.init(p.encoder_params), None),
-            p.resume)
-        state = saved.train
-        best_params = (distributed.host_copy(saved.best_params)
-                       if keeps_best and progress.best is not None else None)
-        writer = metrics_lib.MetricWriter(p.workdir, resume_step=start,
-                                          enabled=distributed.is_leader())
-        run = make_run(run_eval_with, progress, best_params)
-        with contextlib.closing(writer), sharding.activate(trainer.mesh, trainer.rules):
-            state, progress, best_params = engine.train(run, state, start, make_batches(start),
-                                                        ckpt, writer, progress, best_params)
+    target = ResumeState(trainer.state.abstract,
+                         trainer.state.abstract.params if keeps_best else None)
+
+    def make_way() -> None:
+        if p.resume:
+            loading.drop_final(p.workdir)  # a finish cut short: resumed, then written again
+        else:
+            start_over(p.workdir)
+
+    with lifecycle.session(p.workdir, p.config, target,
+                           lambda: ResumeState(trainer.state.init(p.encoder_params), None),
+                           KEEP_RESUME, p.resume, make_way, records) as session:
+        best_params = (distributed.host_copy(session.state.best_params)
+                       if keeps_best and session.progress.best is not None else None)
+        run = make_run(run_eval_with, session.progress, best_params)
+        with sharding.activate(trainer.mesh, trainer.rules):
+            state, progress, best_params = engine.train(
+                run, session.state.train, session.start, make_batches(session.start),
+                session.ckpt, session.writer, session.progress, best_params)
     return state, progress, best_params, run_eval_with
 
 
@@ -355,12 +251,12 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     preemption.Preempted (TimeLimit).
     """
     started = time.perf_counter()
-    config, workdir, decision = check_run(config, workdir, allow_config_change)
+    config, workdir, decision = inputs.check_run(config, workdir, allow_config_change)
     if decision is lifecycle.Decision.FINISHED:
         logging.info("%s holds this run, finished: its %s, nothing trained", workdir,
                      layout.RESULTS_FILE)
         return json.loads(paths.read_text(workdir / layout.RESULTS_FILE))
-    p = prepare_run(config, workdir, decision)
+    p = inputs.prepare_run(config, workdir, decision)
     config, workdir, t = p.config, p.workdir, p.config.train
     steps_per_epoch = p.steps_per_epoch
     trainer = setup_lib.build(config, p.encoder_cfg, p.task, steps_per_epoch * t.num_epochs,

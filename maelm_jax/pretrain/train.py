@@ -1,62 +1,31 @@
 """Pretraining, top to bottom: `train_and_evaluate(config, workdir)`.
 
-config -> tokenizer -> prepared blocks -> model and optimiser -> restore the latest
-checkpoint if any -> steps with periodic logs, evals and checkpoints.
+config -> the workdir's decision (training/lifecycle.py) -> tokenizer -> prepared blocks ->
+model and optimiser -> a time budget's plan (time_budget.py) -> the session: config.json,
+the latest checkpoint restored if any -> steps with periodic logs, evals and checkpoints.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, masking, paths, sharding
+from maelm_jax import distributed, layout, paths, sharding
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
-from maelm_jax.pretrain import mfu, objectives
+from maelm_jax.pretrain import evaluation, mfu, time_budget
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
-
-
-def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str, float]:
-    """The objective's loss sums on fixed validation batches and masks, as scores per
-    predicted token: loss, accuracy and perplexity, and any other sum the objective adds
-    (objectives.per_token); the same per category of corruption (``mask_loss``,
-    ``random_accuracy``, ``unchanged_perplexity``, ...; the 3ML paper's Tables 1 and 2c)
-    for every category the masking produces (MAE-LM's 100-0-0 has only ``mask_*``)."""
-    totals: dict[str, np.ndarray] = {}
-    for i, tokens in enumerate(batches):
-        # The same keys every time, so evals at different steps score identical masks.
-        key = jax.random.fold_in(jax.random.PRNGKey(seed + 1), i)
-        sums = jax.device_get(eval_step(params, tokens, key))
-        for name, value in sums.items():
-            totals[name] = totals.get(name, 0.0) + np.asarray(value, np.float64)
-    if not totals:
-        return _scores({"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0})
-    out = _scores(totals)
-    if "category_count" in totals:
-        for c, name in enumerate(masking.CATEGORY_NAMES):
-            if totals["category_count"][c] > 0:
-                scores = _scores(objectives.category(totals, c))
-                out.update({f"{name}_{k}": v for k, v in scores.items()})
-    return out
-
-
-def _scores(sums) -> dict[str, float]:
-    scores = {name: float(value) for name, value in objectives.per_token(sums).items()}
-    scores["perplexity"] = metrics_lib.perplexity(scores["loss"])
-    return scores
 
 
 def _throughput(steps: int, seconds: float, step: int, tokens_per_step: int,
@@ -99,117 +68,10 @@ def _last_step(workdir: paths.Path, config: ml_collections.ConfigDict) -> int:
     return plan.end if plan else config.train.num_steps
 
 
-# Train steps timed for a time budget's plan, after one that compiles.
-MEASURED_STEPS = 5
-MEASURED_CHECKPOINTS = ".time-budget-checkpoints"  # in the workdir while they are timed
-
-
-def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
-             batches: Iterator[np.ndarray], eval_data: list[jax.Array],
-             workdir: paths.Path) -> budget_lib.Costs:
-    """The costs of a step, an evaluation and a checkpoint of `trainer` on these devices,
-    on a state of its own (freed after),
-    each step fed as the run's are (`batches`: the loader's, read and sent to the devices
-    within the step's time). The checkpoints are written where the run's go (the workdir,
-    which every process shares), in a scratch directory removed after."""
-    state = [trainer.init()]
-
-    def step():
-        batch = sharding.global_batch(next(batches), trainer.mesh)
-        state[0], metrics = trainer.train_step(state[0], batch)
-        return metrics
-
-    def evaluation():
-        return evaluate(trainer.eval_step, state[0].params, eval_data, config.seed)
-
-    with sharding.activate(trainer.mesh, trainer.rules):
-        _, step_seconds = budget_lib.timed(step, MEASURED_STEPS)
-        _, eval_seconds = budget_lib.timed(evaluation, 1)
-        scratch = workdir / MEASURED_CHECKPOINTS
-        try:
-            ckpt = checkpoint_lib.Checkpointer(scratch, 2)
-
-            def save(step: int) -> float:
-                start = time.perf_counter()
-                ckpt.save(step, state[0], {"step": step})
-                ckpt.wait()
-                return time.perf_counter() - start
-
-            # The first save also sets up what every later one in this process reuses
-            # (and is spent by now): the second is what a checkpoint of the run costs.
-            save(1)
-            checkpoint_seconds = save(2)
-            ckpt.close()
-        finally:
-            distributed.barrier("time budget: checkpoints measured")
-            if distributed.is_leader():
-                paths.remove(scratch)
-    del state[0]
-    return budget_lib.Costs(step=step_seconds, evaluation=eval_seconds,
-                            checkpoint=checkpoint_seconds)
-
-
-def _budget(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mesh,
-            batches: Callable[[], Iterator[np.ndarray]], eval_data: list[jax.Array],
-            vocab_size: int, started: float, resumed: bool) -> tuple[budget_lib.Plan, bool]:
-    """(the run's plan, whether it was made now): read back (a resumed run keeps it,
-    whatever machine it is on now), or made now from what this machine measures (process
-    0's, on every process)."""
-    t = config.train
-    plan = budget_lib.read(workdir)
-    if plan is not None:
-        logging.info("time budget: keeping the plan of this run: %s", budget_lib.describe(plan))
-        return plan, False
-    if resumed:  # checkpoints of a run that was never planned: its steps are num_steps
-        raise budget_lib.BudgetError(
-            f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "
-            f"{layout.PLAN_FILE}); continue it without one, or use another --workdir")
-    costs = _measure(trainer, config, batches(), eval_data, workdir)
-    device = f"{mesh.size} x {jax.devices()[0].device_kind}"
-    # The planned run runs the measured programs (its schedule is data): what is left of
-    # the budget is what the measurement left.
-    spent = budget_lib.clock() - started
-
-    def plan_of(steps: int | None = None) -> budget_lib.Plan:
-        return budget_lib.make(60 * t.time_budget_minutes, t.time_budget_margin, spent, costs,
-                               t, device, t.batch_size * config.data.seq_len,
-                               mfu.model_flops_per_step(config, vocab_size), steps)
-
-    # Process 0 decides (the others measured a little differently), refusals included.
-    try:
-        mine, refusal = plan_of().steps, None
-    except budget_lib.BudgetError as e:
-        mine, refusal = 0, e
-    steps = int(distributed.leader_number(mine))
-    if not steps:
-        raise refusal or budget_lib.BudgetError(
-            f"{budget_lib.FIELD}: too small for this run (process 0's log says why)")
-    plan = plan_of(steps)
-    end = datetime.datetime.now() + datetime.timedelta(
-        seconds=plan.predicted_seconds - (budget_lib.clock() - started))
-    logging.info("time budget: %s; the run should end about %s (planned again at each log "
-                 "step from the loop's own rate)", budget_lib.describe(plan),
-                 end.strftime("%Y-%m-%d %H:%M"))
-    return plan, True
-
-
-def _decide(config: ml_collections.ConfigDict, workdir: paths.Path,
-            allow_config_change: bool) -> lifecycle.Decision:
-    """What the run does in `workdir` (lifecycle.decide: process 0 reads the record, every
-    process gets its decision), before anything is read or written."""
-    decision = lifecycle.Decision.START
-    with distributed.as_one("pretraining workdir"):
-        if distributed.is_leader():
-            decision = lifecycle.decide(PRETRAINING, config, workdir, allow_config_change)
-    if distributed.leader_says_ok(decision is lifecycle.Decision.FINISHED):
-        return lifecycle.Decision.FINISHED
-    return decision
-
-
 def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path):
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
     others wait, then everyone loads the same files. A failure leaves the workdir as it
-    was. (config.json is written once the checkpoint, if any, has restored.)"""
+    was. (config.json is written when the session opens, lifecycle.session.)"""
     if config.data.prepared:  # shards of mode "prepare": every process reads its own blocks
         shards.check_run(config)  # they fit this run and are whole, before anything is written
         with distributed.as_one("tokenizer"):
@@ -236,13 +98,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        allow_config_change: bool = False,
                        started: float | None = None) -> dict[str, float]:
     """Pretrains per `config` in `workdir`, resuming from its latest checkpoint.
-    `started`: the time.monotonic() a time budget counts from (main.py: the process's
+    `started`: the budget_lib.clock() a time budget counts from (main.py: the process's
     start; default: now).
 
     Returns the last evaluation's metrics. A run found finished (a checkpoint at
-    train.num_steps) is not started again: its last evaluation is returned, nothing read
-    but its record. A stop request (SIGTERM, the preemption sync point, the time limit)
-    saves a checkpoint and raises preemption.Preempted (TimeLimit).
+    train.num_steps, or at its time budget's planned end) is not started again: its last
+    evaluation is returned, nothing read but its record. A stop request (SIGTERM, the
+    preemption sync point, the time limit) saves a checkpoint and raises
+    preemption.Preempted (TimeLimit).
     """
     started = budget_lib.clock() if started is None else started
     pretrain_config.validate(config)
@@ -251,7 +114,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     config = pretrain_config.resolve_paths(config)
     workdir = paths.resolve(workdir, "--workdir")
     workdir_lib.check_directory(workdir)
-    if _decide(config, workdir, allow_config_change) is lifecycle.Decision.FINISHED:
+    decision = lifecycle.decided(PRETRAINING, config, workdir, allow_config_change)
+    if decision is lifecycle.Decision.FINISHED:
         evals = metrics_lib.read(workdir, "eval")
         logging.info("%s holds this run, finished at step %d: nothing trained (%s)", workdir,
                      max(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)),
@@ -280,7 +144,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         if len(b) >= dp
     ]
     trainer = setup_lib.build(config, tok.vocab_size, mesh, rules)
-    ckpt = checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS, t.keep_checkpoints)
     # The config the run trains with: the given one, or with a time budget, scaled to its
     # plan (config.json records the given one; plan.json the plan).
     run_config, plan, planned_now = config, None, False
@@ -292,9 +155,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     if budgeted:
         try:
-            plan, planned_now = _budget(config, workdir, trainer, mesh, batches, eval_data,
-                                        tok.vocab_size, started,
-                                        resumed=ckpt.latest_step() is not None)
+            plan, planned_now = time_budget.plan_run(
+                config, workdir, trainer, mesh, batches, eval_data, tok.vocab_size, started,
+                resumed=bool(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)))
         except budget_lib.BudgetError:
             if distributed.is_leader():
                 workdir_lib.restore(workdir, before)
@@ -302,71 +165,59 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         run_config = config.copy_and_resolve_references()
         budget_lib.scale_schedule(run_config.train, plan.steps)
         trainer = trainer.with_steps(run_config)
+    utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size,
+                                  jax.devices()[0].device_kind)
+    # The accuracy of always predicting the most frequent piece, logged with every eval.
+    top_piece, unigram_accuracy = loader.unigram_baseline(data, tok.vocab_size)
+    _log_run(config, trainer, utilisation, spans)
+    logging.info("unigram baseline: the most frequent piece %r is %.1f %% of training tokens",
+                 tok.id_to_piece(top_piece), 100 * unigram_accuracy)
+
+    # A plan made now is recorded with the config; a plan read back is there already.
+    records = [lambda: time_budget.record(workdir, plan)] if planned_now else []
+    # Its checkpoints are the run's: it continues from the latest, whatever the decision
+    # (a changed config allowed continues too: PRETRAINING.override).
+    with lifecycle.session(workdir, config, trainer.state.abstract, trainer.init,
+                           t.keep_checkpoints, resume=True, records=records) as session:
+        replanner = None
+        if plan is not None:
+            replanner = budget_lib.Replanner(
+                plan, trainer.schedule_values, session.start, started, run_config.train,
+                cap=t.num_steps, replans=planned_now,
+                record=lambda plan: time_budget.record(workdir, plan))
+        run = Pretraining(run_config, trainer, eval_data, utilisation, unigram_accuracy,
+                          resumed=session.start > 0, replanner=replanner)
+        with sharding.activate(trainer.mesh, trainer.rules):
+            _, progress, _ = engine.train(run, session.state, session.start,
+                                          batches(session.start), session.ckpt,
+                                          session.writer, session.progress)
+    _report(run_config, utilisation, session.start, run.num_steps,
+            budget_lib.clock() - started, plan if replanner is None else replanner.plan)
+    last = progress.evals[-1] if progress.evals else {}
+    return {k: v for k, v in last.items() if k != "step"}
+
+
+def _log_run(config: ml_collections.ConfigDict, trainer: setup_lib.Trainer,
+             utilisation: mfu.Utilisation, spans) -> None:
+    """What the run is, in the log before it starts: the model, its masking, MFU's peak
+    and the rows this process reads."""
     logging.info("%s model: %.2fM parameters", config.objective, trainer.num_params / 1e6)
     counts = trainer.counts
-    logging.info(
-        "masking: k=%d predicted (%d [MASK], %d random, %d unchanged), encoder length %d of %d",
-        counts.k,
-        counts.k_mask,
-        counts.k_random,
-        counts.k_keep,
-        counts.n_enc,
-        counts.seq_len,
-    )
-
-    start, state, progress = lifecycle.restore_or_init(ckpt, trainer.state.abstract,
-                                                       trainer.init)
-    if distributed.is_leader():
-        # Recorded once the run can go on (a run refused above leaves the old record).
-        layout.write_config(workdir, config)
-    if plan is not None and not (workdir / layout.PLAN_FILE).exists():
-        _record(workdir, plan)
-    writer = metrics_lib.MetricWriter(workdir, resume_step=start, enabled=distributed.is_leader())
+    logging.info("masking: k=%d predicted (%d [MASK], %d random, %d unchanged), encoder "
+                 "length %d of %d", counts.k, counts.k_mask, counts.k_random, counts.k_keep,
+                 counts.n_enc, counts.seq_len)
     device_kind = jax.devices()[0].device_kind
-    utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size, device_kind)
     if utilisation.peak:
         logging.info("MFU against %.1f peak TFLOP/s per device (%s, %s compute)",
                      utilisation.peak, device_kind, layers.resolve_dtype(config.model.dtype))
     else:
         logging.info("no peak FLOP/s known for device kind %r: logging TFLOP/s per device "
                      "without MFU (config.train.peak_tflops_per_device sets one)", device_kind)
-
-    # The accuracy of always predicting the most frequent piece, logged with every eval.
-    top_piece, unigram_accuracy = loader.unigram_baseline(data, tok.vocab_size)
-    logging.info("unigram baseline: the most frequent piece %r is %.1f %% of training tokens",
-                 tok.id_to_piece(top_piece), 100 * unigram_accuracy)
-    t = run_config.train
-    logging.info("process %d reads rows %s of every global batch of %d (%s)",
-                 jax.process_index(), sharding.describe_spans(spans), t.batch_size,
-                 f"the shards of {config.data.prepared}" if config.data.prepared
-                 else "prepared in the job")
     # The batch size and seed are the given config's (a plan changes neither).
-
-    replanner = None
-    if plan is not None:
-        replanner = budget_lib.Replanner(
-            plan, trainer.schedule_values, start, started, t, cap=config.train.num_steps,
-            replans=planned_now, record=lambda plan: _record(workdir, plan))
-    run = Pretraining(run_config, trainer, eval_data, utilisation, unigram_accuracy,
-                      resumed=start > 0, replanner=replanner)
-    try:
-        with sharding.activate(trainer.mesh, trainer.rules):
-            _, progress, _ = engine.train(run, state, start, batches(start), ckpt, writer,
-                                          progress)
-        _report(run_config, utilisation, start, run.num_steps, budget_lib.clock() - started,
-                plan if replanner is None else replanner.plan)
-        last = progress.evals[-1] if progress.evals else {}
-        return {k: v for k, v in last.items() if k != "step"}
-    finally:
-        # Pending asynchronous saves finish (or fail loudly) before the process ends.
-        ckpt.close()
-        writer.close()
-
-
-def _record(workdir: paths.Path, plan: budget_lib.Plan) -> None:
-    """Writes the plan to the workdir's plan.json (process 0), whole or not at all."""
-    if distributed.is_leader():
-        paths.write_atomically(workdir / layout.PLAN_FILE, plan.to_json().encode())
+    logging.info("process %d reads rows %s of every global batch of %d (%s)",
+                 jax.process_index(), sharding.describe_spans(spans),
+                 config.train.batch_size, f"the shards of {config.data.prepared}"
+                 if config.data.prepared else "prepared in the job")
 
 
 def _report(config: ml_collections.ConfigDict, utilisation: mfu.Utilisation, start: int,
@@ -453,7 +304,8 @@ class Pretraining:
 
     def evaluate(self, state, step: int) -> dict[str, float]:
         with self._paused(evaluation=True):
-            scores = evaluate(self.trainer.eval_step, state.params, self.eval_data, self.seed)
+            scores = evaluation.evaluate(self.trainer.eval_step, state.params,
+                                         self.eval_data, self.seed)
         return {**scores, "unigram_accuracy": self.unigram_accuracy}
 
     @contextlib.contextmanager

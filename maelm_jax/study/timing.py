@@ -34,8 +34,8 @@ from maelm_jax.finetune import seed_group, tasks
 from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import builder
+from maelm_jax.pretrain import evaluation as pretrain_evaluation
 from maelm_jax.pretrain import setup as setup_lib
-from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 
@@ -95,7 +95,7 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
     with sharding.activate(trainer.mesh, trainer.rules):
         compile_train, step_seconds = budget_lib.timed(step, repeats)
         start = time.perf_counter()
-        pretrain_train.evaluate(trainer.eval_step, state[0].params, evals[:1], c.seed)
+        pretrain_evaluation.evaluate(trainer.eval_step, state[0].params, evals[:1], c.seed)
         compile_eval = time.perf_counter() - start
     # A part again: build, its programs (found in the cache), a step, its evaluation and
     # its checkpoint.
@@ -103,7 +103,7 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
     with sharding.activate(trainer.mesh, trainer.rules), tempfile.TemporaryDirectory() as d:
         start = time.perf_counter()
         jax.block_until_ready(step())
-        pretrain_train.evaluate(trainer.eval_step, state[0].params, evals, c.seed)
+        pretrain_evaluation.evaluate(trainer.eval_step, state[0].params, evals, c.seed)
         ckpt = checkpoint_lib.Checkpointer(d, 1)
         ckpt.save(1, state[0], {"step": 1})
         ckpt.wait()

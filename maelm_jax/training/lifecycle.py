@@ -15,22 +15,38 @@ recorded one is refused in the same words everywhere.
 that change how a run proceeds, not what it computes: logging cadence, the mesh, the
 kernel), with a field the record lacks (a workdir from before the field existed) counted
 at its default. Each mode names its policy once (`Policy`), beside its run.
+
+Every mode's run goes through its workdir in one order:
+
+    decided(...)        process 0 reads the record; every process gets the decision
+    (FINISHED)          found: the mode reports its record and trains nothing
+    the mode's inputs   read and checked (a mode may cache prepared inputs in the
+                        workdir, whole or not at all); a refusal leaves the workdir as it was
+    session(...)        process 0 makes way for the run (the mode's `make_way`); the
+                        latest checkpoint is restored (or the state initialised); process
+                        0 writes config.json and the mode's own records (a run whose
+                        checkpoints cannot restore leaves them as they were); the metrics
+                        writer opens
+    the loop            engine.train
+    the session closes  pending checkpoint saves finish (or fail loudly), the writer closes
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import ml_collections
 from absl import logging
 
-from maelm_jax import layout, paths
+from maelm_jax import distributed, layout, paths
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine
+from maelm_jax.training import metrics as metrics_lib
 
 
 class Decision(enum.Enum):
@@ -141,3 +157,58 @@ def restore_or_init(ckpt: checkpoint_lib.Checkpointer, target: Any, init: Callab
     step, state, meta = restored
     logging.info("resumed from checkpoint at step %d (%s/%d)", step, ckpt.directory, step)
     return step, state, engine.Progress.from_meta(meta)
+
+
+def decided(policy: Policy, config: ml_collections.ConfigDict, workdir: paths.Path,
+            allow_config_change: bool = False) -> Decision:
+    """`decide` on process 0 (the others wait), its decision on every process."""
+    decision = Decision.START
+    with distributed.as_one(f"{policy.noun} workdir"):
+        if distributed.is_leader():
+            decision = decide(policy, config, workdir, allow_config_change)
+    if distributed.leader_says_ok(decision is Decision.FINISHED):
+        return Decision.FINISHED
+    if distributed.leader_says_ok(decision is Decision.CONTINUE):
+        return Decision.CONTINUE
+    return Decision.START
+
+
+@dataclasses.dataclass
+class Session:
+    """An open run in its workdir: where the loop starts and what it writes to."""
+
+    start: int  # the step the loop resumes after (0: a fresh state)
+    state: Any
+    progress: engine.Progress  # what the checkpoint at `start` carried
+    ckpt: checkpoint_lib.Checkpointer
+    writer: metrics_lib.MetricWriter
+
+
+@contextlib.contextmanager
+def session(workdir: paths.Path, config: ml_collections.ConfigDict, target: Any,
+            init: Callable[[], Any], keep: int, resume: bool,
+            make_way: Callable[[], None] | None = None,
+            records: Sequence[Callable[[], None]] = ()) -> Iterator[Session]:
+    """Opens the run of `config` in `workdir`, in the one order of every mode (above):
+    process 0, while the others wait, calls `make_way()` (what a new run must not find);
+    the latest checkpoint of workdir/checkpoints (keeping `keep`) is restored into
+    `target`'s shapes and shardings when `resume`, else `init()` is the state at step 0;
+    process 0 writes config.json and calls each of `records` (the mode's own files); the
+    metrics writer opens at the start step. However the block ends, the checkpointer (its
+    pending saves) and the writer are closed."""
+    with distributed.as_one("workdir made ready"):
+        if distributed.is_leader():
+            paths.make_dirs(workdir)
+            if make_way is not None:
+                make_way()
+    with contextlib.closing(checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS,
+                                                        keep)) as ckpt:
+        start, state, progress = restore_or_init(ckpt, target, init, resume)
+        with distributed.as_one("run records"):
+            if distributed.is_leader():
+                layout.write_config(workdir, config)
+                for record in records:
+                    record()
+        with contextlib.closing(metrics_lib.MetricWriter(
+                workdir, resume_step=start, enabled=distributed.is_leader())) as writer:
+            yield Session(start, state, progress, ckpt, writer)

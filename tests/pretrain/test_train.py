@@ -14,6 +14,7 @@ import pytest
 
 from maelm_jax import sharding, tokenizer, variants
 from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import evaluation as pretrain_evaluation
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
 
@@ -119,7 +120,7 @@ def test_eval_reports_each_category_of_80_10_10(objective):
     rng = np.random.default_rng(0)
     batches = [jnp.asarray(rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32)
                for _ in range(2)]
-    result = pretrain_train.evaluate(eval_step, state.params, batches, c.seed)
+    result = pretrain_evaluation.evaluate(eval_step, state.params, batches, c.seed)
     names = ("mask", "random", "unchanged")
     assert set(result) == {f"{p}{m}" for p in ("", *(n + "_" for n in names))
                            for m in ("loss", "accuracy", "perplexity")}

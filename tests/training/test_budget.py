@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from maelm_jax import errors, layout, paths
+from maelm_jax.pretrain import time_budget
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import budget, optimizer
 
@@ -136,7 +137,7 @@ def _costs(monkeypatch, costs=SLOW_STEPS, loop_step=None):
     """The measurement replaced by `costs`, and the budget's clock by one that moves
     `loop_step` seconds (default: the measured step's) at each step the loop dispatches."""
     measured = []
-    monkeypatch.setattr(pretrain_train, "_measure",
+    monkeypatch.setattr(time_budget, "measure",
                         lambda *args: measured.append(args) or costs)
     now = [0.0]
     monkeypatch.setattr(budget, "clock", lambda: now[0])
@@ -252,7 +253,7 @@ def test_the_costs_are_measured_on_the_run_s_own_programs(tmp_path, tiny_tokeniz
     costs = plan.costs
     assert 0 < costs.step < 60 and 0 < costs.evaluation < 600 and 0 < costs.checkpoint < 600
     assert plan.spent_seconds > 0 and plan.device.endswith("cpu")
-    assert not (tmp_path / "run" / pretrain_train.MEASURED_CHECKPOINTS).exists()
+    assert not (tmp_path / "run" / time_budget.MEASURED_CHECKPOINTS).exists()
     assert max(train_metrics(tmp_path / "run")) == 6
     assert "time budget: 6 steps" in caplog.text and "the run should end about" in caplog.text
     assert "trained steps 1-6 in" in caplog.text and "of a 3600 s budget" in caplog.text

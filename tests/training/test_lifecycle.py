@@ -10,7 +10,7 @@ import pytest
 from configs.finetune import glue as glue_config
 from maelm_jax import layout
 from maelm_jax.finetune import config as finetune_config
-from maelm_jax.finetune import train as finetune_train
+from maelm_jax.finetune import inputs as finetune_inputs
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import lifecycle
 
@@ -29,7 +29,7 @@ def _pretraining():
 def _fine_tuning():
     c = glue_config.get_config("sst2")
     c.init_from, c.data.data_dir = "/runs/pre", "/data/glue"
-    return finetune_train.FINE_TUNING, finetune_config.resolve_paths(c)
+    return finetune_inputs.FINE_TUNING, finetune_config.resolve_paths(c)
 
 
 MODES = {"pretraining": _pretraining, "fine-tuning": _fine_tuning}
@@ -118,3 +118,44 @@ def test_the_harmless_fields_are_each_modes_own():
     longer = pt.copy_and_resolve_references()
     longer.train.num_steps *= 2
     assert lifecycle.changes(pt_policy, longer, json.loads(layout.config_json(pt))) == []
+
+
+def test_a_session_opens_in_one_order_and_closes_however_the_loop_ends(tmp_path, monkeypatch):
+    """lifecycle.session: make way, restore (config.json not yet written: a run whose
+    checkpoints cannot restore leaves the record as it was), then config.json and the
+    mode's records, then the writer; the checkpointer closes when the loop raises."""
+    import flax
+    import jax.numpy as jnp
+
+    @flax.struct.dataclass
+    class State:
+        step: jnp.ndarray
+        w: jnp.ndarray
+
+    _, config = _pretraining()
+    workdir, events = tmp_path / "run", []
+    config_file = workdir / layout.CONFIG_FILE
+    restore = lifecycle.restore_or_init
+    monkeypatch.setattr(lifecycle, "restore_or_init", lambda *args: events.append(
+        ("restore", config_file.exists())) or restore(*args))
+    closed = []
+    close = lifecycle.checkpoint_lib.Checkpointer.close
+    monkeypatch.setattr(lifecycle.checkpoint_lib.Checkpointer, "close",
+                        lambda self: closed.append(True) or close(self))
+
+    def init():
+        return State(jnp.zeros([], jnp.int32), jnp.arange(3.0))
+
+    with pytest.raises(RuntimeError, match="the loop failed"):
+        with lifecycle.session(workdir, config, init(), init, keep=2, resume=True,
+                               make_way=lambda: events.append(("make way", workdir.exists())),
+                               records=[lambda: events.append(
+                                   ("record", config_file.exists()))]) as session:
+            events.append(("loop", session.start))
+            session.ckpt.save(7, session.state.replace(step=jnp.int32(7)), {"step": 7})
+            raise RuntimeError("the loop failed")
+    assert events == [("make way", True), ("restore", False), ("record", True), ("loop", 0)]
+    assert closed == [True]  # the save was waited for
+    events.clear()
+    with lifecycle.session(workdir, config, init(), init, keep=2, resume=True) as session:
+        assert session.start == 7 and session.state.w.tolist() == [0.0, 1.0, 2.0]
