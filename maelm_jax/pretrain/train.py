@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, masking, paths, sharding
+from maelm_jax import distributed, layout, masking, paths, sharding, timer
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import loader, pipeline, shards
 from maelm_jax.models import layers
@@ -123,8 +123,8 @@ def _measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
         return evaluate(trainer.eval_step, state[0].params, eval_data, config.seed)
 
     with sharding.activate(trainer.mesh, trainer.rules):
-        _, step_seconds = budget_lib.timed(step, MEASURED_STEPS)
-        _, eval_seconds = budget_lib.timed(evaluation, 1)
+        _, step_seconds = timer.timed(step, MEASURED_STEPS)
+        _, eval_seconds = timer.timed(evaluation, 1)
         scratch = workdir / MEASURED_CHECKPOINTS
         try:
             ckpt = checkpoint_lib.Checkpointer(scratch, 2)
