@@ -41,12 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from benchmarks import harness
 from maelm_jax import cli
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import flash_attention_tpu as ft
 from maelm_jax.models import layers
-
-import harness
 
 # Variants timed by --sweep=quick: one option changed from the defaults at a time (tiles
 # around FlashAttention-2's choices for head_dim 64 on Hopper; the bias-gradient schemes;

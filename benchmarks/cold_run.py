@@ -1,7 +1,8 @@
 """main.py run as a new user runs it, in a process of its own with an empty compilation
 cache (a first run compiles everything): its wall seconds and peak resident memory.
 
-Not a benchmark itself: quickstart.py and laptop_study.py import it.
+Not a benchmark itself: quickstart.py, time_budget.py, plateau.py and laptop_study.py
+import it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import time
 
-import records
+from benchmarks import REPO_ROOT
 
 
 def run_main(args: list[str], cache_dir: pathlib.Path, script: str) -> dict:
@@ -22,7 +23,7 @@ def run_main(args: list[str], cache_dir: pathlib.Path, script: str) -> dict:
     main.py's last line."""
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache_dir)}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "main.py", *args], cwd=records.REPO_ROOT, env=env,
+    done = subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if done.returncode != 0:

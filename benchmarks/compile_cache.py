@@ -25,19 +25,22 @@ import tempfile
 
 from absl import app, flags
 
+from benchmarks import harness
 from maelm_jax import cli
-
-import harness
 
 TARGETS = {"cold": 45.0, "cached": 5.0}  # seconds, BERT-base on one H100
 
 FLAGS = flags.FLAGS
-harness.define_config("compile_time.py")
-flags.DEFINE_enum("objective", "mlm", harness.OBJECTIVES, "The objective whose step is built.")
-flags.DEFINE_string("xla_flag_sets", "", "XLA flag sets to compare, separated by ';' (the "
-                    "empty set: XLA's defaults), each added to $XLA_FLAGS.")
-flags.DEFINE_integer("steps", 10, "Steps timed after each compile.", lower_bound=1)
-flags.DEFINE_string("child", "", "Internal: a cache directory; build, time and print JSON.")
+
+
+def define_flags() -> None:
+    harness.define_config("compile_time.py")
+    flags.DEFINE_enum("objective", "mlm", harness.OBJECTIVES, "The objective whose step is "
+                      "built.")
+    flags.DEFINE_string("xla_flag_sets", "", "XLA flag sets to compare, separated by ';' (the "
+                        "empty set: XLA's defaults), each added to $XLA_FLAGS.")
+    flags.DEFINE_integer("steps", 10, "Steps timed after each compile.", lower_bound=1)
+    flags.DEFINE_string("child", "", "Internal: a cache directory; build, time and print JSON.")
 
 
 def child(cache_dir: str) -> None:
@@ -94,4 +97,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

@@ -11,7 +11,7 @@ wide, L = 64, batch 4; any --config.<field>=<value> applies) except model.num_la
 model.scan_layers, which the benchmark sets: each of --depths, per layer and scanned.
 --objective picks the step, derived from the config as step_time.py's objectives are. The
 claim checked: a scanned deep encoder compiles within 1.5x of a scanned 2-layer one (a
-per-layer stack grows about linearly with depth). Each run writes its record (records.py)
+per-layer stack grows about linearly with depth). Each run writes its record (recording.py)
 to --record_dir; docs/performance.md's table is generated from the committed ones.
 """
 
@@ -19,26 +19,27 @@ from __future__ import annotations
 
 from absl import app, flags
 
+from benchmarks import harness, recording
 from maelm_jax import cli
-
-import harness
-import records
 
 TARGET = 1.5  # scanned deepest / scanned shallowest compile time
 
 FLAGS = flags.FLAGS
-harness.define_config("compile_time.py")
-flags.DEFINE_list("depths", ["2", "24"], "Comma-separated encoder depths, two or more.")
-flags.DEFINE_enum("objective", "maelm", harness.OBJECTIVES, "The objective whose step is "
-                  "compiled.")
-records.define_flag("compile_time")
 
 
-@flags.validator("depths")
 def _positive_depths(depths: list[str]) -> bool:
     if len(depths) < 2 or not all(d.isdigit() and int(d) >= 1 for d in depths):
         raise flags.ValidationError("expected two or more positive integers")
     return True
+
+
+def define_flags() -> None:
+    harness.define_config("compile_time.py")
+    flags.DEFINE_list("depths", ["2", "24"], "Comma-separated encoder depths, two or more.")
+    flags.register_validator("depths", _positive_depths)
+    flags.DEFINE_enum("objective", "maelm", harness.OBJECTIVES, "The objective whose step is "
+                      "compiled.")
+    recording.define_flag("compile_time")
 
 
 def main(argv) -> None:
@@ -66,11 +67,12 @@ def main(argv) -> None:
         note = f" (target <= {TARGET}x: {'meets' if ratio <= TARGET else 'misses'})" if scan \
             else ""
         print(f"{name}: {hi} layers / {lo} layers = {ratio:.2f}x{note}")
-    records.save("compile_time", {
+    recording.save("compile_time", {
         "objective": FLAGS.objective, "sizes": harness.sizes(config), "target": TARGET,
         "seconds": {layout: {str(depth): seconds[scan, depth] for depth in depths}
                     for scan, layout in ((False, "per_layer"), (True, "scanned"))}})
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

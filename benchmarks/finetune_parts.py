@@ -12,7 +12,7 @@ both, this times a part the way the study's sizing does (maelm_jax/study/timing.
 program compiled, its steps timed, then a part started again, its programs from the
 compilation cache) at the study's shapes, on the study's encoder with random weights,
 and prints per task: parts, host seconds per part and in all, and the steps' seconds.
-Each run writes its record (records.py) to --record_dir; docs/finetuning.md's table is
+Each run writes its record (recording.py) to --record_dir; docs/finetuning.md's table is
 generated from the committed ones.
 """
 
@@ -25,24 +25,25 @@ import tempfile
 import jax
 from absl import app, flags
 
-from maelm_jax import cli, errors
+from benchmarks import REPO_ROOT, harness, recording
+from maelm_jax import cli, errors, records
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.study import config as study_config
 from maelm_jax.study import run as study_run
 from maelm_jax.study import sizing, timing
 
-import harness
-import records
-
 FLAGS = flags.FLAGS
-cli.define_config(str(harness.CONFIGS.parent / "study" / "gpu.py"),
-                  "Study config file[:variant] whose fine-tuning to time (default: "
-                  "configs/study/gpu.py); give --config.glue_dir.", prefix=cli.program())
-flags.DEFINE_string("tokenizer", "", "The study's sentencepiece model (required).")
-flags.DEFINE_string("task", "", "The GLUE task to time (default: the study's first).")
-flags.DEFINE_integer("repeats", 3, "Timed steps per program, after the one that compiles.",
-                     lower_bound=1)
-records.define_flag("finetune_parts")
+
+
+def define_flags() -> None:
+    cli.define_config(str(REPO_ROOT / "configs" / "study" / "gpu.py"),
+                      "Study config file[:variant] whose fine-tuning to time (default: "
+                      "configs/study/gpu.py); give --config.glue_dir.", prefix=cli.program())
+    flags.DEFINE_string("tokenizer", "", "The study's sentencepiece model (required).")
+    flags.DEFINE_string("task", "", "The GLUE task to time (default: the study's first).")
+    flags.DEFINE_integer("repeats", 3, "Timed steps per program, after the one that "
+                         "compiles.", lower_bound=1)
+    recording.define_flag("finetune_parts")
 
 
 def _check(study) -> tuple[str, tokenizer_lib.Tokenizer]:
@@ -79,8 +80,8 @@ def main(argv) -> None:
     train_rows, _ = sizing.task_rows(study, task)
     f = study.finetune
     steps = f.num_epochs * math.ceil(train_rows / f.batch_size)
-    what, peak = harness.machine_speed()
-    print(f"{harness.device_line()}, {os.cpu_count()} CPUs; {harness.describe_speed(what, peak)}")
+    what, peak = records.machine_speed()
+    print(f"{harness.device_line()}, {os.cpu_count()} CPUs; {records.describe_speed(what, peak)}")
     m = pretrain.model
     print(f"{task}: {train_rows} examples, {steps} steps a run; encoder {m.num_layers} x "
           f"{m.d_model}, batch {f.batch_size}, {f.max_seq_len} tokens; {len(trained)} models "
@@ -106,7 +107,7 @@ def main(argv) -> None:
         print(f"{side:12s} {r['parts']:5d} {r['runs_per_program']:5d} "
               f"{r['compile_seconds']:9.1f} {1e3 * r['step_seconds']:8.2f} "
               f"{r['part_seconds']:7.2f} {r['host_seconds']:7.1f} {r['steps_seconds']:8.1f}")
-    records.save("finetune_parts", {
+    recording.save("finetune_parts", {
         "task": task, "train_rows": train_rows, "steps_per_run": steps,
         "encoder": {"num_layers": m.num_layers, "d_model": m.d_model,
                     "vocab_size": tok.vocab_size},
@@ -115,4 +116,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

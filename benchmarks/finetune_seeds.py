@@ -19,7 +19,7 @@ batches fall into its buckets much as GLUE's sentence-pair tasks do; single sent
 
 Prints ms per step and per run of each, the speedup, and what the study's fine-tuning
 costs either way (its tasks' runs at max_train_examples, upper bounds): the figures that
-choose the study's finetune.seeds_per_program. Each run writes its record (records.py) to
+choose the study's finetune.seeds_per_program. Each run writes its record (recording.py) to
 --record_dir; docs/finetuning.md's table is generated from the committed ones.
 """
 
@@ -34,24 +34,25 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli, errors, sharding, tokenizer
+from benchmarks import REPO_ROOT, harness, recording
+from maelm_jax import cli, errors, records, sharding, timer, tokenizer
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, heads, seed_group, tasks, train
 from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.finetune import setup as setup_lib
 from maelm_jax.study import config as study_config
 
-import harness
-import records
-
 FLAGS = flags.FLAGS
-cli.define_config(str(harness.CONFIGS.parent / "study" / "gpu.py"),
-                  "Study config file[:variant] whose model and fine-tuning sizes to time "
-                  "(default: configs/study/gpu.py).", prefix=cli.program())
-harness.define_timing_flags(steps=20, benchmark="finetune_seeds")
-flags.DEFINE_integer("runs", 3, "Seeds in the group.", lower_bound=2)
-flags.DEFINE_integer("eval_examples", 2000, "Dev sequences in the timed evaluation.",
-                     lower_bound=1)
+
+
+def define_flags() -> None:
+    cli.define_config(str(REPO_ROOT / "configs" / "study" / "gpu.py"),
+                      "Study config file[:variant] whose model and fine-tuning sizes to time "
+                      "(default: configs/study/gpu.py).", prefix=cli.program())
+    harness.define_timing_flags(steps=20, benchmark="finetune_seeds")
+    flags.DEFINE_integer("runs", 3, "Seeds in the group.", lower_bound=2)
+    flags.DEFINE_integer("eval_examples", 2000, "Dev sequences in the timed evaluation.",
+                         lower_bound=1)
 
 
 def seed_config(study) -> object:
@@ -108,8 +109,8 @@ def main(argv) -> None:
     task = classification_task(c, split)
     steps_per_run = 10 ** 6  # the schedule's length; only its shape matters here
     seeds = tuple(range(1, FLAGS.runs + 1))
-    what, peak = harness.machine_speed()
-    print(f"{harness.device_line()}, {os.cpu_count()} CPUs; {harness.describe_speed(what, peak)}")
+    what, peak = records.machine_speed()
+    print(f"{harness.device_line()}, {os.cpu_count()} CPUs; {records.describe_speed(what, peak)}")
     print(f"encoder {c.model.num_layers} x {c.model.d_model} ({c.model.num_heads} heads, FFN "
           f"{c.model.d_ff}), |V|={vocab_size}, {jax.numpy.dtype(encoder_cfg.stack.dtype).name}, "
           f"attention {encoder_cfg.stack.attention_impl}; batch {t.batch_size}, lengths 8-"
@@ -155,8 +156,8 @@ def main(argv) -> None:
         run_eval = train.evaluator(side.trainer, t.eval_batch_size, buckets)(side.state.params)
 
         def evaluate(run_eval=run_eval):
-            run_eval(dev.sequences, dev.targets)
-        evals[name] = harness.median_seconds(evaluate, FLAGS.repeats)
+            return run_eval(dev.sequences, dev.targets)
+        _, evals[name] = timer.timed(evaluate, FLAGS.repeats)
 
     alone, group = (statistics.median(sides[n].times) for n in ("alone", "group"))
     runs = len(seeds)
@@ -175,7 +176,7 @@ def main(argv) -> None:
           f"alone, {steps * group / runs:.0f} s as one of a group of {runs} (evaluations "
           "not counted)")
     m = c.model
-    records.save("finetune_seeds", {
+    recording.save("finetune_seeds", {
         "encoder": {"num_layers": m.num_layers, "d_model": m.d_model, "num_heads": m.num_heads,
                     "d_ff": m.d_ff, "vocab_size": vocab_size,
                     "dtype": jax.numpy.dtype(encoder_cfg.stack.dtype).name,
@@ -188,4 +189,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

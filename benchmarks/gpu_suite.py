@@ -6,7 +6,7 @@ r"""Everything the GPU path is judged by, measured in one call and written to on
 
 Writes DIR/gpu_suite.json and DIR/gpu_suite.md (and each part's record and log under
 DIR/parts/ and DIR/logs/), rewritten after every part, so a call cut short still returns
-what it measured; at the end, its record with the machine (records.py) to --record_dir,
+what it measured; at the end, its record with the machine (recording.py) to --record_dir,
 from which benchmarks/tables.py renders the suite's tables into the docs. Each part runs
 in a process of its own, in this order, while --budget_seconds (default 510: a 9-minute
 command with room to copy the results) lasts:
@@ -56,6 +56,8 @@ import os
 # Before JAX starts: the peer and several processes share the GPU.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
@@ -67,58 +69,83 @@ import time  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from maelm_jax import cli  # noqa: E402
-
-import harness  # noqa: E402
-import records  # noqa: E402
-import suite_report  # noqa: E402
-from suite_report import TARGETS  # noqa: E402
+from benchmarks import REPO_ROOT, harness, recording, suite_report  # noqa: E402
+from benchmarks.suite_report import TARGETS  # noqa: E402
+from maelm_jax import cli, records  # noqa: E402
 
 PARTS = ("attention", "throughput", "profile", "quickstart", "compile")
-# The suite's name: its files (NAME.json, NAME.md) and its table's title
-# (benchmarks/tpu_suite.py runs this suite as "tpu_suite").
-SUITE = {"name": "gpu_suite", "title": "GPU suite"}
 IMPLS = ("einsum", "pallas", "cudnn")
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # Least seconds worth starting a part with.
 MIN_SECONDS = {"attention": 30, "throughput": 60, "profile": 45, "quickstart": 30,
                "compile": 45}
 
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """One platform's suite: its name (its files NAME.json and NAME.md, its record and its
+    table) and title, and the defaults of the flags that choose its sides."""
+
+    name: str
+    title: str
+    kernel: str  # part 1's Pallas kernels: "auto" (the platform's own) or "tpu"
+    peer: str  # part 2's peer: "hf" or "none"
+    impls: tuple[str, ...]  # part 2's attention implementations; () chooses by platform
+
+
+GPU = Suite("gpu_suite", "GPU suite", kernel="auto", peer="hf", impls=())
+# No PyTorch peer on a TPU: it is a GPU measurement; no cuDNN either.
+TPU = Suite("tpu_suite", "TPU suite", kernel="tpu", peer="none", impls=("einsum", "pallas"))
+
 FLAGS = flags.FLAGS
-harness.define_config("peer.py:base,layers=2")
-flags.DEFINE_string("out", "", "Directory for the suite's NAME.json and NAME.md, parts/, logs/.")
-cli.directory_flag("out")
-flags.DEFINE_string("record_dir", str(records.RESULTS_DIR), "Where the finished suite's record "
-                    "goes (<dir>/NAME/<date>_<device>_<commit>.json, records.py; commit it, and "
-                    "benchmarks/tables.py renders it into the docs); '' for none.")
-flags.DEFINE_list("parts", list(PARTS), f"Parts to run, from {', '.join(PARTS)}.")
-flags.DEFINE_enum("sweep", "quick", ["none", "quick", "full"], "Pallas variants of part 1.")
-flags.DEFINE_enum("kernel", "auto", ["auto", "tpu"], "Part 1's Pallas kernels: the platform's "
-                  "own, or the TPU's (interpreted on a CPU; benchmarks/tpu_suite.py).")
-flags.DEFINE_list("impls", [], f"Attention implementations of part 2, from {', '.join(IMPLS)} "
-                  "(default: all three on a GPU, einsum elsewhere).")
-cli.choices_flag("parts", PARTS)
-cli.choices_flag("impls", IMPLS)
-harness.define_objectives_flag(list(harness.OBJECTIVES), "Objectives of part 2 (mlm always).")
-flags.DEFINE_enum("peer", "hf", ["hf", "none"], "Part 2's Hugging Face peer, or none.")
-flags.DEFINE_integer("budget_seconds", 510, "Parts start while this many seconds last.",
-                     lower_bound=1)
-flags.DEFINE_integer("steps", 5, "Part 2: timed steps per measurement.", lower_bound=1)
-flags.DEFINE_integer("repeats", 3, "Part 2: measurements per side, rotated.", lower_bound=1)
-flags.DEFINE_integer("attention_repeats", 10, "Part 1: timed calls per variant.", lower_bound=1)
-flags.DEFINE_list("profile_sides", [], "Part 3's train steps, each OBJECTIVE/IMPL[:FIELD=VALUE"
-                  "[;FIELD=VALUE...]] (default: mlm/I, maelm/I and maelm/I:model.rel_pos_buckets"
-                  "=0, I = pallas on a GPU, einsum elsewhere).")
-flags.DEFINE_integer("profile_steps", 3, "Part 3: traced steps per side.", lower_bound=1)
-flags.DEFINE_integer("timing_reserve_seconds", 45, "Part 2: seconds kept for timing the "
-                     "sides built; no side is built that would leave fewer before the part's "
-                     "end, so a part cut by the budget still times what it built.",
-                     lower_bound=0)
-flags.DEFINE_string("part", "", "Internal: run one part in this process.")
-flags.DEFINE_float("part_deadline", 0.0, "Internal: the Unix time the part is stopped at.",
-                  lower_bound=0.0)
-flags.DEFINE_string("compile_case", "", "Internal: one compile process (cold, cached, new).")
-flags.DEFINE_string("cache", "", "Internal: the compile part's cache directory.")
+
+
+def define_flags(suite: Suite) -> None:
+    """The suite's flags, with `suite`'s defaults (the part processes run the same script
+    again, so they get the same)."""
+    harness.define_config("peer.py:base,layers=2")
+    flags.DEFINE_string("out", "", "Directory for the suite's NAME.json and NAME.md, parts/, "
+                        "logs/.")
+    cli.directory_flag("out")
+    recording.define_flag(suite.name)
+    flags.DEFINE_list("parts", list(PARTS), f"Parts to run, from {', '.join(PARTS)}.")
+    flags.DEFINE_enum("sweep", "quick", ["none", "quick", "full"], "Pallas variants of part 1.")
+    flags.DEFINE_enum("kernel", suite.kernel, ["auto", "tpu"], "Part 1's Pallas kernels: the "
+                      "platform's own, or the TPU's (interpreted on a CPU).")
+    flags.DEFINE_list("impls", list(suite.impls), "Attention implementations of part 2, from "
+                      f"{', '.join(IMPLS)} (empty: all three on a GPU, einsum and pallas on a "
+                      "TPU, einsum elsewhere).")
+    cli.choices_flag("parts", PARTS)
+    cli.choices_flag("impls", IMPLS)
+    harness.define_objectives_flag(list(harness.OBJECTIVES), "Objectives of part 2 (mlm "
+                                   "always).")
+    flags.DEFINE_enum("peer", suite.peer, ["hf", "none"], "Part 2's Hugging Face peer, or "
+                      "none.")
+    flags.DEFINE_integer("budget_seconds", 510, "Parts start while this many seconds last.",
+                         lower_bound=1)
+    flags.DEFINE_integer("steps", 5, "Part 2: timed steps per measurement.", lower_bound=1)
+    flags.DEFINE_integer("repeats", 3, "Part 2: measurements per side, rotated.", lower_bound=1)
+    flags.DEFINE_integer("attention_repeats", 10, "Part 1: timed calls per variant.",
+                         lower_bound=1)
+    flags.DEFINE_list("profile_sides", [], "Part 3's train steps, each OBJECTIVE/IMPL[:FIELD="
+                      "VALUE[;FIELD=VALUE...]] (default: mlm/I, maelm/I and maelm/I:model."
+                      "rel_pos_buckets=0, I = pallas on a GPU or TPU, einsum elsewhere).")
+    flags.DEFINE_integer("profile_steps", 3, "Part 3: traced steps per side.", lower_bound=1)
+    flags.DEFINE_integer("timing_reserve_seconds", 45, "Part 2: seconds kept for timing the "
+                         "sides built; no side is built that would leave fewer before the "
+                         "part's end, so a part cut by the budget still times what it built.",
+                         lower_bound=0)
+    flags.DEFINE_string("part", "", "Internal: run one part in this process.")
+    flags.DEFINE_float("part_deadline", 0.0, "Internal: the Unix time the part is stopped "
+                       "at.", lower_bound=0.0)
+    flags.DEFINE_string("compile_case", "", "Internal: one compile process (cold, cached, "
+                        "new).")
+    flags.DEFINE_string("cache", "", "Internal: the compile part's cache directory.")
+
+
+def run(suite: Suite) -> None:
+    """Runs `suite` as this process's script: its flags, then `main`."""
+    define_flags(suite)
+    app.run(functools.partial(main, suite=suite), flags_parser=cli.tool_flags_parser)
 
 
 # --- the parts, each in its own process ------------------------------------------------
@@ -136,9 +163,8 @@ def _log(line: str) -> None:
 def part_attention(out: pathlib.Path) -> dict:
     import jax.numpy as jnp
 
+    from benchmarks import attention
     from maelm_jax.models import layers
-
-    import attention
 
     config = FLAGS.config
     m = config.model
@@ -159,7 +185,7 @@ def _impls() -> list[str]:
         return list(FLAGS.impls)
     if jax_backend() == "tpu":  # cuDNN is a GPU library
         return ["einsum", "pallas"]
-    return list(IMPLS) if harness.on_accelerator() else ["einsum"]
+    return list(IMPLS) if records.on_accelerator() else ["einsum"]
 
 
 def jax_backend() -> str:
@@ -192,8 +218,8 @@ def part_throughput(out: pathlib.Path) -> dict:
     impls = _impls()
     objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:] if o in FLAGS.objectives]
     fastest = _sweep_options(out)
-    what, peak = harness.machine_speed()
-    _log(f"{harness.device_line()}; {harness.describe_speed(what, peak)}")
+    what, peak = records.machine_speed()
+    _log(f"{harness.device_line()}; {records.describe_speed(what, peak)}")
     tokens = harness.random_tokens(config)
     tokens_per_step = config.train.batch_size * config.data.seq_len
     benches, sides = {}, {}
@@ -282,9 +308,9 @@ def _add_peers(config, tokens, benches: dict, sides: dict) -> None:
 def _peers(config, tokens) -> dict:
     import torch
 
-    import roberta_peer
+    from benchmarks import roberta_peer
 
-    device = "cuda" if harness.on_accelerator() and torch.cuda.is_available() else "cpu"
+    device = "cuda" if records.on_accelerator() and torch.cuda.is_available() else "cpu"
     mlm = harness.objective_config(config, "mlm")
     out = {}
     for compiled in ((False, True) if device == "cuda" else (False,)):
@@ -326,7 +352,7 @@ def part_profile(out: pathlib.Path) -> dict:
 
     from maelm_jax.pretrain import config as pretrain_config
 
-    impl = "pallas" if harness.on_accelerator() else "einsum"
+    impl = "pallas" if records.on_accelerator() else "einsum"
     specs = FLAGS.profile_sides or [f"mlm/{impl}", f"maelm/{impl}",
                                     f"maelm/{impl}:model.rel_pos_buckets=0"]
     fastest = _sweep_options(out)
@@ -367,7 +393,7 @@ def part_quickstart(out: pathlib.Path) -> dict:
     command = [sys.executable, "main.py", "--config=configs/pretrain/quickstart.py",
                f"--workdir={workdir / 'run'}"]
     start = time.perf_counter()
-    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    run = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
     record = {"command": " ".join(command[1:3]) + " --workdir=<fresh>", "seconds": seconds,
               "returncode": run.returncode, "tail": run.stderr.strip().splitlines()[-5:]}
@@ -383,7 +409,7 @@ def part_quickstart(out: pathlib.Path) -> dict:
 
 
 def _compile_config(new_program: bool):
-    impl = "pallas" if harness.on_accelerator() else "einsum"
+    impl = "pallas" if records.on_accelerator() else "einsum"
     c = _side_config(FLAGS.config, "mlm", impl, None)
     if new_program:  # another program (the schedule's constants), the same matmuls
         c.train.learning_rate = 2 * c.train.learning_rate
@@ -458,7 +484,7 @@ def run_part(part: str, out: pathlib.Path, seconds: float) -> dict:
     return record
 
 
-def main(argv) -> None:
+def main(argv, suite: Suite) -> None:
     del argv
     if not FLAGS.out:
         cli.fail("--out: expected a directory for the results", cli.program())
@@ -481,7 +507,7 @@ def main(argv) -> None:
             cli.fail(message, cli.program())
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    results = {"command": " ".join(["python", f"benchmarks/{SUITE['name']}.py",
+    results = {"command": " ".join(["python", f"benchmarks/{suite.name}.py",
                                     *sys.argv[1:]]),
                "targets": TARGETS, "parts": {}}
     for part in [p for p in PARTS if p in FLAGS.parts]:
@@ -491,11 +517,11 @@ def main(argv) -> None:
         else:
             print(f"{part}: running (up to {left:.0f} s; log in {out / 'logs'})", flush=True)
             results["parts"][part] = run_part(part, out, left)
-        _write(out / f"{SUITE['name']}.json", results)
-        (out / f"{SUITE['name']}.md").write_text(suite_report.markdown(results, SUITE["title"]))
-    print((out / f"{SUITE['name']}.md").read_text())
-    records.save(SUITE["name"], results)
+        _write(out / f"{suite.name}.json", results)
+        (out / f"{suite.name}.md").write_text(suite_report.markdown(results, suite.title))
+    print((out / f"{suite.name}.md").read_text())
+    recording.save(suite.name, results)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.tool_flags_parser)
+    run(GPU)

@@ -1,10 +1,9 @@
 """What the benchmarks share: the objectives derived from one config, their compiled train
-steps, rotated timing, the machine's matmul speed, and flags with one-line errors.
+steps, rotated timing, the trace of a step's ops, and flags with one-line errors.
 
-Not a benchmark itself: step_time.py, peer_hf.py and compile_time.py import it (a script's
-own directory is on sys.path when it runs as `python benchmarks/<name>.py`). Each of them
-takes --config as main.py does (a pretraining config file[:variant] and
---config.<field>=<value> overrides), defaulting to its own file in configs/benchmark/.
+Not a benchmark itself: the scripts that time train steps import it. Each of them takes
+--config as main.py does (a pretraining config file[:variant] and --config.<field>=<value>
+overrides), defaulting to its own file in configs/benchmark/.
 """
 
 from __future__ import annotations
@@ -23,14 +22,14 @@ import ml_collections
 import numpy as np
 from absl import flags
 
+from benchmarks import REPO_ROOT, recording
 from maelm_jax import cli, host_memory, sharding, tokenizer
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain.objectives import recipes
 
-# The benchmarks' default config files, found from this file so the scripts run from any
-# directory.
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "benchmark"
+# The benchmarks' default config files.
+CONFIGS = REPO_ROOT / "configs" / "benchmark"
 FLAGS = flags.FLAGS
 # The models the benchmarks offer (the papers' four, then any other registered objective),
 # as the flags are defined; objective_config takes any model recipes.get knows.
@@ -156,63 +155,6 @@ def round_ratios(slow: list[float], fast: list[float], steps: int) -> list[float
             / statistics.median(fast[r * steps:(r + 1) * steps]) for r in range(rounds)]
 
 
-def median_seconds(call, repeats: int) -> float:
-    """Median wall seconds of `repeats` calls of a synchronous `call`, after one untimed."""
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def matmul_gflops(n: int = 2048, repeats: int = 5, dtype=jax.numpy.float32, calls: int = 1,
-                  warmup_seconds: float = 0.0) -> float:
-    """GFLOP/s of a jitted n x n matmul at `dtype`: the median of `repeats` timings of
-    `calls` matmuls dispatched back to back, after `warmup_seconds` of them (at least one
-    round). The machine's speed, printed beside absolute times.
-
-    On a GPU a single 8192^3 product takes about 1.5 ms: timed one at a time right after
-    start-up it measured an H200 at 461 and 629 TFLOP/s in two processes, its clocks still
-    rising from idle and each call paying a host round trip; hence rounds of many calls
-    after a second of warm-up there (machine_speed)."""
-    x = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
-    matmul = jax.jit(jax.numpy.matmul)
-
-    def round_of_calls():
-        for _ in range(calls):
-            y = matmul(x, x)
-        y.block_until_ready()
-
-    end = time.perf_counter() + warmup_seconds
-    while time.perf_counter() < end:
-        round_of_calls()
-    return 2 * n ** 3 * calls / median_seconds(round_of_calls, repeats) / 1e9
-
-
-def on_accelerator() -> bool:
-    return jax.default_backend() in ("gpu", "tpu")
-
-
-def machine_speed() -> tuple[str, float]:
-    """(what was measured, TFLOP/s): on a GPU or TPU a bf16 8192^3 matmul, the peak that
-    MFU is measured against here (an H100 reaches about 800 TFLOP/s); on a CPU the fp32
-    2048^3 matmul printed beside absolute CPU times."""
-    if on_accelerator():
-        return ("bf16 jitted 8192x8192 matmul",
-                matmul_gflops(8192, 10, jax.numpy.bfloat16, calls=20,
-                              warmup_seconds=1.0) / 1e3)
-    return "fp32 jitted 2048x2048 matmul", matmul_gflops() / 1e3
-
-
-def describe_speed(what: str, tflops: float) -> str:
-    if on_accelerator():
-        return (f"{what}: {tflops:.0f} TFLOP/s (median of 10 rounds of 20 after 1 s of "
-                f"warm-up; the MFU peak here)")
-    return f"{what}: {1e3 * tflops:.1f} GFLOP/s (median of 5)"
-
-
 def trace_op_seconds(trace_dir: pathlib.Path) -> dict[str, float]:
     """Seconds spent in each XLA op (a fusion, kernel or thunk, by its HLO name) in the
     trace that `jax.profiler.trace(trace_dir, create_perfetto_trace=True)` wrote.
@@ -282,15 +224,13 @@ def define_config(file_name: str) -> None:
 
 def define_timing_flags(steps: int, benchmark: str | None = None) -> None:
     """--steps, --warmup and --repeats: how step_time.py and peer_hf.py time each side;
-    with a `benchmark` name, --record_dir: where the run's record goes (records.py)."""
+    with a `benchmark` name, --record_dir: where the run's record goes (recording.py)."""
     flags.DEFINE_integer("steps", steps, "Timed steps per measurement.", lower_bound=1)
     flags.DEFINE_integer("warmup", 1, "Untimed steps after compiling.", lower_bound=0)
     flags.DEFINE_integer("repeats", 5, "Measurements per objective or side, alternated; the "
                          "median is reported.", lower_bound=1)
     if benchmark:
-        import records
-
-        records.define_flag(benchmark)
+        recording.define_flag(benchmark)
     define_host_memory_flag()
 
 

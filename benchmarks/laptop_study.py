@@ -16,7 +16,7 @@ must be fresh: a resumed study's seconds would not be the study's. Paths in the 
 are written as the docs write them (/data/<name>, runs/study), none of this machine's.
 Arguments after ``--`` go to main.py (e.g. a shorter study for a test).
 
-Each run writes its record (records.py) to --record_dir (default benchmarks/results/; ""
+Each run writes its record (recording.py) to --record_dir (default benchmarks/results/; ""
 writes none); docs/results.md's table is generated from the newest committed one
 (`python benchmarks/tables.py`).
 """
@@ -30,22 +30,23 @@ import tempfile
 
 from absl import app, flags
 
+from benchmarks import cold_run, recording
 from maelm_jax import cli
 
-import cold_run
-import records
-
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", "configs/study/mini.py", "The study config main.py runs.")
-flags.DEFINE_string("glue_dir", "", "A GLUE directory (one folder per task); empty: the "
-                    "study pretrains and analyses only.")
-flags.DEFINE_string("corpus", "", "The pretraining corpus, a directory of --corpus_kind "
-                    "files; empty: the config's own (the built-in corpus).")
-flags.DEFINE_string("corpus_kind", "wikiextractor", "The reader of --corpus "
-                    "(pretraining's data.sources.main.kind).")
-flags.DEFINE_string("workdir", "", "Where the study runs and stays (a new directory); "
-                    "empty: a temporary one, removed after the record is written.")
-records.define_flag("laptop_study")
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("config", "configs/study/mini.py", "The study config main.py runs.")
+    flags.DEFINE_string("glue_dir", "", "A GLUE directory (one folder per task); empty: the "
+                        "study pretrains and analyses only.")
+    flags.DEFINE_string("corpus", "", "The pretraining corpus, a directory of --corpus_kind "
+                        "files; empty: the config's own (the built-in corpus).")
+    flags.DEFINE_string("corpus_kind", "wikiextractor", "The reader of --corpus "
+                        "(pretraining's data.sources.main.kind).")
+    flags.DEFINE_string("workdir", "", "Where the study runs and stays (a new directory); "
+                        "empty: a temporary one, removed after the record is written.")
+    recording.define_flag("laptop_study")
 
 DOCS_WORKDIR = "runs/study"
 
@@ -108,8 +109,9 @@ def main(argv):
     print(f"{figures['command']}: {figures['seconds'] / 60:.1f} min, peak "
           f"{figures['peak_gb']:.2f} GB; models {', '.join(s['models'])}, "
           f"controls {', '.join(s['controls']) or 'none'}")
-    records.save("laptop_study", figures)
+    recording.save("laptop_study", figures)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.forwarding_flags_parser)

@@ -82,27 +82,30 @@ import statistics  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
-from maelm_jax import cli  # noqa: E402
-
-import harness  # noqa: E402
-import records  # noqa: E402
-from roberta_peer import PeerBench  # noqa: E402
+from benchmarks import harness, recording  # noqa: E402
+from benchmarks.roberta_peer import PeerBench  # noqa: E402
+from maelm_jax import cli, records  # noqa: E402
 
 # Minimum throughput ratio ours / peer, per machine kind.
 TARGETS = {"cpu": {"mlm": 1.5, "maelm": 1.2},
            "gpu": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5}}
 
 FLAGS = flags.FLAGS
-harness.define_config("peer.py")
-harness.define_timing_flags(steps=3, benchmark="peer")
-flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads on the CPU (XLA uses "
-                     "every core regardless).", lower_bound=1)
-flags.DEFINE_enum("peer", "hf", ["hf", "none"], "none: time only our side (no torch needed).")
-flags.DEFINE_enum("peer_compile", "auto", ["auto", "eager", "compile", "both"],
-                  "The peer eager, under torch.compile, or both (the faster counts); auto: "
-                  "both on a GPU, eager on the CPU.")
-harness.define_objectives_flag([], "Our sides (mlm always runs); default: mlm and maelm "
-                               f"on the CPU, all of {', '.join(harness.OBJECTIVES)} on a GPU.")
+
+
+def define_flags() -> None:
+    harness.define_config("peer.py")
+    harness.define_timing_flags(steps=3, benchmark="peer")
+    flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads on the CPU (XLA "
+                         "uses every core regardless).", lower_bound=1)
+    flags.DEFINE_enum("peer", "hf", ["hf", "none"], "none: time only our side (no torch "
+                      "needed).")
+    flags.DEFINE_enum("peer_compile", "auto", ["auto", "eager", "compile", "both"],
+                      "The peer eager, under torch.compile, or both (the faster counts); "
+                      "auto: both on a GPU, eager on the CPU.")
+    harness.define_objectives_flag([], "Our sides (mlm always runs); default: mlm and maelm "
+                                   f"on the CPU, all of {', '.join(harness.OBJECTIVES)} on a "
+                                   "GPU.")
 
 
 def _peer_benches(config, tokens, kind: str) -> dict:
@@ -131,7 +134,7 @@ def _peer_benches(config, tokens, kind: str) -> dict:
 def main(argv) -> None:
     del argv  # cli.tool_flags_parser refuses stray arguments
     kept = harness.start_host_memory()
-    kind = "gpu" if harness.on_accelerator() else "cpu"
+    kind = "gpu" if records.on_accelerator() else "cpu"
     targets = TARGETS[kind]
     objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:]
                             if o in (FLAGS.objectives or targets)]
@@ -150,8 +153,8 @@ def main(argv) -> None:
                              else "the C allocator's defaults"))
     print(f"load average {os.getloadavg()[0]:.1f} before starting (other work on the "
           f"machine skews the timings, torch's most)")
-    what, peak = harness.machine_speed()
-    print(harness.describe_speed(what, peak))
+    what, peak = records.machine_speed()
+    print(records.describe_speed(what, peak))
     m = config.model
     print(f"encoder {m.num_layers} x {m.d_model} ({m.num_heads} heads, FFN {m.d_ff}), "
           f"MAE-LM decoder {m.decoder.num_layers} x {m.decoder.d_model}, "
@@ -209,11 +212,12 @@ def main(argv) -> None:
               f"target >= {target}x: {verdict})")
         verdicts[objective] = {"ratio": ratio, "low": min(ratios), "high": max(ratios),
                                "fastest": best, "target": target}
-    records.save("peer", {
+    recording.save("peer", {
         "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
         "host_memory_kept": kept, "peer": peer,
         "ms": {side: 1e3 * wall[side] for side in benches}, "ratios": verdicts}, (what, peak))
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

@@ -10,7 +10,7 @@ beside the unigram baseline's accuracy (the plateau: always predicting the most 
 piece), the wall seconds, and the jitted fp32 matmul's speed. A model on the plateau
 stays near the baseline at every evaluation; one that uses context leaves it.
 
-Each run writes its record (records.py) to --record_dir (default benchmarks/results/; ""
+Each run writes its record (recording.py) to --record_dir (default benchmarks/results/; ""
 writes none); docs/plateau.md's table is generated from the newest committed one
 (`python benchmarks/tables.py`).
 """
@@ -23,10 +23,8 @@ import tempfile
 
 from absl import app, flags
 
+from benchmarks import cold_run, recording
 from maelm_jax import cli
-
-import cold_run
-import records
 
 CONFIG = "configs/pretrain/quickstart.py"
 _NORMAL = "--config.model.rel_pos_init=normal"
@@ -44,11 +42,14 @@ VARIANTS = {
 }
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("steps", 2000, "Train steps of every variant.", lower_bound=1)
-flags.DEFINE_integer("eval_every", 1000, "Steps between evaluations.", lower_bound=1)
-flags.DEFINE_list("variants", list(VARIANTS), "The variants to run (keys of VARIANTS).")
-cli.choices_flag("variants", VARIANTS)
-records.define_flag("plateau")
+
+
+def define_flags() -> None:
+    flags.DEFINE_integer("steps", 2000, "Train steps of every variant.", lower_bound=1)
+    flags.DEFINE_integer("eval_every", 1000, "Steps between evaluations.", lower_bound=1)
+    flags.DEFINE_list("variants", list(VARIANTS), "The variants to run (keys of VARIANTS).")
+    cli.choices_flag("variants", VARIANTS)
+    recording.define_flag("plateau")
 
 
 def run_variant(key: str, steps: int, eval_every: int, scratch: pathlib.Path) -> dict:
@@ -78,9 +79,10 @@ def main(argv):
         cells = ", ".join(f"step {e['step']} {e['loss']:.2f} / {100 * e['accuracy']:.1f} %"
                           for e in r["evals"])
         print(f"{r['name']}: {cells} ({r['seconds']:.0f} s)")
-    records.save("plateau", {"config": CONFIG, "steps": FLAGS.steps,
+    recording.save("plateau", {"config": CONFIG, "steps": FLAGS.steps,
                              "eval_every": FLAGS.eval_every, "variants": runs})
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

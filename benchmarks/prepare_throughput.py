@@ -17,7 +17,7 @@ one file per corpus file (zstd, --row_group rows per row group; not timed), and 
 "prepare" runs on them too: the same documents, tokenizer and workers, so the ratio of the
 two Beam rates is the cost of reading Parquet instead of text (the token counts must agree).
 
-Each run writes its record (records.py) to --record_dir (default benchmarks/results/; ""
+Each run writes its record (recording.py) to --record_dir (default benchmarks/results/; ""
 writes none); the tables of README.md and docs/ are generated from the committed ones
 (`python benchmarks/tables.py`).
 """
@@ -34,23 +34,26 @@ import time
 
 from absl import app, flags
 
+from benchmarks import recording
 from maelm_jax import cli
 
-import records
-
 FLAGS = flags.FLAGS
-flags.DEFINE_string("corpus", None, "A corpus path (file, directory or glob).")
-flags.DEFINE_string("kind", "wikiextractor", "Its source kind (maelm_jax/data/sources.py).")
-flags.DEFINE_integer("seq_len", 128, "Block length.", lower_bound=2)
-flags.DEFINE_integer("vocab_size", 8192, "Tokenizer size.", lower_bound=262)
-flags.DEFINE_integer("workers", os.cpu_count() or 1, "Beam worker processes.", lower_bound=1)
-flags.DEFINE_bool("parquet", False, "Also time mode 'prepare' on the corpus as Parquet.")
-flags.DEFINE_integer("row_group", 8192, "Rows per Parquet row group (--parquet).",
-                     lower_bound=1)
-records.define_flag("prepare_throughput")
-flags.DEFINE_string("child", "", "Internal: 'job' or 'beam', and the output directory.")
-flags.DEFINE_string("tokenizer", "", "Internal: the tokenizer both paths use.")
-flags.mark_flag_as_required("corpus")
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("corpus", None, "A corpus path (file, directory or glob).")
+    flags.DEFINE_string("kind", "wikiextractor", "Its source kind (maelm_jax/data/sources.py).")
+    flags.DEFINE_integer("seq_len", 128, "Block length.", lower_bound=2)
+    flags.DEFINE_integer("vocab_size", 8192, "Tokenizer size.", lower_bound=262)
+    flags.DEFINE_integer("workers", os.cpu_count() or 1, "Beam worker processes.",
+                         lower_bound=1)
+    flags.DEFINE_bool("parquet", False, "Also time mode 'prepare' on the corpus as Parquet.")
+    flags.DEFINE_integer("row_group", 8192, "Rows per Parquet row group (--parquet).",
+                         lower_bound=1)
+    recording.define_flag("prepare_throughput")
+    flags.DEFINE_string("child", "", "Internal: 'job' or 'beam', and the output directory.")
+    flags.DEFINE_string("tokenizer", "", "Internal: the tokenizer both paths use.")
+    flags.mark_flag_as_required("corpus")
 
 
 def _config(tokenizer: str):
@@ -182,7 +185,7 @@ def main(argv) -> None:
                      / (results["beam"]["tokens"] / results["beam"]["seconds"]))
             print(f"Parquet / text (Beam tokens/s): {ratio:.3f} ({(ratio - 1) * 100:+.1f} %)")
             r["bytes"] = parquet_bytes
-        records.save("prepare_throughput", {
+        recording.save("prepare_throughput", {
             "corpus": {"name": os.path.basename(os.path.normpath(FLAGS.corpus)),
                        "bytes": corpus_bytes, "files": len(files)},
             "kind": FLAGS.kind, "seq_len": FLAGS.seq_len, "vocab_size": FLAGS.vocab_size,
@@ -190,4 +193,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

@@ -31,10 +31,9 @@ from collections.abc import Iterable
 import numpy as np
 from absl import app, flags
 
+from benchmarks import harness
 from maelm_jax import cli, sharding
 from maelm_jax.pretrain import setup as setup_lib
-
-import harness
 
 FLAGS = flags.FLAGS
 
@@ -268,14 +267,15 @@ def table(name: str, summary: dict) -> str:
     return "\n".join(lines)
 
 
-harness.define_config("step_time.py")
-harness.define_objectives_flag(list(harness.OBJECTIVES), "Comma-separated, from "
-                               f"{', '.join(harness.OBJECTIVES)}.")
-flags.DEFINE_enum("platform", "cuda", ["cuda", "tpu"], "The platform to export for.")
-flags.DEFINE_float("bandwidth_tbs", 3.35, "Memory bandwidth (TB/s) for the time estimate "
-                   "(H100 SXM 3.35, H200 4.8, TPU v5e 0.82).", lower_bound=0.001)
-flags.DEFINE_string("json", None, "Also write the summaries to this JSON file.")
-cli.output_file_flag("json")
+def define_flags() -> None:
+    harness.define_config("step_time.py")
+    harness.define_objectives_flag(list(harness.OBJECTIVES), "Comma-separated, from "
+                                   f"{', '.join(harness.OBJECTIVES)}.")
+    flags.DEFINE_enum("platform", "cuda", ["cuda", "tpu"], "The platform to export for.")
+    flags.DEFINE_float("bandwidth_tbs", 3.35, "Memory bandwidth (TB/s) for the time estimate "
+                       "(H100 SXM 3.35, H200 4.8, TPU v5e 0.82).", lower_bound=0.001)
+    flags.DEFINE_string("json", None, "Also write the summaries to this JSON file.")
+    cli.output_file_flag("json")
 
 
 def main(argv) -> None:
@@ -296,4 +296,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

@@ -11,7 +11,7 @@ accuracy and the unigram baseline's accuracy, the plateau a small model must lea
 beside the jitted fp32 matmul's speed, which the seconds are read against. Arguments
 after ``--`` go to main.py (e.g. a shorter run for a test).
 
-Each run writes its record (records.py) to --record_dir (default benchmarks/results/; ""
+Each run writes its record (recording.py) to --record_dir (default benchmarks/results/; ""
 writes none); README.md's table is generated from the committed ones
 (`python benchmarks/tables.py`).
 """
@@ -24,14 +24,15 @@ import tempfile
 
 from absl import app, flags
 
+from benchmarks import cold_run, recording
 from maelm_jax import cli
 
-import cold_run
-import records
-
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", "configs/pretrain/quickstart.py", "The config main.py runs.")
-records.define_flag("quickstart")
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("config", "configs/pretrain/quickstart.py", "The config main.py runs.")
+    recording.define_flag("quickstart")
 
 
 def _lines(path: pathlib.Path, split: str) -> list[dict]:
@@ -68,8 +69,9 @@ def main(argv):
     print(f"{figures['command']}: {figures['seconds']:.0f} s, peak {figures['peak_gb']:.2f} GB; "
           f"step {e['step']}: loss {figures['first_train_loss']:.2f} -> {e['loss']:.2f}, "
           f"accuracy {e['accuracy']:.3f} (unigram {e['unigram_accuracy']:.3f})")
-    records.save("quickstart", figures)
+    recording.save("quickstart", figures)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.forwarding_flags_parser)

@@ -12,9 +12,8 @@ import time
 import ml_collections
 import numpy as np
 
+from benchmarks import harness
 from maelm_jax import tokenizer
-
-import harness
 
 
 class PeerBench(harness.Timed):

@@ -15,14 +15,12 @@ those two rows, not in our token counts.
 
 from __future__ import annotations
 
-import pathlib
-
+from benchmarks import REPO_ROOT
 from maelm_jax import variants
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 
-# Found from this file, so the script runs from any directory.
-PRESETS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "3ml.py"
+PRESETS = REPO_ROOT / "configs" / "pretrain" / "3ml.py"
 VOCAB = 50265  # RoBERTa's BPE, which the 3ML models use
 # (row label, baseline variant, model variant, the paper's Table 3 speedup)
 TABLE3 = (

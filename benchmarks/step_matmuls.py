@@ -36,9 +36,8 @@ import numpy as np
 from absl import app, flags
 from jax import lax
 
-from maelm_jax import cli
-
-import harness
+from benchmarks import harness
+from maelm_jax import cli, records, timer
 
 FLAGS = flags.FLAGS
 
@@ -142,7 +141,7 @@ def time_xla(dot: Dot, repeats: int) -> float:
     rhs = jax.random.normal(keys[1], dot.rhs, dtype)
     numbers = ((dot.lhs_contract, dot.rhs_contract), (dot.lhs_batch, dot.rhs_batch))
     fn = jax.jit(lambda a, b: lax.dot_general(a, b, numbers))
-    return harness.median_seconds(lambda: fn(lhs, rhs).block_until_ready(), repeats)
+    return timer.timed(lambda: fn(lhs, rhs), repeats)[1]
 
 
 def time_torch(torch, dot: Dot, repeats: int) -> float:
@@ -150,7 +149,7 @@ def time_torch(torch, dot: Dot, repeats: int) -> float:
     lhs, rhs = torch.randn(dot.lhs, dtype=dtype), torch.randn(dot.rhs, dtype=dtype)
     spec = dot.einsum()
     with torch.no_grad():
-        return harness.median_seconds(lambda: torch.einsum(spec, lhs, rhs), repeats)
+        return timer.timed(lambda: torch.einsum(spec, lhs, rhs), repeats)[1]
 
 
 def main(argv) -> None:
@@ -170,7 +169,7 @@ def main(argv) -> None:
     bench.run(5)
     step_seconds = statistics.median(bench.wall)
     print(f"jax {jax.__version__}, torch {torch.__version__} ({FLAGS.threads} threads); "
-          f"fp32 jitted 2048x2048 matmul: {harness.matmul_gflops():.1f} GFLOP/s")
+          f"fp32 jitted 2048x2048 matmul: {records.matmul_gflops():.1f} GFLOP/s")
     print(f"{FLAGS.objective} train step: {step_seconds * 1e3:.0f} ms (median of 5), "
           f"{sum(dots.values())} dots in {len(dots)} shapes\n")
     print(f"{'n':>3} {'lhs':>17} {'rhs':>17} {'einsum':>17} {'GFLOP':>6} {'XLA ms':>7} "

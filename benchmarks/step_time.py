@@ -41,19 +41,20 @@ import statistics
 
 from absl import app, flags
 
-from maelm_jax import cli
+from benchmarks import harness, recording
+from maelm_jax import cli, records
 from maelm_jax.pretrain import mfu
-
-import harness
-import records
 
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
 
 FLAGS = flags.FLAGS
-harness.define_config("step_time.py")
-harness.define_timing_flags(steps=2, benchmark="step_time")
-harness.define_objectives_flag(list(harness.OBJECTIVES), "Comma-separated, from "
-                               f"{', '.join(harness.OBJECTIVES)} (mlm always runs).")
+
+
+def define_flags() -> None:
+    harness.define_config("step_time.py")
+    harness.define_timing_flags(steps=2, benchmark="step_time")
+    harness.define_objectives_flag(list(harness.OBJECTIVES), "Comma-separated, from "
+                                   f"{', '.join(harness.OBJECTIVES)} (mlm always runs).")
 
 
 def main(argv) -> None:
@@ -63,8 +64,8 @@ def main(argv) -> None:
     objectives = ["mlm"] + [o for o in harness.OBJECTIVES[1:] if o in FLAGS.objectives]
     configs = harness.objective_configs(config, objectives)
     tokens = harness.random_tokens(config)
-    what, peak = harness.machine_speed()
-    print(f"{harness.device_line()}, {os.cpu_count()} CPUs; {harness.describe_speed(what, peak)}; "
+    what, peak = records.machine_speed()
+    print(f"{harness.device_line()}, {os.cpu_count()} CPUs; {records.describe_speed(what, peak)}; "
           "host memory: "
           + ("glibc malloc keeps freed memory" if kept else "the C allocator's defaults"))
     m = config.model
@@ -118,10 +119,11 @@ def main(argv) -> None:
                          "cpu_ms": 1e3 * cpu[objective], "gflop": b.flops / 1e9,
                          "n_enc": b.counts.n_enc}
              for objective, b in benches.items()}
-    records.save("step_time", {
+    recording.save("step_time", {
         "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
         "host_memory_kept": kept, "objectives": steps, "ratios": ratios}, (what, peak))
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.tool_flags_parser)

@@ -14,7 +14,7 @@ the process's wall time from start to exit (Python and JAX starting, which the r
 clock does not see, included), beside the jitted fp32 matmul's speed. A run that plans
 well ends before its budget: within the prediction plus the margin.
 
-Each run writes its record (records.py) to --record_dir; docs/performance.md's table is
+Each run writes its record (recording.py) to --record_dir; docs/performance.md's table is
 generated from the committed ones (`python benchmarks/tables.py`).
 """
 
@@ -26,17 +26,18 @@ import tempfile
 
 from absl import app, flags
 
+from benchmarks import cold_run, recording
 from maelm_jax import cli, layout
 
-import cold_run
-import records
-
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", "configs/pretrain/quickstart.py", "The config main.py runs.")
-flags.DEFINE_float("minutes", 3.0, "The run's time budget.", lower_bound=0.5)
-flags.DEFINE_integer("cap", 1_000_000, "config.train.num_steps: the cap of the plan.",
-                     lower_bound=1)
-records.define_flag("time_budget")
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("config", "configs/pretrain/quickstart.py", "The config main.py runs.")
+    flags.DEFINE_float("minutes", 3.0, "The run's time budget.", lower_bound=0.5)
+    flags.DEFINE_integer("cap", 1_000_000, "config.train.num_steps: the cap of the plan.",
+                         lower_bound=1)
+    recording.define_flag("time_budget")
 
 
 def measure(config: str, minutes: float, cap: int, extra: list[str]) -> dict:
@@ -67,8 +68,9 @@ def main(argv):
           f"predicted {predicted:.0f} s + margin {p['margin_seconds']:.0f} s of "
           f"{p['budget_seconds']:.0f} s; the process took {r['seconds']:.0f} s"
           f"{'' if r['within_budget'] else ': OVER BUDGET'}")
-    records.save("time_budget", r)
+    recording.save("time_budget", r)
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main, flags_parser=cli.forwarding_flags_parser)

@@ -4,7 +4,8 @@ r"""What the TPU path is judged by, measured in one command on a Cloud TPU VM.
     python benchmarks/tpu_suite.py --out=DIR --config=configs/benchmark/peer.py:base  # 12 layers
 
 The GPU suite's parts (benchmarks/gpu_suite.py, whose docstring says what each measures)
-with the TPU's sides, written to DIR/tpu_suite.json and DIR/tpu_suite.md:
+run as the suite `gpu_suite.TPU`, with the TPU's sides, written to DIR/tpu_suite.json and
+DIR/tpu_suite.md:
 
 1. attention: the TPU kernels (models/flash_attention_tpu.py) checked on the chip against
    the einsum reference (outputs and gradients without dropout; kept fraction, variance,
@@ -24,21 +25,7 @@ tiny). docs/performance.md says what was compiled for TPUs and what only a TPU m
 
 from __future__ import annotations
 
-import sys
-
-from absl import app
-
-from maelm_jax import cli
-
-import gpu_suite
-
-# The suite's own name for its files, and its defaults: the TPU kernels in part 1, no
-# peer, einsum and Pallas in part 2 (set before the flags are parsed, so that an explicit
-# flag still wins; the child processes run this script again and get the same).
-gpu_suite.SUITE.update(name="tpu_suite", title="TPU suite")
-gpu_suite.FLAGS.set_default("kernel", "tpu")
-gpu_suite.FLAGS.set_default("peer", "none")
-gpu_suite.FLAGS.set_default("impls", ["einsum", "pallas"])
+from benchmarks import gpu_suite
 
 if __name__ == "__main__":
-    sys.exit(app.run(gpu_suite.main, flags_parser=cli.tool_flags_parser))
+    gpu_suite.run(gpu_suite.TPU)

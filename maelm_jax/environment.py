@@ -25,7 +25,8 @@ VARIABLES: dict[str, str] = {
     "MAELM_JAX_CACHE": "the project's per-user cache directory",  # user_cache.py
     "XDG_CACHE_HOME": "the user's cache directory, ours under it",  # user_cache.py
     "JAX_COMPILATION_CACHE_DIR": "where compiled programs are kept",  # compile_cache.py
-    # What a copy of the tree without git history is of (benchmark records, the study).
+    # What a copy of the tree without git history is of (records.py: the benchmarks' records
+    # and the study's).
     "MAELM_JAX_COMMIT": "a commit's hash",
 }
 

@@ -124,9 +124,9 @@ def test_good_multi_process_flags_pass():
 
 
 def test_the_commit_of_a_copy_without_history(monkeypatch):
-    from maelm_jax.study import run as study_run
+    from maelm_jax import records
 
     monkeypatch.setenv("MAELM_JAX_COMMIT", "abc123")
-    assert study_run.commit() == "abc123"
+    assert records.commit() == "abc123"
     monkeypatch.setenv("MAELM_JAX_COMMIT", " ")  # empty: git's, as if unset
-    assert study_run.commit() != " " and study_run.commit() != ""
+    assert records.commit() != " " and records.commit() != ""

@@ -1,7 +1,8 @@
 """No module of maelm_jax imports a module that imports it, directly or through others,
 and no package (a subpackage taken whole, or a top-level module) imports one that imports
 it: each mode's entry point is picked by main.py, so no module needs its caller. Each layer
-imports only the layers below it, and config files import no model code."""
+imports only the layers below it, config files import no model code, and the library
+imports nothing of the benchmarks built on it."""
 
 import ast
 import pathlib
@@ -172,6 +173,28 @@ def test_no_module_imports_from_a_higher_layer():
     assert any(_level(d) == 3 for d in graph["maelm_jax.pretrain.steps"])
     assert any(_level(d) == 2 for d in graph["maelm_jax.finetune.setup"])
     assert any(_level(d) == 0 for d in graph["maelm_jax.pretrain.objectives.maelm"])
+
+
+def test_the_library_imports_no_benchmark():
+    """maelm_jax is what the benchmarks measure and record with (maelm_jax/records.py):
+    none of its modules imports benchmarks/, lazily or not."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "maelm_jax").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(REPO_ROOT)}: {name}" for name in names
+                          if name == "benchmarks" or name.startswith("benchmarks.")]
+    assert offenders == []
+    graph = import_graph(REPO_ROOT, "maelm_jax")
+    assert "maelm_jax.records" in graph["maelm_jax.study.run"]  # the study records alike
+
+
+def test_the_benchmarks_import_each_other_without_a_cycle():
+    graph = import_graph(REPO_ROOT, "benchmarks")
+    assert "benchmarks.harness" in graph["benchmarks.step_time"]  # the graph is real
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 # What a config file may not import: model code, Flax, the Pallas kernel. Config files are

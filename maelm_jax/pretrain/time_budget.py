@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths, sharding
+from maelm_jax import distributed, layout, paths, sharding, timer
 from maelm_jax.pretrain import evaluation as evaluation_lib
 from maelm_jax.pretrain import mfu
 from maelm_jax.pretrain import setup as setup_lib
@@ -44,8 +44,8 @@ def measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
         return evaluation_lib.evaluate(trainer.eval_step, state[0].params, eval_data, config.seed)
 
     with sharding.activate(trainer.mesh, trainer.rules):
-        _, step_seconds = budget_lib.timed(step, MEASURED_STEPS)
-        _, eval_seconds = budget_lib.timed(evaluation, 1)
+        _, step_seconds = timer.timed(step, MEASURED_STEPS)
+        _, eval_seconds = timer.timed(evaluation, 1)
         scratch = workdir / MEASURED_CHECKPOINTS
         try:
             ckpt = checkpoint_lib.Checkpointer(scratch, 2)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-from maelm_jax import paths
+from maelm_jax import paths, records
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import budget, claims, plateau
 
@@ -32,7 +32,7 @@ def minus_control(record: dict, model: str, task: str) -> float | None:
 
 
 def machine(record: dict) -> dict:
-    """The machine a call ran on (its first part's device, jax and commit)."""
+    """The machine a call ran on (its first part's: records.machine)."""
     return record["parts"][0] if record.get("parts") else {}
 
 
@@ -63,8 +63,8 @@ def summary(where: str, record: dict, design: str) -> dict:
 
 def call_text(title, seed, machine: dict, *more: str) -> str:
     """A call as the tables name it: its title, pretraining seed and machine (and `more`)."""
-    return (f"{title} (pretraining seed {seed}, {machine.get('device', '?')}, jax "
-            f"{machine.get('jax', '?')}, commit {str(machine.get('commit', '?'))[:10]}"
+    return (f"{title} (pretraining seed {seed}, {records.describe(machine)}, "
+            f"commit {str(machine.get('commit', '?'))[:10]}"
             + "".join(f", {m}" for m in more) + ")")
 
 

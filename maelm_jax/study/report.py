@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from maelm_jax import layout, paths
+from maelm_jax import layout, paths, records
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import claims, plateau
 from maelm_jax.training import metrics as metrics_lib
@@ -136,7 +136,7 @@ def markdown(result: dict) -> str:
     if parts:
         lines += ["Run on " + "; ".join(
             (f"{', '.join(map(_name, p['models'] + p['controls']))}: " if len(parts) > 1 else "")
-            + f"{p['device']} (jax {p['jax']})" for p in parts) + ".", ""]
+            + records.describe(p) for p in parts) + ".", ""]
     lines += table(result) + plateau_lines(result) + claims.call_lines(result)
     if tasks:
         lines += ["", "Per seed (dev, the task's metric):", ""]

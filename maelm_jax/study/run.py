@@ -16,15 +16,12 @@ raises preemption.TimeLimit. A preempted study (SIGTERM) writes the same and sto
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 
-import jax
 import ml_collections
 from absl import logging
 
-from maelm_jax import environment, layout, paths, runs
+from maelm_jax import layout, paths, records, runs
 from maelm_jax import workdir as workdir_lib
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
@@ -126,24 +123,6 @@ def _identity(config, shared: ml_collections.ConfigDict, tok, tasks: list[str]) 
                      for t in tasks}}
 
 
-def _machine() -> dict:
-    return {"device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
-            "jax": jax.__version__, "commit": commit()}
-
-
-def commit() -> str:
-    """The project's commit: $MAELM_JAX_COMMIT (a copy of the tree without git history,
-    as on a lent machine, names it there), else git's, else "unknown"."""
-    if environment.text("MAELM_JAX_COMMIT"):
-        return environment.text("MAELM_JAX_COMMIT")
-    try:
-        found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                               cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return found.stdout.strip() if found.returncode == 0 else "unknown"
-
-
 SCRATCH = "scratch"  # the control's name in study.json and under finetune/
 
 
@@ -218,7 +197,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
               "glue_dir": config.glue_dir, "seeds": list(config.seeds),
               "pretrain_seed": config.pretrain.seed,
               "parts": [{"workdir": str(root), "models": names, "controls": controls,
-                         **_machine()}]}
+                         **records.machine()}]}
 
     # Each part's wall seconds in this call, beside the sizing's prediction of it.
     result["part_seconds"] = {}

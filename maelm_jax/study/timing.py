@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import paths, runs, sharding
+from maelm_jax import paths, runs, sharding, timer
 from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import inputs as rank_inputs
@@ -36,7 +36,6 @@ from maelm_jax.finetune import train as finetune_train
 from maelm_jax.models import builder
 from maelm_jax.pretrain import evaluation as pretrain_evaluation
 from maelm_jax.pretrain import setup as setup_lib
-from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 
 
@@ -93,7 +92,7 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
         return metrics
 
     with sharding.activate(trainer.mesh, trainer.rules):
-        compile_train, step_seconds = budget_lib.timed(step, repeats)
+        compile_train, step_seconds = timer.timed(step, repeats)
         start = time.perf_counter()
         pretrain_evaluation.evaluate(trainer.eval_step, state[0].params, evals[:1], c.seed)
         compile_eval = time.perf_counter() - start
@@ -169,8 +168,8 @@ def time_finetuning(pretrain: ml_collections.ConfigDict, c: ml_collections.Confi
         return metrics
 
     with sharding.activate(trainer.mesh, trainer.rules):
-        compile_train, step_seconds = budget_lib.timed(step, repeats)
-        compile_eval, eval_seconds = budget_lib.timed(
+        compile_train, step_seconds = timer.timed(step, repeats)
+        compile_eval, eval_seconds = timer.timed(
             lambda: trainer.eval_step(state[0].params, eval_batch), repeats)
     start = time.perf_counter()
     trainer, batch, eval_batch = part()

@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import ml_collections
 
 from maelm_jax import distributed, errors, layout, paths
@@ -59,21 +58,6 @@ def process_age() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
-
-
-def timed(step: Callable[[], object], repeats: int) -> tuple[float, float]:
-    """(the first call's seconds less one step's: its compile, the median of `repeats`
-    calls after it) of `step`, which returns what to wait for."""
-    start = time.perf_counter()
-    jax.block_until_ready(step())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(step())
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times)
-    return max(first - median, 0.0), median
 
 
 @dataclasses.dataclass(frozen=True)

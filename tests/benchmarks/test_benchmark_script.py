@@ -28,8 +28,8 @@ TINY = ["--config.model.num_layers=1", "--config.model.d_model=64",
 
 def run_script(*flags: str) -> subprocess.CompletedProcess:
     env = dict(subprocess_env(), JAX_PLATFORMS="cpu")
-    # Run from outside the repository: the installed package and the script's own
-    # directory are all its imports need, and its default config is found from the script.
+    # Run from outside the repository: the installed packages (maelm_jax, benchmarks) are
+    # all its imports need, and its default config is found from the package.
     return subprocess.run(
         # No record unless a test asks for one (in its own directory, never the repository's).
         [sys.executable, str(REPO / "benchmarks" / "step_time.py"), "--record_dir=", *flags],
@@ -190,17 +190,12 @@ def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
     for heading in ("## Attention", "## Train step", "## Profile", "## Compile",
                     "| maelm / pallas |", "**maelm/einsum:model.rel_pos_buckets=0**"):
         assert heading in table
-    # Its record, with the machine, renders as the docs' table of the suite (in a process
-    # of its own: the suite's module defines absl flags another benchmark may have here).
+    # Its record, with the machine, renders as the docs' table of the suite.
+    from benchmarks import tables
+
     [saved] = (tmp_path / "records" / "gpu_suite").glob("*.json")
     assert json.loads(saved.read_text())["machine"]["platform"] == "cpu"
-    render = subprocess.run(
-        [sys.executable, "-c", "import pathlib, sys, tables; sys.stdout.write(tables.render("
-         f"'gpu_suite', pathlib.Path({str(tmp_path / 'records')!r})))"],
-        cwd=REPO / "benchmarks", env=env, capture_output=True, text=True,
-        timeout=HANG_SECONDS, check=False)
-    assert render.returncode == 0, render.stderr[-3000:]
-    rendered = render.stdout
+    rendered = tables.render("gpu_suite", tmp_path / "records")
     assert rendered.startswith("Measured ") and "(1 run(s) recorded)" in rendered
     assert "## Train step" in rendered and "| maelm / pallas |" in rendered
 
@@ -251,11 +246,8 @@ def test_tpu_suite_runs_tiny_with_the_tpu_kernels(tmp_path):
         "peer"] is None
     assert (out / "tpu_suite.md").read_text().startswith("# TPU suite")
     assert len(list((tmp_path / "records" / "tpu_suite").glob("*.json"))) == 1
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import attention as attention_bench
-    finally:
-        sys.path.pop(0)
+    from benchmarks import attention as attention_bench
+
     tpu_variants = attention_bench.sweep_variants("quick", "tpu")
     assert tpu_variants and all(set(v) <= {"tpu_forward", "tpu_dkv", "tpu_dq", "hash_elements"}
                                 for v in tpu_variants)
@@ -265,11 +257,8 @@ def test_the_sweep_combines_options_only_where_the_combination_gets_faster():
     """attention.combine_greedily on made-up timings: options that each beat the defaults
     join the fastest one, best first, only while the checked and timed combination gets
     faster; one that slows it down (they interact on a GPU) is left out."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import attention
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    from benchmarks import attention
+
     ms = {(): 10.0, (("bias_grad", "rows"),): 8.0, (("forward", "64x64:4:3"),): 9.0,
           (("hash_elements", 4),): 9.5, (("dq", "64x64:4:3"),): 11.0,
           (("bias_grad", "rows"), ("forward", "64x64:4:3")): 7.0,
@@ -315,11 +304,7 @@ def test_trace_op_seconds_reads_the_device_ops_line_or_the_cpu_op_threads(tmp_pa
     """harness.trace_op_seconds on made-up perfetto traces: on a GPU the "XLA Ops" line of
     the device process (not its streams' kernels, which repeat the ops, nor the host);
     on a CPU the op threads, not Python's thread nor the runtime's functions."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import harness
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    from benchmarks import harness
 
     def meta(kind, pid, name, tid=None):
         return {"ph": "M", "name": kind, "pid": pid, "tid": tid, "args": {"name": name}}

@@ -8,11 +8,10 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from benchmarks import tables
+from maelm_jax import records
 
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import records  # noqa: E402
-import tables  # noqa: E402
+from conftest import REPO_ROOT
 
 # End-to-end: main.py in a subprocess.
 pytestmark = pytest.mark.tier("slow")

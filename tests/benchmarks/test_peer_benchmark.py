@@ -27,8 +27,8 @@ def run_script(*flags: str, pythonpath: str = "") -> subprocess.CompletedProcess
     env = dict(subprocess_env(), JAX_PLATFORMS="cpu")  # subprocess_env compiles fast
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env["PYTHONPATH"]
-    # Run from outside the repository: the installed package and the script's own
-    # directory are all its imports need.
+    # Run from outside the repository: the installed packages (maelm_jax, benchmarks) are
+    # all its imports need.
     return subprocess.run(
         # No record unless a test asks for one (in its own directory, never the repository's).
         [sys.executable, str(REPO / "benchmarks" / "peer_hf.py"), *TINY, "--record_dir=",
@@ -85,11 +85,8 @@ def test_peer_script_says_what_to_install(tmp_path):
 
 
 def test_round_ratios_pair_the_sides_round_by_round():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import harness
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    from benchmarks import harness
+
     # Two rounds of three steps; the machine is twice as slow in the second round, for
     # both sides alike, and the odd step out in each round does not move the median.
     peer = [3.0, 3.0, 9.0, 6.0, 6.0, 6.0]

@@ -3,18 +3,14 @@ region ops), and the properties it guards hold on the train steps exported for C
 MAE-LM's per-example relative bias costs, beside MLM's step."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
+from benchmarks import program_cost
 from configs.benchmark import peer
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain.objectives import recipes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import program_cost  # noqa: E402
 
 pytestmark = pytest.mark.tier("integration")
 

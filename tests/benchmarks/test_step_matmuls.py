@@ -10,17 +10,14 @@ import numpy as np
 import pytest
 from jax import lax
 
+from benchmarks import step_matmuls
+
 from conftest import HANG_SECONDS, subprocess_env
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
 pytestmark = pytest.mark.tier("slow")
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-try:
-    import step_matmuls
-finally:
-    sys.path.remove(str(REPO / "benchmarks"))
 
 
 def test_step_dots_reads_every_dot_of_a_compiled_gradient():

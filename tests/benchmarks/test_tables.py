@@ -1,18 +1,16 @@
-"""The measurement tables of README.md and docs/ are generated from the committed benchmark
-records (benchmarks/tables.py, records.py): a table out of date with its records fails
+"""The measurement tables of README.md and docs/ are generated from the committed records
+(benchmarks/tables.py, maelm_jax/records.py): a table out of date with its records fails
 here, and the rendering is checked on records made up for the test."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, subprocess_env
+from benchmarks import tables
+from maelm_jax import records
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import records  # noqa: E402
-import tables  # noqa: E402
+from conftest import REPO_ROOT, subprocess_env
 
 pytestmark = pytest.mark.tier("integration")
 
@@ -74,6 +72,13 @@ def test_a_block_naming_no_table_or_no_record_is_refused(tmp_path):
     pending = tables.regenerate(block.format("gpu_suite"), tmp_path)
     assert "No GPU run of the suite is recorded yet" in pending
     assert "python benchmarks/gpu_suite.py --out=DIR" in pending
+    # So does the study's block, pooled by the study's own code from its calls' records.
+    assert tables.render("study", tmp_path).startswith("No finished study call is recorded")
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "call.json").write_text("{}")
+    with pytest.raises(tables.TableError, match=r"^table 'study': .*call.json is not a study's "
+                                                 r"record"):
+        tables.render("study", tmp_path)
 
 
 def test_check_names_a_stale_file_and_passes_the_repository(tmp_path):

@@ -7,7 +7,6 @@ were written with."""
 import dataclasses
 import json
 import pathlib
-import sys
 
 import flax.linen as nn
 import jax
@@ -16,6 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from benchmarks import harness
 from maelm_jax import layout, masking, schema, sharding, tokenizer, variants
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
@@ -268,7 +268,6 @@ def test_a_toy_objective_is_studied_and_benchmarked(toy, tmp_path, tiny_tokenize
     assert result["models"] == ["toy"] and result["pretraining"]["toy"]["step"] == 2
     assert "| toy |" in (tmp_path / "study" / layout.STUDY_MARKDOWN_FILE).read_text()
 
-    harness = _harness()
     config = tiny_config("maelm")
     timed = harness.objective_configs(config, ["mlm", "toy"])
     assert timed["toy"].objective == "toy" and timed["toy"].model == timed["mlm"].model
@@ -312,19 +311,9 @@ def test_a_recipe_refuses_a_field_the_config_lacks():
         bad.apply(pretrain_config.pretrain_defaults())
 
 
-def _harness():
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    try:
-        import harness
-    finally:
-        sys.path.remove(str(REPO_ROOT / "benchmarks"))
-    return harness
-
-
 def test_configs_study_and_benchmarks_build_the_same_models():
     """3ML Table 4's config, the study's models and the benchmarks' objectives agree with
     the recipes on what defines each model."""
-    harness = _harness()
     pretrain = pretrain_config.pretrain_defaults()
     study = study_config.study_defaults()
     for name, recipe in recipes.MODELS.items():

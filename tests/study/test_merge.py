@@ -80,8 +80,8 @@ def test_parts_merge_into_one_report(tmp_path):
     assert table.startswith("# Study\n")
     assert ("| MAE-LM | 4.00 | 20.0 | 5.0 | 5 | 6 | 5 | 6 | 55.0 | 55.0 | 1.0 min | 1e+12 "
             "| 31.0 % |") in table
-    assert re.search(r"Run on MLM, from scratch \(control\): 1 x NVIDIA H100 80GB HBM3 \(jax "
-                     r"0\.11\.2\); MAE-LM, 3ML_self: ", table)
+    assert re.search(r"Run on MLM, from scratch \(control\): 1 x NVIDIA H100 80GB HBM3, jax "
+                     r"0\.11\.2; MAE-LM, 3ML_self: ", table)
     rank_md = (out / layout.STUDY_RANK_DIR / layout.RANK_MARKDOWN_FILE).read_text()
     assert rank_md.count("### ") == 3
     assert layout.unexpected_entries(out, "study_merge") == []

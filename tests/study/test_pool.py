@@ -1,6 +1,6 @@
 """Pooling a study's calls (maelm_jax/study/pool.py): designs, paired differences and their
-intervals, each claim's status, and the README's table kept in step with the committed
-records."""
+intervals, each claim's status, and the tables of calls (the README's block of the committed
+records is tests/benchmarks/test_tables.py's)."""
 
 import json
 import statistics
@@ -9,8 +9,6 @@ import pytest
 from scipy import stats
 
 from maelm_jax.study import pool
-
-from conftest import REPO_ROOT
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -117,16 +115,6 @@ def test_inputs_are_read_and_unfinished_calls_left_out(tmp_path):
         pool.read_records(str(tmp_path))
     with pytest.raises(pool.PoolError, match="config.inputs: .*nowhere does not exist"):
         pool.read_records(str(tmp_path / "nowhere"))
-
-
-def test_the_readme_table_is_the_committed_records():
-    """README.md's block is what configs/study/pool.py writes from benchmarks/results/study/:
-    run `python main.py --config=configs/study/pool.py --workdir=runs/pool
-    --config.readme=README.md` after committing a record."""
-    records = str(REPO_ROOT / "benchmarks" / "results" / "study")
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert pool.readme_table(pool.pool_records(pool.read_records(records)),
-                             pool.read_records(records, finished=False)) in readme
 
 
 def test_a_model_left_on_the_unigram_plateau_measures_no_claim_of_its_objective():
@@ -337,24 +325,17 @@ def test_the_readme_lists_each_call_with_its_tokens_gains_and_claim_c():
 
 
 def test_a_pool_refused_leaves_nothing_behind(tmp_path):
-    """A README without the records block, or a workdir of another mode, is one line and
-    leaves no config.json, pool.json or pool.md behind (nor a half-rewritten README)."""
+    """A workdir of another mode is one line and leaves no config.json, pool.json or pool.md
+    behind."""
     from maelm_jax import layout
 
     records = tmp_path / "records"
     records.mkdir()
     (records / "a.json").write_text(json.dumps(_record(0, {"mlm": {"SST-2": [1, 2, 3]}})))
-    readme = tmp_path / "README.md"
-    readme.write_text("# A readme without the block\n")
     c = pool.pool_defaults()
-    c.inputs, c.readme = str(records), str(readme)
-    with pytest.raises(pool.PoolError, match=r"^config.readme: .* has no study records block"):
-        pool.pool(c, str(tmp_path / "out"))
-    assert not (tmp_path / "out").exists()
-    assert readme.read_text() == "# A readme without the block\n"
+    c.inputs = str(records)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.json").write_text('{"mode": "finetune"}')
-    c.readme = ""
     with pytest.raises(layout.WorkdirError, match="holds a finetune run; pool the calls into"):
         pool.pool(c, str(tmp_path / "run"))
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
