@@ -17,12 +17,12 @@ import ml_collections
 from absl import app, flags
 from absl import logging as absl_logging
 
-from maelm_jax import cli, compile_cache, distributed, errors, host_memory
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.export import run as export_run
 from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.infra import cli, compile_cache, distributed, errors, host_memory
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import merge as study_merge
@@ -33,7 +33,7 @@ from maelm_jax.training import budget, preemption
 FLAGS = flags.FLAGS
 # New fields are accepted while parsing, so `--config.data.sources.main.path=...` can
 # switch a source's kind from the command line; validation then refuses any field that
-# the config kind does not have (a mistyped one), naming it (maelm_jax/schema.py).
+# the config kind does not have (a mistyped one), naming it (maelm_jax/config/schema.py).
 cli.define_config(None, "Config file (file.py or file.py:variant).", lock_config=False,
                   accept_new_attributes=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and prepared data: a "
@@ -45,10 +45,10 @@ flags.DEFINE_bool("debug", False, "Show the full traceback of configuration and 
 flags.DEFINE_bool("library_logs", False, "Also show other libraries' INFO logs (e.g. orbax).")
 flags.DEFINE_bool("keep_host_memory", True, "Have glibc's malloc keep freed memory for reuse "
                   "instead of unmapping XLA's per-step scratch buffer (CPU steps: up to about a "
-                  "sixth faster; maelm_jax/host_memory.py). Linux with glibc only.")
+                  "sixth faster; maelm_jax/infra/host_memory.py). Linux with glibc only.")
 flags.DEFINE_bool("compilation_cache", True, "Keep compiled programs (and XLA's autotuning "
                   "results) on disk, so that the next run of the same program compiles in "
-                  "seconds (maelm_jax/compile_cache.py).")
+                  "seconds (maelm_jax/infra/compile_cache.py).")
 flags.DEFINE_string("compilation_cache_dir", "", "Where: default $JAX_COMPILATION_CACHE_DIR, "
                     "else ~/.cache/maelm_jax/jax ($MAELM_JAX_CACHE/jax).")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process "

@@ -1,5 +1,5 @@
 """The benchmarks: each script measures one thing and, where it says so, records it
-(maelm_jax/records.py) under benchmarks/results/, from which tables.py generates the tables
+(maelm_jax/infra/records.py) under benchmarks/results/, from which tables.py generates the tables
 of README.md and docs/.
 
 Run a script as `python benchmarks/<name>.py`; the scripts import each other as modules of

@@ -42,7 +42,7 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks import harness
-from maelm_jax import cli
+from maelm_jax.infra import cli
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import flash_attention_tpu as ft
 from maelm_jax.models import layers

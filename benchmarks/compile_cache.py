@@ -7,7 +7,7 @@ step time.
 For each set of XLA flags (--xla_flag_sets, separated by ';'; the empty set is XLA's
 defaults), two fresh processes build the objective's step as benchmarks/step_time.py does,
 one after the other, with JAX's persistent compilation cache in a new empty directory
-(maelm_jax/compile_cache.py, as main.py enables it): the first compiles cold (on a GPU
+(maelm_jax/infra/compile_cache.py, as main.py enables it): the first compiles cold (on a GPU
 mostly XLA's GEMM autotuning) and fills the cache, the second loads from it. Each process
 then times --steps steps. Printed per set: cold and cached compile seconds and the median
 step time, so a flag that shortens the cold compile can be checked against what it costs
@@ -26,7 +26,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks import harness
-from maelm_jax import cli
+from maelm_jax.infra import cli
 
 TARGETS = {"cold": 45.0, "cached": 5.0}  # seconds, BERT-base on one H100
 
@@ -46,7 +46,7 @@ def define_flags() -> None:
 def child(cache_dir: str) -> None:
     """One process: the step built with the cache in `cache_dir`, its compile and step
     seconds as one JSON line."""
-    from maelm_jax import compile_cache
+    from maelm_jax.infra import compile_cache
 
     compile_cache.enable(cache_dir)
     config = harness.objective_configs(FLAGS.config, [FLAGS.objective])[FLAGS.objective]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from absl import app, flags
 
 from benchmarks import harness, recording
-from maelm_jax import cli
+from maelm_jax.infra import cli
 
 TARGET = 1.5  # scanned deepest / scanned shallowest compile time
 

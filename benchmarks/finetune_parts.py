@@ -26,11 +26,11 @@ import jax
 from absl import app, flags
 
 from benchmarks import REPO_ROOT, harness, recording
-from maelm_jax import cli, errors, records
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.infra import cli, errors, records
 from maelm_jax.study import config as study_config
 from maelm_jax.study import run as study_run
 from maelm_jax.study import sizing, timing
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 FLAGS = flags.FLAGS
 

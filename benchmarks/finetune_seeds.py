@@ -35,12 +35,13 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks import REPO_ROOT, harness, recording
-from maelm_jax import cli, errors, records, sharding, timer, tokenizer
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, heads, seed_group, tasks, train
 from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.finetune import setup as setup_lib
+from maelm_jax.infra import cli, errors, records, sharding, timer
 from maelm_jax.study import config as study_config
+from maelm_jax.text import tokenizer
 
 FLAGS = flags.FLAGS
 

@@ -71,7 +71,7 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import REPO_ROOT, harness, recording, suite_report  # noqa: E402
 from benchmarks.suite_report import TARGETS  # noqa: E402
-from maelm_jax import cli, records  # noqa: E402
+from maelm_jax.infra import cli, records  # noqa: E402
 
 PARTS = ("attention", "throughput", "profile", "quickstart", "compile")
 IMPLS = ("einsum", "pallas", "cudnn")
@@ -419,7 +419,7 @@ def _compile_config(new_program: bool):
 def compile_case(case: str, cache: str) -> dict:
     """One process: the MLM step built with the cache in `cache`; its compile seconds and
     its first steps."""
-    from maelm_jax import compile_cache
+    from maelm_jax.infra import compile_cache
 
     compile_cache.enable(cache)
     c = _compile_config(case == "new_program")

@@ -23,10 +23,11 @@ import numpy as np
 from absl import flags
 
 from benchmarks import REPO_ROOT, recording
-from maelm_jax import cli, host_memory, sharding, tokenizer
+from maelm_jax.infra import cli, host_memory, sharding
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain.objectives import recipes
+from maelm_jax.text import tokenizer
 
 # The benchmarks' default config files.
 CONFIGS = REPO_ROOT / "configs" / "benchmark"
@@ -254,8 +255,8 @@ def define_objectives_flag(default: list[str], help_text: str) -> None:
 def define_host_memory_flag() -> None:
     """--keep_host_memory, applied by start_host_memory."""
     flags.DEFINE_bool("keep_host_memory", True, "Tune glibc's malloc to reuse XLA's per-step "
-                      "scratch memory, as main.py does (maelm_jax/host_memory.py); applies to "
-                      "the peer in the same process too.")
+                      "scratch memory, as main.py does (maelm_jax/infra/host_memory.py); "
+                      "applies to the peer in the same process too.")
 
 
 def start_host_memory() -> bool:

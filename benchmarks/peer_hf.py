@@ -62,7 +62,7 @@ Caveats:
   per-run setting. Both runtimes keep their thread pools in one process, idle while the
   other side runs.
 - Host memory: the process starts as main.py does, with glibc's malloc keeping freed
-  memory (maelm_jax/host_memory.py), which spares both sides the page faults of mapping
+  memory (maelm_jax/infra/host_memory.py), which spares both sides the page faults of mapping
   their large temporaries afresh every step (the "faults" column); the peer profits as
   much as our MLM. --keep_host_memory=false runs both with the C allocator's defaults.
 - Run it on a quiet machine (the load average is printed). When other processes hold the
@@ -84,7 +84,7 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import harness, recording  # noqa: E402
 from benchmarks.roberta_peer import PeerBench  # noqa: E402
-from maelm_jax import cli, records  # noqa: E402
+from maelm_jax.infra import cli, records  # noqa: E402
 
 # Minimum throughput ratio ours / peer, per machine kind.
 TARGETS = {"cpu": {"mlm": 1.5, "maelm": 1.2},

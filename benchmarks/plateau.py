@@ -24,7 +24,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks import cold_run, recording
-from maelm_jax import cli
+from maelm_jax.infra import cli
 
 CONFIG = "configs/pretrain/quickstart.py"
 _NORMAL = "--config.model.rel_pos_init=normal"

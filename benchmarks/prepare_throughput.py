@@ -35,7 +35,7 @@ import time
 from absl import app, flags
 
 from benchmarks import recording
-from maelm_jax import cli
+from maelm_jax.infra import cli
 
 FLAGS = flags.FLAGS
 
@@ -70,8 +70,8 @@ def _config(tokenizer: str):
 
 
 def _child(path: str, out: str) -> None:
-    from maelm_jax import paths
     from maelm_jax.data import pipeline, shards
+    from maelm_jax.infra import paths
 
     c = _config(FLAGS.tokenizer)
     start = time.perf_counter()
@@ -137,8 +137,8 @@ def main(argv) -> None:
         path, out = FLAGS.child.split(",", 1)
         _child(path, out)
         return
-    from maelm_jax import paths
     from maelm_jax.data import pipeline, sources
+    from maelm_jax.infra import paths
 
     try:
         files = sources.resolve_paths(FLAGS.corpus, "--corpus")

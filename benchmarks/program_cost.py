@@ -32,7 +32,7 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks import harness
-from maelm_jax import cli, sharding
+from maelm_jax.infra import cli, sharding
 from maelm_jax.pretrain import setup as setup_lib
 
 FLAGS = flags.FLAGS

@@ -25,7 +25,7 @@ import tempfile
 from absl import app, flags
 
 from benchmarks import cold_run, recording
-from maelm_jax import cli
+from maelm_jax.infra import cli
 
 FLAGS = flags.FLAGS
 

@@ -1,6 +1,6 @@
 """Where a benchmark run writes its record: the --record_dir flag (default
 benchmarks/results/, where the committed records are) and `save`, with the machine
-(maelm_jax/records.py)."""
+(maelm_jax/infra/records.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pathlib
 from absl import flags
 
 from benchmarks import REPO_ROOT
-from maelm_jax import cli, records
+from maelm_jax.infra import cli, records
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from benchmarks import harness
-from maelm_jax import tokenizer
+from maelm_jax.text import tokenizer
 
 
 class PeerBench(harness.Timed):

@@ -16,7 +16,7 @@ those two rows, not in our token counts.
 from __future__ import annotations
 
 from benchmarks import REPO_ROOT
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 

@@ -37,7 +37,7 @@ from absl import app, flags
 from jax import lax
 
 from benchmarks import harness
-from maelm_jax import cli, records, timer
+from maelm_jax.infra import cli, records, timer
 
 FLAGS = flags.FLAGS
 

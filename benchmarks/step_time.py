@@ -42,7 +42,7 @@ import statistics
 from absl import app, flags
 
 from benchmarks import harness, recording
-from maelm_jax import cli, records
+from maelm_jax.infra import cli, records
 from maelm_jax.pretrain import mfu
 
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio

@@ -27,7 +27,8 @@ import tempfile
 from absl import app, flags
 
 from benchmarks import cold_run, recording
-from maelm_jax import cli, layout
+from maelm_jax.infra import cli
+from maelm_jax.workdirs import layout
 
 FLAGS = flags.FLAGS
 

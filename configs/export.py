@@ -7,7 +7,7 @@
 one of its checkpoints/<step> directories; `--workdir` is the new directory.
 """
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.export import config as export_config
 
 

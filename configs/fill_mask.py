@@ -8,7 +8,7 @@
 predictions are shown per mask (default 5).
 """
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.fill_mask import config as fill_mask_config
 
 

@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 import ml_collections
 
-from maelm_jax import layout, paths, schema
+from maelm_jax.config import schema
 from maelm_jax.finetune import config as finetune_config
+from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.workdirs import layout
 
 # config.mode -> its defaults; a record without a mode is a pretraining run's.
 DEFAULTS: dict[str, Callable[[], ml_collections.ConfigDict]] = {

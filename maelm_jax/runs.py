@@ -30,14 +30,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from maelm_jax import errors, layout, paths, schema
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.config import schema
 from maelm_jax.data import packing, pipeline, shards
+from maelm_jax.infra import errors, paths
 from maelm_jax.models import builder, layer_layout
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import state as state_lib
+from maelm_jax.workdirs import layout
 
 
 class CheckpointError(errors.UserError):

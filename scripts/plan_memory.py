@@ -14,7 +14,7 @@ once per policy.
 
 Parameters and optimiser state come from `jax.eval_shape` and the sharding rules (exact).
 With --topology the train step is compiled by XLA:TPU itself for that slice (libtpu's
-compile-only devices, maelm_jax/topology.py; `--num_slices` for a multislice job): the
+compile-only devices, maelm_jax/infra/topology.py; `--num_slices` for a multislice job): the
 arguments, temporaries and program per device are the TPU compiler's own figures, set
 against the chip's HBM, and a step that does not fit is reported with what it needs
 (the compiler refuses it as the pod would). `--fit` then halves the micro-batch
@@ -30,7 +30,7 @@ import re
 import jax
 from absl import app, flags
 
-from maelm_jax import cli, sharding, topology
+from maelm_jax.infra import cli, sharding, topology
 from maelm_jax.models import stack as stack_lib
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
@@ -41,7 +41,7 @@ cli.define_config("configs/pretrain/base.py", "Pretraining config file[:variant]
 flags.DEFINE_integer("devices", 0, "Devices to plan for when config.mesh.shape has a -1 "
                      "(default: the product of its sizes; not with --topology).", lower_bound=0)
 flags.DEFINE_string("topology", None, "A TPU slice to compile for, e.g. v5e:8x8, v4:2x2x4, "
-                    "v6e:4x4 (see maelm_jax/topology.py); needs libtpu.")
+                    "v6e:4x4 (see maelm_jax/infra/topology.py); needs libtpu.")
 flags.DEFINE_integer("num_slices", 1, "Slices of --topology in a multislice job "
                      "(config.mesh.dcn_shape lays them out).", lower_bound=1)
 flags.DEFINE_string("remat_policies", None, "Comma-separated model.remat_policy values to "

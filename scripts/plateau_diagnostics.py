@@ -25,11 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax import cli, masking, paths, sharding
 from maelm_jax.data import loader, pipeline
+from maelm_jax.infra import cli, paths, sharding
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import objectives
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import masking
 
 FLAGS = flags.FLAGS
 cli.define_config(None, "Pretraining config file[:variant].", prefix=cli.program())

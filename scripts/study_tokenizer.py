@@ -15,8 +15,8 @@ already in <out> is kept (it must have the configured vocabulary size).
 
 from absl import app, flags
 
-from maelm_jax import cli, errors, paths
 from maelm_jax.data import digests, pipeline
+from maelm_jax.infra import cli, errors, paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.study import config as study_config
 

@@ -21,14 +21,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # compile for TPU topologies) JAX would otherwise try to start a TPU runtime in every
 # process and print pages of warnings. Topology descriptions need no runtime.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The per-user cache (maelm_jax/user_cache.py) of the session, not the user's own.
+# The per-user cache (maelm_jax/infra/user_cache.py) of the session, not the user's own.
 os.environ.setdefault("MAELM_JAX_CACHE", tempfile.mkdtemp(prefix="maelm-jax-test-cache-"))
 
 # The environment above must be set before JAX is imported, hence imports below code.
 import pytest  # noqa: E402
 
-from maelm_jax import tokenizer as tokenizer_lib  # noqa: E402
 from maelm_jax.data import builtin_corpus  # noqa: E402
+from maelm_jax.text import tokenizer as tokenizer_lib  # noqa: E402
 
 import support  # noqa: E402
 from tiny_config import TINY_VOCAB  # noqa: E402

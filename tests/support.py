@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs.finetune import glue as glue_config
-from maelm_jax import errors
+from maelm_jax.infra import errors
 from maelm_jax.pretrain import train as pretrain_train
 
 from tiny_config import tiny_config

@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 
 from configs.finetune import glue as glue_config
-from maelm_jax import layout, paths, runs
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import runs
 from maelm_jax.fill_mask import config as fill_mask_config
 from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import train
+from maelm_jax.infra import paths
 from maelm_jax.models import builder
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.workdirs import layout
 
 from fake_bucket import fake_gcs
 from support import made_up_documents

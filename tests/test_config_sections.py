@@ -1,12 +1,12 @@
-"""The sections both trainers share (maelm_jax/config_sections.py) are declared once: each
+"""The sections both trainers share (maelm_jax/config/sections.py) are declared once: each
 shared field has the same default (bar the recipe values a kind must give), the same check
 and the same one-line error in pretraining, fine-tuning and the analysis."""
 
 import ml_collections
 import pytest
 
-from maelm_jax import config_sections
 from maelm_jax.analysis import config as rank_config
+from maelm_jax.config import sections as config_sections
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.pretrain import config as pretrain_config
 

@@ -20,7 +20,7 @@ _PROGRAM = """
 import sys, time
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from maelm_jax import distributed, errors
+from maelm_jax.infra import distributed, errors
 pid, port, late = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 distributed.initialize(f"127.0.0.1:{port}", 2, pid)
 def arrive(seconds):
@@ -104,13 +104,13 @@ def _pci(slot: int, vendor: str, device: str) -> tuple[str, str]:
     ({}, ("dev/vfio/0", "dev/vfio/vfio"), None),  # a VFIO group alone: no TPU
 ])
 def test_every_cloud_tpu_vm_and_cluster_is_detected(tmp_path, env, files, kind):
-    from maelm_jax import distributed
+    from maelm_jax.infra import distributed
 
     assert distributed.cluster_detected(env, _host(tmp_path, *files)) == kind
 
 
 def test_a_tpu_vm_joins_through_jax_own_detection(monkeypatch):
-    from maelm_jax import distributed, errors
+    from maelm_jax.infra import distributed, errors
 
     calls = []
     monkeypatch.setattr(distributed, "cluster_detected", lambda: "cloud tpu")
@@ -131,7 +131,7 @@ def test_a_tpu_vm_joins_through_jax_own_detection(monkeypatch):
 
 
 def test_several_processes_without_a_coordination_service_stop_with_one_line(monkeypatch):
-    from maelm_jax import distributed, errors
+    from maelm_jax.infra import distributed, errors
 
     monkeypatch.setattr(distributed, "cluster_detected", lambda: None)
     monkeypatch.setattr(jax, "process_count", lambda: 4)

@@ -1,4 +1,4 @@
-"""Every environment variable the project reads (maelm_jax/environment.py): empty is unset,
+"""Every environment variable the project reads (maelm_jax/infra/environment.py): empty is unset,
 a bad value is one line naming the variable, and each reader goes through it."""
 
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from maelm_jax import compile_cache, distributed, environment, errors, user_cache
+from maelm_jax.infra import compile_cache, distributed, environment, errors, user_cache
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 
@@ -124,7 +124,7 @@ def test_good_multi_process_flags_pass():
 
 
 def test_the_commit_of_a_copy_without_history(monkeypatch):
-    from maelm_jax import records
+    from maelm_jax.infra import records
 
     monkeypatch.setenv("MAELM_JAX_COMMIT", "abc123")
     assert records.commit() == "abc123"

@@ -8,13 +8,14 @@ import jax
 import numpy as np
 import pytest
 
-from maelm_jax import layout, masking, tokenizer
 from maelm_jax.fill_mask import config as fill_mask_config
 from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import steps as pretrain_steps
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import masking, tokenizer
+from maelm_jax.workdirs import layout
 
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import tiny_config

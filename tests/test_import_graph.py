@@ -130,17 +130,20 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 
 
 # The layers, lowest first: a module may import its own layer's and lower ones', never a
-# higher one's. The config sections both trainers declare once sit on the models' named
-# choices (models/options.py). The engine both trainers share (training/) knows no mode's
-# config.
+# higher one's. The root holds folders by layer: the infrastructure (infra/) under the
+# text (tokenizer, masking), the config language (plain data: schema, the models' named
+# choices, the shared sections, variants) and the workdir's layout; the models on them.
+# The engine both trainers share (training/) knows no mode's config.
 # Pretraining's objectives sit on the models and under the config that names them (and
 # merges their fields); pretraining's run, trainer and steps above its config (setup.py
 # counts a config's FLOPs for MFU: the config itself is plain data), beside reading its
 # runs back (runs.py). Fine-tuning and the other applications (analysis, fill-mask, the
 # study, the export) sit on both; main.py, outside the package, calls them.
 LAYERS = (
+    ("maelm_jax.infra",),
+    ("maelm_jax.text", "maelm_jax.config", "maelm_jax.workdirs"),
     ("maelm_jax.models",),
-    ("maelm_jax.data", "maelm_jax.config_sections"),
+    ("maelm_jax.data",),
     ("maelm_jax.training",),
     ("maelm_jax.pretrain.objectives", "maelm_jax.pretrain.flops"),
     ("maelm_jax.pretrain.config",),
@@ -169,14 +172,23 @@ def test_no_module_imports_from_a_higher_layer():
     assert not upward, f"imports from a higher layer: {upward}"
     # The check is real: fine-tuning imports pretraining (its runs read back), pretraining's
     # steps its objectives, fine-tuning's trainer the shared engine, an objective the models.
-    assert any(_level(d) == 5 for d in graph["maelm_jax.finetune.encoder"])
-    assert any(_level(d) == 3 for d in graph["maelm_jax.pretrain.steps"])
-    assert any(_level(d) == 2 for d in graph["maelm_jax.finetune.setup"])
-    assert any(_level(d) == 0 for d in graph["maelm_jax.pretrain.objectives.maelm"])
+    assert any(_level(d) == 7 for d in graph["maelm_jax.finetune.encoder"])
+    assert any(_level(d) == 5 for d in graph["maelm_jax.pretrain.steps"])
+    assert any(_level(d) == 4 for d in graph["maelm_jax.finetune.setup"])
+    assert any(_level(d) == 2 for d in graph["maelm_jax.pretrain.objectives.maelm"])
+    assert any(_level(d) == 0 for d in graph["maelm_jax.text.tokenizer"])
+
+
+def test_every_module_is_in_a_named_layer():
+    """The package root holds folders by layer (and the two modules that read runs back,
+    above the trainers): no module sits outside the layers this test names."""
+    graph = import_graph(REPO_ROOT, "maelm_jax")
+    assert "maelm_jax.infra.paths" in graph
+    assert sorted(m for m in graph if m != "maelm_jax" and _layer(m) is None) == []
 
 
 def test_the_library_imports_no_benchmark():
-    """maelm_jax is what the benchmarks measure and record with (maelm_jax/records.py):
+    """maelm_jax is what the benchmarks measure and record with (maelm_jax/infra/records.py):
     none of its modules imports benchmarks/, lazily or not."""
     offenders = []
     for path in sorted((REPO_ROOT / "maelm_jax").rglob("*.py")):
@@ -187,7 +199,7 @@ def test_the_library_imports_no_benchmark():
                           if name == "benchmarks" or name.startswith("benchmarks.")]
     assert offenders == []
     graph = import_graph(REPO_ROOT, "maelm_jax")
-    assert "maelm_jax.records" in graph["maelm_jax.study.run"]  # the study records alike
+    assert "maelm_jax.infra.records" in graph["maelm_jax.study.run"]  # the study records alike
 
 
 def test_the_benchmarks_import_each_other_without_a_cycle():
@@ -202,7 +214,7 @@ def test_the_benchmarks_import_each_other_without_a_cycle():
 # side, ...), read before anything is built and by tools that never build a model.
 HEAVY = ("flax", "maelm_jax.models.", "maelm_jax.training", "maelm_jax.pretrain.setup",
          "maelm_jax.pretrain.steps", "maelm_jax.pretrain.train", "jax.experimental.pallas")
-LIGHT_MODULES = {"maelm_jax.models.options"}  # the models' named choices, plain data
+LIGHT_MODULES: set[str] = set()  # exceptions under a heavy prefix (none now)
 
 
 def test_config_files_import_no_model_code():

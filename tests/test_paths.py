@@ -1,4 +1,4 @@
-"""maelm_jax/paths.py: which paths are accepted, and the local behaviour of its helpers
+"""maelm_jax/infra/paths.py: which paths are accepted, and the local behaviour of its helpers
 (tests/test_cloud_paths.py runs whole runs in a fake bucket)."""
 
 import importlib.util
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from maelm_jax import errors, paths
+from maelm_jax.infra import errors, paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
 

@@ -1,4 +1,4 @@
-"""Records of measurements (maelm_jax/records.py), the benchmarks' and the study's alike: the
+"""Records of measurements (maelm_jax/infra/records.py), the benchmarks' and the study's alike: the
 commit marks a tree that differs from it, a record is written with its machine and read
 back oldest first, and every machine a record holds is named the same way."""
 
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from maelm_jax import records
+from maelm_jax.infra import records
 
 pytestmark = pytest.mark.tier("unit")
 

@@ -14,14 +14,16 @@ import numpy as np
 import pytest
 
 from configs.finetune import glue as glue_config
-from maelm_jax import errors, runs, schema
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import runs
+from maelm_jax.config import schema
 from maelm_jax.data import packing, pipeline, sources
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.infra import errors
 from maelm_jax.models import builder
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.training import checkpoint
 
 from conftest import REPO_ROOT, subprocess_env
@@ -352,8 +354,8 @@ def test_modes_that_record_no_config_refuse_another_modes_workdir(tmp_path):
     """Mode prepare and the rank analysis write no config.json of their own, so they ask
     the workdir: one that holds a pretraining run's record is refused in one line, and
     nothing is written into it."""
-    from maelm_jax import layout
-    from maelm_jax import workdir as workdir_lib
+    from maelm_jax.workdirs import guard as workdir_lib
+    from maelm_jax.workdirs import layout
 
     run = tmp_path / "run"
     run.mkdir()
@@ -373,9 +375,9 @@ def test_modes_that_record_no_config_refuse_another_modes_workdir(tmp_path):
 def test_the_study_refuses_another_modes_workdir_before_writing(tmp_path):
     """The study records its config.json first; pointed at a pretraining run's workdir it
     is refused before that, and the run's record stays."""
-    from maelm_jax import layout
     from maelm_jax.study import config as study_config
     from maelm_jax.study import run as study_run
+    from maelm_jax.workdirs import layout
 
     from tiny_config import tiny_config
 

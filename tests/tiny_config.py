@@ -49,9 +49,9 @@ def tiny_model(c, batch_size: int = 2, seed: int = 0):
     import jax.numpy as jnp
     import numpy as np
 
-    from maelm_jax import masking, tokenizer
     from maelm_jax.pretrain import config as pretrain_config
     from maelm_jax.pretrain import setup as setup_lib
+    from maelm_jax.text import masking, tokenizer
 
     counts = pretrain_config.mask_counts(c)
     model = setup_lib.model(c, TINY_VOCAB)

@@ -12,8 +12,8 @@ kind of the pretraining config), `--config.source.kind=glue --config.source.task
 gets rank.json, rank.md, rank_layers.png (Fig. 1(a)) and rank_mask.png (Fig. 1(b)).
 """
 
-from maelm_jax import variants
 from maelm_jax.analysis import config as rank_config
+from maelm_jax.config import variants
 
 
 def get_config(arg: str | None = None):

@@ -9,7 +9,7 @@ vocabulary, a 2-layer MAE-LM decoder at full width. The benchmark sets the encod
 """
 
 from configs import benchmark
-from maelm_jax import variants
+from maelm_jax.config import variants
 
 
 def get_config(arg: str | None = None):

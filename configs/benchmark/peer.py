@@ -17,7 +17,7 @@ at 2-4 layers of full width; --config.model.num_layers alone changes only the en
 """
 
 from configs import benchmark
-from maelm_jax import variants
+from maelm_jax.config import variants
 
 # variant -> (vocabulary, L, batch, width, heads, FFN, default depth, scanned layers)
 SIZES = {"small": (8000, 128, 32, 256, 4, 1024, 4, False),

@@ -11,7 +11,7 @@ docstring).
 """
 
 from configs import benchmark
-from maelm_jax import variants
+from maelm_jax.config import variants
 
 
 def get_config(arg: str | None = None):

@@ -20,7 +20,7 @@ The workdir gets results.json (dev metrics in percent; MNLI as m/accuracy, mm/ac
 predictions/<TASK>.tsv for GLUE's server (when the test split is there) and a checkpoint.
 """
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune.tasks import glue
 

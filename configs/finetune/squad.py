@@ -12,7 +12,7 @@ prepared squad/v2.0 instead of the JSON files. Metrics are the official script's
 A single run uses one point of Table 6's grid; --config.sweep=True runs all of it.
 """
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.finetune import config as finetune_config
 
 VERSIONS = {"v2": "2.0", "v1": "1.1", "2.0": "2.0", "1.1": "1.1"}

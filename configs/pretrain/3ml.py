@@ -21,7 +21,7 @@ and 160K for 3ML_cross as Table 4 prints them (125K for the RoBERTa baseline), p
 for 3ML_self and pre-LN for 3ML_cross (post-LN 3ML_cross does not train, Table 4's note).
 """
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain.objectives import recipes
 

@@ -8,7 +8,7 @@ and every row of its Table 2 ablations as a variant.
 The paper trains on Wikipedia + BookCorpus (16 GB); point data.sources at your copy.
 """
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import objectives
 from maelm_jax.pretrain.objectives import recipes

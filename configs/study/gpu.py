@@ -48,7 +48,7 @@ has the paper's 4 layers at full width, since with 2 MAE-LM stays on the unigram
 """
 
 from configs.pretrain import quickstart
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.study import config as study_config
 
 PRESETS = ("gpu", "one_call", "seeds", "tiny", "pretrain", "one_call_pretrain")

@@ -7,7 +7,7 @@ other sittings), merged into one report (maelm_jax/study/merge.py):
 Each input is a study's workdir, or a directory or file of its study.json.
 """
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.study import config as study_config
 
 

@@ -23,8 +23,10 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import config_sections, errors, paths, schema
+from maelm_jax.config import schema
+from maelm_jax.config import sections as config_sections
 from maelm_jax.data import sources
+from maelm_jax.infra import errors, paths
 
 CORPUS_KINDS = ("builtin", *sources.FILE_KINDS, "tfds")
 SOURCE_KINDS = ("validation", *CORPUS_KINDS, "glue", "squad")

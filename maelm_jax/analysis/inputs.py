@@ -14,12 +14,14 @@ from collections.abc import Iterable, Sequence
 import ml_collections
 import numpy as np
 
-from maelm_jax import masking, paths, runs
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.data import packing, sources
 from maelm_jax.finetune import tasks
 from maelm_jax.finetune.tasks import glue, squad
+from maelm_jax.infra import paths
+from maelm_jax.text import masking
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 PAD, MASK = tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID
 _ENCODE_CHUNK = 256  # documents per tokenizer call

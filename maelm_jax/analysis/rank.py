@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax import tokenizer
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+from maelm_jax.text import tokenizer
 
 STATS = ("with_mask", "without_mask", "mask_only")
 # Cumulative fractions within this (relative) distance below tau count as reaching it, so

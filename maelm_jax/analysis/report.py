@@ -15,7 +15,8 @@ from __future__ import annotations
 import io
 import json
 
-from maelm_jax import layout, paths
+from maelm_jax.infra import paths
+from maelm_jax.workdirs import layout
 
 
 def write_json(path: paths.Path, report: dict) -> None:

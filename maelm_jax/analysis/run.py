@@ -15,13 +15,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, errors, layout, paths, run_configs, runs, sharding
-from maelm_jax import workdir as workdir_lib
+from maelm_jax import run_configs, runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import inputs, rank, report
+from maelm_jax.infra import distributed, errors, paths, sharding
 from maelm_jax.models import builder
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import state as state_lib
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 
 def _as_runs_error(error: errors.UserError) -> rank_config.RankConfigError:

@@ -28,8 +28,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from maelm_jax import paths
 from maelm_jax.data.files import SourceError, resolve_paths
+from maelm_jax.infra import paths
 
 KINDS = ("parquet", "hf_disk")
 # A DatasetDict's list of splits; a Dataset's list of its Arrow files.

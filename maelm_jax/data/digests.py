@@ -3,7 +3,7 @@
 Prepared data is keyed by its sources' content (`sources.source_fingerprint`), so a corpus
 copied to another directory or machine finds the blocks prepared from it. A local file is
 known by its size and SHA-256, computed once per (path, size, modification time, inode)
-and remembered in the user cache (`maelm_jax.user_cache`, ``file_digests/``), so a run
+and remembered in the user cache (`maelm_jax.infra.user_cache`, ``file_digests/``), so a run
 reads a file again only after it changed. An object in a bucket is known by its size and
 the checksum its store keeps (MD5 or CRC32C), and hashed like a local file where the store
 keeps none.
@@ -17,7 +17,7 @@ import os
 
 from absl import logging
 
-from maelm_jax import paths, user_cache
+from maelm_jax.infra import paths, user_cache
 
 _CHUNK = 1 << 20
 # Object metadata that is a checksum of the content, in order of preference.

@@ -16,7 +16,7 @@ from typing import IO, Protocol
 import fsspec.compression
 import fsspec.utils
 
-from maelm_jax import errors, paths
+from maelm_jax.infra import errors, paths
 
 _GLOB_CHARS = re.compile(r"[*?[]")
 # A compressed file's first bytes (bzip2's: "BZh", the block size, a block's magic), for

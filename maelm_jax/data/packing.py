@@ -33,9 +33,10 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors, layout, paths
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import shards
+from maelm_jax.infra import errors, paths
+from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.workdirs import layout
 
 FORMAT_VERSION = 1  # of the blocks' content (in the fingerprint): not of their files
 _EARLIER_FORMAT_FILE = "meta.json"  # what in-job preparation wrote before it wrote shards

@@ -7,9 +7,10 @@ import itertools
 import ml_collections
 from absl import logging
 
-from maelm_jax import layout, paths
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import packing, shards, sources
+from maelm_jax.infra import paths
+from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.workdirs import layout
 
 
 def source_field(name: str) -> str:

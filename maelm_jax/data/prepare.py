@@ -51,10 +51,11 @@ import numpy as np
 from absl import logging
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from maelm_jax import layout, paths
-from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import packing, pipeline, shards, sources
+from maelm_jax.infra import paths
+from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 NOTES = "notes"  # shard and source notes the workers leave for the driver
 

@@ -51,7 +51,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from maelm_jax import errors, layout, paths, user_cache
+from maelm_jax.infra import errors, paths, user_cache
+from maelm_jax.workdirs import layout
 
 FORMAT = "maelm_jax.blocks/3"
 # What earlier versions wrote (ArrayRecord shards): refused with what to do.

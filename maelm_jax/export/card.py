@@ -8,7 +8,7 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import paths
+from maelm_jax.infra import paths
 
 _DECODERS = {"self": "MAE-LM / 3ML_self: a self decoder over the whole sequence",
              "cross": "3ML_cross: a cross-attention decoder over the [MASK] positions",

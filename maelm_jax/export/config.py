@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from maelm_jax import errors, schema
+from maelm_jax.config import schema
+from maelm_jax.infra import errors
 
 
 class ExportError(errors.UserError):

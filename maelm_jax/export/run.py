@@ -35,13 +35,15 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from maelm_jax import layout, paths, run_configs, runs
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import run_configs, runs
 from maelm_jax.export import card, weights
 from maelm_jax.export import config as export_config
 from maelm_jax.export.config import ExportError
+from maelm_jax.infra import paths
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.training import metrics as metrics_lib
+from maelm_jax.workdirs import layout
 
 REMOTE_DIR = pathlib.Path(__file__).parent / "remote"
 REMOTE_FILES = ("configuration_maelm.py", "modeling_maelm.py", "tokenization_maelm.py")

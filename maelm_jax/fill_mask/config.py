@@ -6,7 +6,8 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import errors, schema
+from maelm_jax.config import schema
+from maelm_jax.infra import errors
 
 
 class FillMaskError(errors.UserError):

@@ -24,12 +24,16 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import layout, masking, paths, run_configs, runs, schema
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import run_configs, runs
+from maelm_jax.config import schema
 from maelm_jax.fill_mask import config as fill_mask_config
 from maelm_jax.fill_mask.config import FillMaskError
+from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import masking
+from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.workdirs import layout
 
 MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
 # Held-out examples mask this share of a block's word-initial pieces, as pretraining masks

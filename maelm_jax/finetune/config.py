@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import ml_collections
 
-from maelm_jax import config_sections, paths, schema
+from maelm_jax.config import options, schema
+from maelm_jax.config import sections as config_sections
 from maelm_jax.finetune import tasks
 from maelm_jax.finetune.tasks.base import FinetuneConfigError, require
-from maelm_jax.models import options
+from maelm_jax.infra import paths
 
 DATA_SOURCES = ("files", "tfds")
 SELECT = ("best", "final")
@@ -165,7 +166,7 @@ def set_grid(c: ml_collections.ConfigDict, grid: dict) -> None:
         c.grid[name] = tuple(values)
 
 
-# Every field's type and allowed values, declared once (maelm_jax/schema.py; the encoder
+# Every field's type and allowed values, declared once (maelm_jax/config/schema.py; the encoder
 # and optimiser fields are shared with pretraining); validate() adds cross-field rules.
 # The task kinds declare their own fields (fields() adds them).
 COMMON_FIELDS: dict[str, schema.Field] = {

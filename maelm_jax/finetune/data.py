@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from maelm_jax import errors
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.infra import errors
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 BOS, EOS, PAD = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.PAD_ID
 

@@ -9,10 +9,10 @@ from typing import Any
 import ml_collections
 
 from maelm_jax import runs
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.models import builder
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 # The longest input a run reads when data.max_seq_len is 0 (the positions' limit too).
 LONGEST = 512

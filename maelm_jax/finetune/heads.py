@@ -13,10 +13,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.config import options
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers, options
+from maelm_jax.models import layers
 from maelm_jax.models.dropout import Dropout
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 # Padded positions' span logits; finite so start + end logits cannot overflow.
 _MASKED_LOGIT = -1e9

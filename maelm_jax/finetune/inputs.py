@@ -11,12 +11,13 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax import layout, paths
-from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import data, encoder, tasks
+from maelm_jax.infra import paths
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import lifecycle
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 # Fine-tuning's lifecycle (training/lifecycle.py). A run of minutes: a changed config
 # allowed starts it again rather than continuing its checkpoints under another config.

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from maelm_jax import distributed, layout, paths
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.infra import distributed, paths
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.workdirs import layout
 
 
 def save_finetuned(workdir: paths.Path, step: int, params: Any,

@@ -49,12 +49,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths
 from maelm_jax.data import digests
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import encoder, inputs, loading, tasks, train
 from maelm_jax.finetune import setup as setup_lib
+from maelm_jax.infra import distributed, paths
 from maelm_jax.training import lifecycle
+from maelm_jax.workdirs import layout
 
 # What the runs of one group may differ in (and the sweep's grid each came from, which a
 # single run does not read): the rest (the task, its data, the batch size, the epochs,

@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, PartitionSpec
 
-from maelm_jax import distributed, sharding
+from maelm_jax.infra import distributed, sharding
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib

@@ -36,11 +36,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths
-from maelm_jax import workdir as workdir_lib
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import encoder, inputs, seed_group, train
+from maelm_jax.infra import distributed, paths
 from maelm_jax.training import lifecycle
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 GRID_FIELDS = ("learning_rate", "batch_size", "num_epochs", "warmup_ratio")
 _SHORT = {"learning_rate": "lr", "batch_size": "bs", "num_epochs": "ep", "warmup_ratio": "wu"}

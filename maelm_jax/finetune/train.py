@@ -46,10 +46,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths, sharding
 from maelm_jax.finetune import data, inputs, loading, tasks
 from maelm_jax.finetune import setup as setup_lib
+from maelm_jax.infra import distributed, paths, sharding
 from maelm_jax.training import engine, lifecycle
+from maelm_jax.workdirs import layout
 
 # The newest resume checkpoint, and the one before it in case the newest is damaged.
 KEEP_RESUME = 2

@@ -16,9 +16,10 @@ from typing import Any
 
 import jax
 
-from maelm_jax import errors, schema
+from maelm_jax.config import options, schema
+from maelm_jax.infra import errors
 from maelm_jax.models import encoder as encoder_lib
-from maelm_jax.models import layers, options
+from maelm_jax.models import layers
 
 
 class BuildError(errors.UserError):

@@ -36,10 +36,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import masking
-from maelm_jax.models import layers, options, relative_position
+from maelm_jax.config import options
+from maelm_jax.models import layers, relative_position
 from maelm_jax.models import stack as stack_lib
 from maelm_jax.models.dropout import Dropout
+from maelm_jax.text import masking
 
 KINDS = options.DECODER_KINDS
 # The decoder's self-attention among the [MASK] queries, per cross kind.

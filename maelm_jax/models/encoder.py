@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import errors
+from maelm_jax.infra import errors
 from maelm_jax.models import layers, relative_position
 from maelm_jax.models import stack as stack_lib
 from maelm_jax.models.dropout import Dropout

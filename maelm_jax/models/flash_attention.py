@@ -55,6 +55,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+# The kernel's options are plain data (config/options.py), so configs check them without
+# importing this kernel; re-exported for the kernel's callers.
+from maelm_jax.config.options import (  # noqa: F401 (re-exported)
+    BIAS_GRADS,
+    HASH_ELEMENTS,
+    KernelOptions,
+    OptionsError,
+    Tile,
+)
 from maelm_jax.models import by_position, flash_attention_tpu
 from maelm_jax.models.dropout_hash import (  # noqa: F401 (re-exported: the kernel's bits)
     dropped_fraction,
@@ -62,16 +71,6 @@ from maelm_jax.models.dropout_hash import (  # noqa: F401 (re-exported: the kern
     keep_mask,
     row_stream,
     shard_row_stream,
-)
-
-# The kernel's options are plain data (models/options.py), so configs check them without
-# importing this kernel; re-exported for the kernel's callers.
-from maelm_jax.models.options import (  # noqa: F401 (re-exported)
-    BIAS_GRADS,
-    HASH_ELEMENTS,
-    KernelOptions,
-    OptionsError,
-    Tile,
 )
 
 # The score of a masked key: large and finite, so a fully masked row has no NaN.

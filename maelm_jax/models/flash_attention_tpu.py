@@ -41,7 +41,7 @@ versions and the interpreter cannot draw them.
 
 Tiles (KernelOptions.tpu_forward, tpu_dkv, tpu_dq): queries and keys in multiples of 128
 (the lane width: the statistics' transposes and the lane gather), lengths padded here to
-them. The kernels compile for TPU on any host (maelm_jax/topology.py's compile-only
+them. The kernels compile for TPU on any host (maelm_jax/infra/topology.py's compile-only
 devices: tests/models/test_flash_attention_tpu.py) and run in Pallas' interpreter on a CPU.
 """
 
@@ -55,9 +55,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from maelm_jax.config.options import LANES, KernelOptions, TpuTile
 from maelm_jax.models import by_position
 from maelm_jax.models.dropout_hash import dropped_fraction, keep_elements, shard_row_stream
-from maelm_jax.models.options import LANES, KernelOptions, TpuTile
 
 # The score of a masked key, as in the GPU kernel.
 MASKED = -1e30

@@ -17,8 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import schema
-from maelm_jax.models import by_position, flash_attention, options
+from maelm_jax.config import options, schema
+from maelm_jax.models import by_position, flash_attention
 from maelm_jax.models.dropout import Dropout
 
 Dtype = Any
@@ -172,7 +172,7 @@ def layer_norm(name: str, dtype: Dtype) -> nn.LayerNorm:
     )
 
 
-DTYPES = options.DTYPES  # the compute dtypes, declared in models/options.py
+DTYPES = options.DTYPES  # the compute dtypes, declared in config/options.py
 
 
 def resolve_dtype(name: Any, backend: str | None = None) -> jnp.dtype:
@@ -184,7 +184,7 @@ def resolve_dtype(name: Any, backend: str | None = None) -> jnp.dtype:
     return jnp.dtype(name)
 
 
-ATTENTION_IMPLS = options.ATTENTION_IMPLS  # what each means: models/options.py
+ATTENTION_IMPLS = options.ATTENTION_IMPLS  # what each means: config/options.py
 
 
 def resolve_attention_impl(name: str, dtype: Dtype, backend: str | None = None, *,

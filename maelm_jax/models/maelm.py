@@ -27,10 +27,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import masking, tokenizer
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import heads, layers
+from maelm_jax.text import masking, tokenizer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

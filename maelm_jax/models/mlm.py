@@ -10,9 +10,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import masking
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import heads
+from maelm_jax.text import masking
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

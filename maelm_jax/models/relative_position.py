@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maelm_jax.models import by_position, options
+from maelm_jax.config import options
+from maelm_jax.models import by_position
 from maelm_jax.models.layers import normal_init
 
 

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from maelm_jax.models import options
+from maelm_jax.config import options
 from maelm_jax.models.dropout import Dropout
 from maelm_jax.models.layers import (
     HIDDEN_STATES,
@@ -110,7 +110,7 @@ class CrossTransformerLayer(nn.Module):
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
 
 
-# Each of options.REMAT_POLICIES (what each keeps: models/options.py) as its jax.checkpoint
+# Each of options.REMAT_POLICIES (what each keeps: config/options.py) as its jax.checkpoint
 # policy.
 REMAT_POLICIES = {
     "none": None,

@@ -19,10 +19,12 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax import config_sections, errors, masking, schema
-from maelm_jax import tokenizer as tokenizer_lib
-from maelm_jax.models import options
+from maelm_jax.config import options, schema
+from maelm_jax.config import sections as config_sections
+from maelm_jax.infra import errors
 from maelm_jax.pretrain import objectives
+from maelm_jax.text import masking
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
 # bits on every backend and sharding, and the most work per random bit (it is computed
@@ -163,7 +165,7 @@ def _add_fields(config: ml_collections.ConfigDict, own: dict[str, Any],
             config[key] = ml_collections.ConfigDict(value) if isinstance(value, dict) else value
 
 
-# Every shared field's type and allowed values, declared once (maelm_jax/schema.py);
+# Every shared field's type and allowed values, declared once (maelm_jax/config/schema.py);
 # `fields()` adds the objectives' own, validate() the rules that relate several fields.
 FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice(*MODES),

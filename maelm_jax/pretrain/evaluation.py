@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from maelm_jax import masking
 from maelm_jax.pretrain import objectives
+from maelm_jax.text import masking
 from maelm_jax.training import metrics as metrics_lib
 
 

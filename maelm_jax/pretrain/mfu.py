@@ -22,13 +22,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import topology
+from maelm_jax.infra import topology
 from maelm_jax.models import layers
 from maelm_jax.pretrain import setup as setup_lib
 
 # Substring of jax.Device.device_kind -> (bfloat16, float32) dense peak TFLOP/s per GPU.
 # Checked in order: more specific names first. TPUs come from JAX's own table of chips
-# (maelm_jax/topology.py chip_facts), which knows every generation and its kind's aliases.
+# (maelm_jax/infra/topology.py chip_facts), which knows every generation and its kind's aliases.
 PEAK_TFLOPS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("H100 PCIe", (756.0, 378.0)),
     ("H100", (989.0, 494.0)),  # SXM

@@ -23,11 +23,12 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from maelm_jax import masking, sharding
+from maelm_jax.infra import sharding
 from maelm_jax.models import builder, layers
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import steps as pretrain_steps
+from maelm_jax.text import masking
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
@@ -150,7 +151,7 @@ def encoder_config(config: ml_collections.ConfigDict,
 def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
     """Sets config.model's "auto" choices (compute dtype, attention kernel) to what they
     choose on `backend`: a program compiled for a TPU slice from a CPU host
-    (maelm_jax/topology.py) must not take the host's float32."""
+    (maelm_jax/infra/topology.py) must not take the host's float32."""
     m = config.model
     if m.dtype == "auto":
         m.dtype = layers.resolve_dtype("auto", backend).name

@@ -24,8 +24,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from maelm_jax import masking, sharding
+from maelm_jax.infra import sharding
 from maelm_jax.pretrain import objectives
+from maelm_jax.text import masking
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 

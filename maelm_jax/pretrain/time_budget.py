@@ -13,12 +13,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths, sharding, timer
+from maelm_jax.infra import distributed, paths, sharding, timer
 from maelm_jax.pretrain import evaluation as evaluation_lib
 from maelm_jax.pretrain import mfu
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.workdirs import layout
 
 # Train steps timed for a time budget's plan, after one that compiles.
 MEASURED_STEPS = 5

@@ -15,9 +15,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import distributed, layout, paths, sharding
-from maelm_jax import workdir as workdir_lib
 from maelm_jax.data import loader, pipeline, shards
+from maelm_jax.infra import distributed, paths, sharding
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import evaluation, mfu, time_budget
@@ -26,6 +25,8 @@ from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine, lifecycle
 from maelm_jax.training import metrics as metrics_lib
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 
 def _throughput(steps: int, seconds: float, step: int, tokens_per_step: int,

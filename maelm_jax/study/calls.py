@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-from maelm_jax import paths, records
+from maelm_jax.infra import paths, records
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import budget, claims, plateau
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import errors, schema
+from maelm_jax.config import schema
+from maelm_jax.infra import errors
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain.objectives import recipes
 

@@ -27,11 +27,13 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax import errors, layout, paths, schema
-from maelm_jax import workdir as workdir_lib
 from maelm_jax.analysis import report as rank_report
+from maelm_jax.config import schema
+from maelm_jax.infra import errors, paths
 from maelm_jax.study import config as study_config
 from maelm_jax.study import report
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 # The rank analysis's settings (rank.json), which every part's analysis must share.
 _RANK_SETTINGS = ("tau", "center", "mask_ratio", "seed", "source")

@@ -47,10 +47,12 @@ import statistics
 import ml_collections
 from absl import logging
 
-from maelm_jax import errors, layout, paths, schema
-from maelm_jax import workdir as workdir_lib
+from maelm_jax.config import schema
+from maelm_jax.infra import errors, paths
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import budget, calls, claims, plateau
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 # What no call of one GPU can reach, and why.
 OUT_OF_REACH = (

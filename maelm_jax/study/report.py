@@ -22,10 +22,11 @@ import json
 
 import numpy as np
 
-from maelm_jax import layout, paths, records
+from maelm_jax.infra import paths, records
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import claims, plateau
 from maelm_jax.training import metrics as metrics_lib
+from maelm_jax.workdirs import layout
 
 _CONTROL = "scratch"
 

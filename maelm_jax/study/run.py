@@ -21,20 +21,22 @@ import time
 import ml_collections
 from absl import logging
 
-from maelm_jax import layout, paths, records, runs
-from maelm_jax import workdir as workdir_lib
+from maelm_jax import runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import digests, pipeline
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import sweep
 from maelm_jax.finetune.tasks import glue
+from maelm_jax.infra import paths, records
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import config as study_config
 from maelm_jax.study import report, sizing
 from maelm_jax.training import preemption
+from maelm_jax.workdirs import guard as workdir_lib
+from maelm_jax.workdirs import layout
 
 
 def _timed(directory: paths.Path, work) -> float:

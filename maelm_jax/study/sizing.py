@@ -40,13 +40,14 @@ import jax
 import ml_collections
 from absl import logging
 
-from maelm_jax import errors, layout, paths
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune.tasks import glue
+from maelm_jax.infra import errors, paths
 from maelm_jax.study import config as study_config
 from maelm_jax.study import timing as timing_lib
+from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import preemption
+from maelm_jax.workdirs import layout
 
 
 class SizingError(errors.UserError):

@@ -22,8 +22,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import paths, runs, sharding, timer
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import inputs as rank_inputs
 from maelm_jax.analysis import rank as rank_lib
@@ -33,9 +32,11 @@ from maelm_jax.finetune import encoder as finetune_encoder_lib
 from maelm_jax.finetune import seed_group, tasks
 from maelm_jax.finetune import setup as finetune_setup
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.infra import paths, sharding, timer
 from maelm_jax.models import builder
 from maelm_jax.pretrain import evaluation as pretrain_evaluation
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 
 

@@ -35,8 +35,9 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import distributed, errors, layout, paths
+from maelm_jax.infra import distributed, errors, paths
 from maelm_jax.training import optimizer
+from maelm_jax.workdirs import layout
 
 
 class BudgetError(errors.UserError):

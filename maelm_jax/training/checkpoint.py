@@ -33,8 +33,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from maelm_jax import distributed, errors, layout, paths
+from maelm_jax.infra import distributed, errors, paths
 from maelm_jax.models import layer_layout
+from maelm_jax.workdirs import layout
 
 DAMAGED_SUFFIX = ".damaged"
 DIGEST_FILE = "digests.json"  # in each finished step: relative path -> [size, sha256]

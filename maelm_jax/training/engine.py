@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from maelm_jax import compile_cache, distributed, errors
+from maelm_jax.infra import compile_cache, distributed, errors
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import preemption
 

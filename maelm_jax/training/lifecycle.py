@@ -43,10 +43,11 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from maelm_jax import distributed, layout, paths
+from maelm_jax.infra import distributed, paths
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine
 from maelm_jax.training import metrics as metrics_lib
+from maelm_jax.workdirs import layout
 
 
 class Decision(enum.Enum):

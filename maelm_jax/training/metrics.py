@@ -15,7 +15,8 @@ import math
 import tensorboardX
 from absl import logging
 
-from maelm_jax import layout, paths
+from maelm_jax.infra import paths
+from maelm_jax.workdirs import layout
 
 UPLOAD_SECONDS = 60.0
 

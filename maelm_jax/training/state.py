@@ -28,7 +28,7 @@ import jax
 import optax
 from jax.sharding import Mesh, PartitionSpec
 
-from maelm_jax import sharding
+from maelm_jax.infra import sharding
 
 
 class StateSetup(NamedTuple):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import jax
 from jax.sharding import Mesh
 
-from maelm_jax import sharding
+from maelm_jax.infra import sharding
 from maelm_jax.training import state as state_lib
 
 

@@ -14,13 +14,15 @@ import pytest
 
 from configs.analysis import rank as rank_config
 from configs.finetune import glue as glue_config
-from maelm_jax import errors, layout, sharding, tokenizer
 from maelm_jax.analysis import inputs, rank
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import train as finetune_train
+from maelm_jax.infra import errors, sharding
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import tokenizer
+from maelm_jax.workdirs import layout
 
 from conftest import REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import tiny_config
@@ -194,8 +196,8 @@ def test_the_layer_plots_show_the_centred_ranks_beside_the_papers(tmp_path):
     panel of them, so the study's rank_layers.png shows all four of each model's curves."""
     from matplotlib.image import imread
 
-    from maelm_jax import paths
     from maelm_jax.analysis import report
+    from maelm_jax.infra import paths
 
     def run(label, centred):
         ranks = {"with_mask": [9, 7, 6], "without_mask": [9, 6, 4], "mask_only": [1, 2, 3]}

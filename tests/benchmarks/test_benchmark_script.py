@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.pretrain import config as pretrain_config
 
 from conftest import HANG_SECONDS, subprocess_env

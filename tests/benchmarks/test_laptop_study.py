@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from benchmarks import tables
-from maelm_jax import records
+from maelm_jax.infra import records
 
 from conftest import REPO_ROOT
 

@@ -1,5 +1,5 @@
 """The measurement tables of README.md and docs/ are generated from the committed records
-(benchmarks/tables.py, maelm_jax/records.py): a table out of date with its records fails
+(benchmarks/tables.py, maelm_jax/infra/records.py): a table out of date with its records fails
 here, and the rendering is checked on records made up for the test."""
 
 import subprocess
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from benchmarks import tables
-from maelm_jax import records
+from maelm_jax.infra import records
 
 from conftest import REPO_ROOT, subprocess_env
 

@@ -72,7 +72,7 @@ def test_plan_memory_bad_flags_are_one_line(tmp_path, flags, message):
 @pytest.mark.parametrize("name", ["fill_mask.py", "analysis/rank.py", "benchmark/step_time.py",
                                   "benchmark/compile_time.py"])
 def test_config_files_without_variants_refuse_one(name):
-    from maelm_jax import variants
+    from maelm_jax.config import variants
 
     path = str(REPO_ROOT / "configs" / name)
     variants.load(path)

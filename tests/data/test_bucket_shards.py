@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from maelm_jax import layout
 from maelm_jax.data import shards
+from maelm_jax.workdirs import layout
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from gcs_emulator import emulator
@@ -49,7 +49,7 @@ def _prepared_set(directory):
 _READER = """
 import json, os, pathlib, sys
 import numpy as np
-from maelm_jax import paths, errors
+from maelm_jax.infra import paths, errors
 from maelm_jax.data import shards
 local, limit = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 for f in sorted(local.iterdir()):
@@ -119,7 +119,7 @@ def test_a_host_reads_its_blocks_by_ranges_through_a_bounded_cache(tmp_path):
 # Prints a file of the bucket (or uploads a local directory into it: "put <dir> <uri>").
 _BUCKET_TOOL = """
 import pathlib, sys
-from maelm_jax import paths
+from maelm_jax.infra import paths
 if sys.argv[1] == "put":
     for f in sorted(pathlib.Path(sys.argv[2]).iterdir()):
         paths.upload(f, paths.Path(sys.argv[3]) / f.name)

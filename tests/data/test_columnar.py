@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from maelm_jax import paths
 from maelm_jax.data import pipeline, prepare, shards, sources
+from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 
 from fake_bucket import fake_gcs

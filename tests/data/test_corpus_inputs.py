@@ -12,9 +12,9 @@ import shutil
 import numpy as np
 import pytest
 
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.data import pipeline, sources
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 from fake_bucket import fake_gcs
 from support import train_metrics

@@ -8,8 +8,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from maelm_jax import tokenizer
 from maelm_jax.data import loader, packing, pipeline, shards
+from maelm_jax.text import tokenizer
 
 from tiny_config import tiny_config
 

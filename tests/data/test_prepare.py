@@ -11,10 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from maelm_jax import layout, paths
 from maelm_jax.data import loader, pipeline, prepare, shards
+from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.workdirs import layout
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from fake_bucket import fake_gcs
@@ -316,7 +317,7 @@ def _flipped(data: bytes) -> bytes:
 def test_a_damaged_shard_of_a_large_set_is_named_when_read(prepared, tmp_path, monkeypatch):
     """Too large to hash up front: the damaged block stops the run with one line naming its
     file (each block's own CRC-32), not a library traceback."""
-    from maelm_jax import errors
+    from maelm_jax.infra import errors
 
     root, c, _, _ = prepared
     copy, shard = _copy(prepared, tmp_path)

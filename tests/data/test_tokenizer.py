@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from maelm_jax import tokenizer as tk
 from maelm_jax.data import builtin_corpus
+from maelm_jax.text import tokenizer as tk
 
 pytestmark = pytest.mark.tier("unit")
 

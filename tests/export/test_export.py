@@ -19,8 +19,7 @@ import pytest
 from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
 from configs.pretrain import quickstart as quickstart_config
-from maelm_jax import masking, run_configs, runs
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax import run_configs, runs
 from maelm_jax.export import config as export_config
 from maelm_jax.export import run as export_run
 from maelm_jax.export import weights
@@ -34,6 +33,8 @@ from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.pretrain.objectives import recipes
+from maelm_jax.text import masking
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import data
 from maelm_jax.finetune.tasks.glue import examples, outputs
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 from conftest import require_shared_data
 

@@ -11,13 +11,13 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from maelm_jax import runs
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import encoder as finetune_encoder
 from maelm_jax.finetune import train
 from maelm_jax.models import builder
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 from conftest import require_shared_data
 from tiny_config import tiny_config

@@ -11,9 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from maelm_jax import sharding
 from maelm_jax.finetune import data, inputs
 from maelm_jax.finetune import setup as setup_lib
+from maelm_jax.infra import sharding
 from maelm_jax.training import optimizer as optimizer_lib
 
 from support import tiny_finetuning

@@ -17,9 +17,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from maelm_jax import layout, runs
+from maelm_jax import runs
 from maelm_jax.finetune import tasks, train
 from maelm_jax.training import preemption
+from maelm_jax.workdirs import layout
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 from support import (

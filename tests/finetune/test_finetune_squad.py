@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from configs.finetune import squad as squad_config
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import train
 from maelm_jax.finetune.tasks import squad
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 from conftest import require_shared_data
 

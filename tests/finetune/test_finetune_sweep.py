@@ -7,9 +7,9 @@ import pytest
 
 from configs.finetune import glue as glue_config
 from configs.finetune import squad as squad_config
-from maelm_jax import layout
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import sweep, train
+from maelm_jax.workdirs import layout
 
 from support import sst2_like
 

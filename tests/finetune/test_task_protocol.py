@@ -14,8 +14,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from maelm_jax import run_configs, schema
+from maelm_jax import run_configs
 from maelm_jax.analysis import inputs
+from maelm_jax.config import schema
 from maelm_jax.export import run as export_run
 from maelm_jax.export.config import ExportError
 from maelm_jax.finetune import config as finetune_config

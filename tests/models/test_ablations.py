@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import masking, tokenizer, variants
+from maelm_jax.config import variants
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import maelm
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import masking, tokenizer
 
 from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model

@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import sharding, tokenizer
+from maelm_jax.infra import sharding
 from maelm_jax.models import maelm
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import tokenizer
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 

@@ -16,10 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import masking, sharding, tokenizer
+from maelm_jax.infra import sharding
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import objectives
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import masking, tokenizer
 
 from tiny_config import tiny_config
 

@@ -257,7 +257,7 @@ def test_sharded_kernel_is_the_single_device_kernel():
     dropout rows and heads: an attention layer with a shared bias, a key mask and dropout
     gives the outputs and gradients of one device, and the kernel sees [2, n, 1, D] blocks.
     (Shards that all started at row 0 would drop alike.)"""
-    from maelm_jax import sharding
+    from maelm_jax.infra import sharding
 
     cfg = layers.StackConfig(num_layers=1, d_model=32, num_heads=2, d_ff=64,
                              attention_dropout=0.3, attention_impl="pallas")

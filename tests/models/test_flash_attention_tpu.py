@@ -1,6 +1,6 @@
 """The TPU (Mosaic) flash-attention kernels (models/flash_attention_tpu.py): in Pallas'
 interpreter against the formula and against the GPU kernel's bits, and compiled by XLA:TPU
-for real with libtpu's compile-only devices (maelm_jax/topology.py; skipped where libtpu
+for real with libtpu's compile-only devices (maelm_jax/infra/topology.py; skipped where libtpu
 is absent)."""
 
 import jax
@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from maelm_jax.config.options import KernelOptions, OptionsError, TpuTile
 from maelm_jax.models import by_position, relative_position
 from maelm_jax.models import flash_attention as fa
 from maelm_jax.models import flash_attention_tpu as ft
-from maelm_jax.models.options import KernelOptions, OptionsError, TpuTile
 from maelm_jax.pretrain import setup as setup_lib
 
 from test_flash_attention import SCALE, _inputs, reference
@@ -219,7 +219,7 @@ def test_tiles_and_vmem_are_checked_with_one_line():
 def topology():
     pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -r "
                         "requirements-tpu-check.txt): no compile-only TPU devices")
-    from maelm_jax import topology as topology_lib
+    from maelm_jax.infra import topology as topology_lib
 
     return topology_lib
 

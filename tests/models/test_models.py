@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import masking, sharding, tokenizer
+from maelm_jax.infra import sharding
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers, relative_position
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import steps as pretrain_steps
+from maelm_jax.text import masking, tokenizer
 from maelm_jax.training import optimizer
 
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model

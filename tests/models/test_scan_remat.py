@@ -7,10 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import runs, sharding, tokenizer
+from maelm_jax import runs
+from maelm_jax.infra import sharding
 from maelm_jax.models import layer_layout, layers
 from maelm_jax.models import stack as stack_lib
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import tokenizer
 from maelm_jax.training import checkpoint
 
 from tiny_config import TINY_VOCAB, tiny_config

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import masking, tokenizer
+from maelm_jax.text import masking, tokenizer
 
 pytestmark = pytest.mark.tier("unit")
 

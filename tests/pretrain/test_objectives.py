@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from benchmarks import harness
-from maelm_jax import layout, masking, schema, sharding, tokenizer, variants
+from maelm_jax.config import schema, variants
+from maelm_jax.infra import sharding
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
@@ -26,7 +27,9 @@ from maelm_jax.pretrain import steps as pretrain_steps
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.pretrain.objectives import base, recipes
 from maelm_jax.study import config as study_config
+from maelm_jax.text import masking, tokenizer
 from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.workdirs import layout
 
 from conftest import REPO_ROOT
 from support import preempt_at

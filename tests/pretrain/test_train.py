@@ -12,11 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import sharding, tokenizer, variants
+from maelm_jax.config import variants
+from maelm_jax.infra import sharding
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import evaluation as pretrain_evaluation
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import tokenizer
 
 from conftest import HANG_SECONDS, REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from maelm_jax import errors, layout
+from maelm_jax.infra import errors
 from maelm_jax.study import config as study_config
 from maelm_jax.study import merge
+from maelm_jax.workdirs import layout
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 

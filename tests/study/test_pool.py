@@ -327,7 +327,7 @@ def test_the_readme_lists_each_call_with_its_tokens_gains_and_claim_c():
 def test_a_pool_refused_leaves_nothing_behind(tmp_path):
     """A workdir of another mode is one line and leaves no config.json, pool.json or pool.md
     behind."""
-    from maelm_jax import layout
+    from maelm_jax.workdirs import layout
 
     records = tmp_path / "records"
     records.mkdir()

@@ -8,13 +8,14 @@ import ml_collections
 import numpy as np
 import pytest
 
-from maelm_jax import errors, layout
 from maelm_jax.finetune import encoder as finetune_encoder
+from maelm_jax.infra import errors
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import config as study_config
 from maelm_jax.study import run as study_run
 from maelm_jax.study import sizing as sizing_lib
 from maelm_jax.study import timing as timing_lib
+from maelm_jax.workdirs import layout
 
 from tiny_config import tiny_config
 

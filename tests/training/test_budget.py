@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maelm_jax import errors, layout, paths
+from maelm_jax.infra import errors, paths
 from maelm_jax.pretrain import time_budget
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import budget, optimizer
+from maelm_jax.workdirs import layout
 
 from support import preempt_at, snapshot, tiny_pretraining, train_metrics
 from tiny_config import tiny_config

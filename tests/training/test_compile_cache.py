@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from maelm_jax import compile_cache, user_cache
+from maelm_jax.infra import compile_cache, user_cache
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from maelm_jax import host_memory
+from maelm_jax.infra import host_memory
 
 from conftest import REPO_ROOT, subprocess_env
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.tier("unit")
 _BLOCK = 64 << 20
 _PROGRAM = f"""
 import ctypes, json, resource, sys, threading
-from maelm_jax import host_memory
+from maelm_jax.infra import host_memory
 kept = host_memory.keep_freed_memory() if sys.argv[1] == "keep" else False
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from configs.finetune import glue as glue_config
-from maelm_jax import layout
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import inputs as finetune_inputs
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import lifecycle
+from maelm_jax.workdirs import layout
 
 from tiny_config import tiny_config
 

@@ -23,9 +23,9 @@ import pytest
 from jax import export
 
 from configs.benchmark import peer
-from maelm_jax import sharding
 from maelm_jax.finetune import heads
 from maelm_jax.finetune import setup as finetune_setup
+from maelm_jax.infra import sharding
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from maelm_jax import errors
+from maelm_jax.infra import errors
 from maelm_jax.pretrain import steps as pretrain_steps
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import checkpoint, engine, steps

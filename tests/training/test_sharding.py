@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from maelm_jax import sharding, tokenizer
+from maelm_jax.infra import sharding
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.text import tokenizer
 from maelm_jax.training import checkpoint
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
@@ -239,7 +240,7 @@ _INTERLEAVED = """
 import json, sys
 import jax, numpy as np
 sys.path.insert(0, "tests")
-from maelm_jax import distributed, sharding
+from maelm_jax.infra import distributed, sharding
 from maelm_jax.data import loader, shards
 from maelm_jax.pretrain import setup as setup_lib
 from tiny_config import TINY_VOCAB, tiny_config

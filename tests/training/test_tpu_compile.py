@@ -1,4 +1,4 @@
-"""TPU slices on this CPU host: libtpu's compile-only devices (maelm_jax/topology.py).
+"""TPU slices on this CPU host: libtpu's compile-only devices (maelm_jax/infra/topology.py).
 
 Without compiling: every host of a v5e-16, v5e-64 and v4-32 slice reads exactly the batch
 rows its devices hold, however the mesh orders them, and a multislice mesh lays slices
@@ -20,9 +20,9 @@ import optax
 import pytest
 
 from configs.benchmark import peer
-from maelm_jax import sharding, topology
 from maelm_jax.finetune import heads
 from maelm_jax.finetune import setup as finetune_setup
+from maelm_jax.infra import sharding, topology
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib

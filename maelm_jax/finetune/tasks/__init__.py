@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ml_collections
 
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune.tasks import base
 from maelm_jax.finetune.tasks.base import (
     BatchOutputs,
@@ -22,6 +21,7 @@ from maelm_jax.finetune.tasks.base import (
 )
 from maelm_jax.finetune.tasks.glue.task import GlueTask
 from maelm_jax.finetune.tasks.squad.task import SquadTask
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 __all__ = ["BatchOutputs", "ExportHead", "FinetuneConfigError", "GlueTask", "RunEval",
            "Split", "SquadTask", "Task", "get", "kind_for", "kinds", "make_task", "names",

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import ml_collections
 import numpy as np
 
-from maelm_jax import errors, paths, schema
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.config import schema
+from maelm_jax.infra import errors, paths
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 if TYPE_CHECKING:  # a kind's config side is read by config files: plain data, no Flax
     import flax.linen as nn
@@ -108,7 +109,7 @@ class Task(abc.ABC):
 
     @classmethod
     def fields(cls) -> dict[str, schema.Field]:
-        """The types and ranges of the fields `add_defaults` adds (maelm_jax/schema.py)."""
+        """The types and ranges of the fields `add_defaults` adds (maelm_jax/config/schema.py)."""
         return {}
 
     @classmethod  # noqa: B027 (optional: a kind may have none)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from maelm_jax import schema
+from maelm_jax.config import schema
 from maelm_jax.pretrain.objectives import base, maelm, mlm
 from maelm_jax.pretrain.objectives.base import Objective, category, masked_lm_sums, per_token
 

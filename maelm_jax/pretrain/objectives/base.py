@@ -39,7 +39,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from maelm_jax import masking, schema
+from maelm_jax.config import schema
+from maelm_jax.text import masking
 
 if TYPE_CHECKING:
     import flax.linen as nn
@@ -65,7 +66,8 @@ class Objective(abc.ABC):
         return ml_collections.ConfigDict()
 
     def fields(self) -> dict[str, schema.Field]:
-        """Each field of `defaults` by dotted name: its type and range (maelm_jax/schema.py)."""
+        """Each field of `defaults` by dotted name: its type and range
+        (maelm_jax/config/schema.py)."""
         return {}
 
     def validate(  # noqa: B027 (optional: an objective may have no rules of its own)

@@ -12,10 +12,10 @@ import dataclasses
 import ml_collections
 from absl import logging
 
-from maelm_jax import masking, schema
-from maelm_jax.models import options
+from maelm_jax.config import options, schema
 from maelm_jax.pretrain import flops
 from maelm_jax.pretrain.objectives import base
+from maelm_jax.text import masking
 
 
 class MaeLm(base.Objective):

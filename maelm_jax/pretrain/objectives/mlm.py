@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import ml_collections
 
-from maelm_jax import masking
 from maelm_jax.pretrain import flops
 from maelm_jax.pretrain.objectives import base
+from maelm_jax.text import masking
 
 
 class Mlm(base.Objective):

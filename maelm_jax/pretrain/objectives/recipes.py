@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import variants
+from maelm_jax.config import variants
 from maelm_jax.pretrain import objectives
 
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors, paths
+from maelm_jax.infra import errors, paths
 
 # Sentences in GLUE are never this long, but csv's default limit (128K) is near what a
 # QQP row with a stray quote can reach under QUOTE_NONE.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from maelm_jax import paths
 from maelm_jax.finetune.tasks.glue import examples
+from maelm_jax.infra import paths
 
 
 def write_submission(directory: paths.Path, task: examples.TaskSpec, split: str,

@@ -15,11 +15,12 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax import layout, paths
-from maelm_jax import tokenizer as tokenizer_lib
 from maelm_jax.finetune import data
 from maelm_jax.finetune.tasks import base
 from maelm_jax.finetune.tasks.glue import examples, metrics, outputs
+from maelm_jax.infra import paths
+from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.workdirs import layout
 
 if TYPE_CHECKING:
     import flax.linen as nn

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 from absl import logging
 
-from maelm_jax import errors, paths
-from maelm_jax import tokenizer as tokenizer_lib
+from maelm_jax.infra import errors, paths
+from maelm_jax.text import tokenizer as tokenizer_lib
 
 BOS, EOS = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID
 

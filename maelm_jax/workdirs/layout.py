@@ -17,7 +17,7 @@ import json
 
 import ml_collections
 
-from maelm_jax import errors, paths
+from maelm_jax.infra import errors, paths
 
 # Shared by several kinds.
 CONFIG_FILE = "config.json"  # the run's config (export: the Hugging Face config)

@@ -10,7 +10,7 @@ to ``MASK_ID`` (as in RoBERTa's tokenizer), which fill-mask demos rely on. BOS a
 control symbols, never produced from text; the packer adds them.
 
 A model file may be local or in a bucket (``gs://``): it is read and written as bytes
-through `maelm_jax.paths`, never by SentencePiece's own file access.
+through `maelm_jax.infra.paths`, never by SentencePiece's own file access.
 """
 
 import io
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import sentencepiece as spm
 from absl import logging
 
-from maelm_jax import errors, paths
+from maelm_jax.infra import errors, paths
 
 PAD_ID = 0
 BOS_ID = 1

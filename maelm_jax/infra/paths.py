@@ -35,7 +35,7 @@ import uuid
 
 from etils import epath
 
-from maelm_jax import errors
+from maelm_jax.infra import errors
 
 Path = epath.Path
 PathLike = str | os.PathLike

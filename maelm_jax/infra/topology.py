@@ -22,7 +22,7 @@ import os
 
 import jax
 
-from maelm_jax import errors
+from maelm_jax.infra import errors
 
 # Generation as written in a topology name -> (libtpu's name, chip configuration). The
 # chips of v4 and v5p pair their two TensorCores as one device ("megacore").

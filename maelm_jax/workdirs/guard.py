@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 
-from maelm_jax import layout, paths
+from maelm_jax.infra import paths
+from maelm_jax.workdirs import layout
 
 
 def check_directory(workdir: paths.Path) -> None:

@@ -10,7 +10,7 @@ of its shapes. Programs that compile in under a second are not kept (JAX's
 ``jax_persistent_cache_min_compile_time_secs``).
 
 Where: ``--compilation_cache_dir``, else ``$JAX_COMPILATION_CACHE_DIR``, else ``jax/`` in
-the user cache (`maelm_jax.user_cache`: ``~/.cache/maelm_jax/jax``). A bucket path works
+the user cache (`maelm_jax.infra.user_cache`: ``~/.cache/maelm_jax/jax``). A bucket path works
 too (JAX reads and writes it through etils.epath). ``--nocompilation_cache`` runs without
 it. Entries are keyed by the program, the JAX and XLA versions, the compile options and the
 device kind, so one directory can serve several machines and versions; delete it to reclaim
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import jax
 
-from maelm_jax import environment, user_cache
+from maelm_jax.infra import environment, user_cache
 
 ENV = "JAX_COMPILATION_CACHE_DIR"
 

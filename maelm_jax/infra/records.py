@@ -23,7 +23,7 @@ import time
 
 import jax
 
-from maelm_jax import environment, timer
+from maelm_jax.infra import environment, timer
 
 # git is asked from here: the package's own checkout, whatever the working directory.
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent

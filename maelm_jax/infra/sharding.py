@@ -30,7 +30,7 @@ import optax
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from maelm_jax import errors
+from maelm_jax.infra import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
@@ -132,7 +132,7 @@ def make_mesh(shape: Sequence[int], devices: Sequence[Any] | None = None,
 
 
 def _whole_topology(devices: Sequence[Any]) -> bool:
-    """Compile-only TPU devices of a topology description (maelm_jax/topology.py): a
+    """Compile-only TPU devices of a topology description (maelm_jax/infra/topology.py): a
     whole slice, which jax.make_mesh lays out as on the hardware."""
     return bool(devices) and all(d.platform == "tpu" for d in devices) and \
         jax.default_backend() != "tpu"

@@ -9,7 +9,7 @@ have (a mistyped ``--config.masking.mask_ration``), and suggests the nearest nam
 before anything reads it (orbax, for one, needs absolute paths).
 
 The sections several config kinds share (the encoder, the optimiser, the mesh) are
-declared once, defaults beside these fields, in maelm_jax/config_sections.py; each kind adds
+declared once, defaults beside these fields, in maelm_jax/config/sections.py; each kind adds
 its own (``FIELDS`` in maelm_jax/pretrain/config.py and maelm_jax/finetune/config.py; a
 later kind, e.g. an analysis config, builds its table from the same helpers and calls
 `check` with its own defaults and error class). Cross-field rules stay in the kind's
@@ -27,7 +27,7 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import paths
+from maelm_jax.infra import paths
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 the optimiser and its loop policy (config.train), and the device mesh.
 
 A `Section` holds each field's default beside its type and allowed values
-(maelm_jax/schema.py). A config kind adds a section to its defaults (`add_to`, with its
+(maelm_jax/config/schema.py). A config kind adds a section to its defaults (`add_to`, with its
 own values where its recipe differs: fine-tuning's learning rate is not pretraining's) and
 to its field table (`fields`), then declares only the fields that are its own. So a field
 the two trainers share has one name, one meaning, one check and one comment: pretraining's
@@ -19,8 +19,8 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax import schema, sharding
-from maelm_jax.models import options
+from maelm_jax.config import options, schema
+from maelm_jax.infra import sharding
 
 # The default of a field each config kind must give (`add_to` refuses to leave it out).
 OWN_DEFAULT = object()
@@ -141,7 +141,7 @@ TRAIN = Section({
 
 _AXIS_SIZE = schema.Field((int,), "an int", lambda v: v == -1 or v >= 1)
 
-# The device mesh (maelm_jax/sharding.py, docs/scaling.md), at the config's top level.
+# The device mesh (maelm_jax/infra/sharding.py, docs/scaling.md), at the config's top level.
 MESH = Section({
     # Sizes of the ('data', 'fsdp', 'tensor') mesh axes; -1 takes the devices left over.
     # Fixed sizes use the first devices (e.g. (1, 1, 1): one device).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from maelm_jax import errors
+from maelm_jax.infra import errors
 
 # name -> what it holds (who reads it).
 VARIABLES: dict[str, str] = {

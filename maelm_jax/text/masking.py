@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from maelm_jax import tokenizer
+from maelm_jax.text import tokenizer
 
 
 def round_half_up(x: float) -> int:

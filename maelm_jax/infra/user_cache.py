@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from maelm_jax import environment
+from maelm_jax.infra import environment
 
 ENV = "MAELM_JAX_CACHE"
 

@@ -28,7 +28,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from maelm_jax import environment, errors
+from maelm_jax.infra import environment, errors
 
 
 def tpu_chips(root: str = "/") -> int:
