@@ -4,7 +4,7 @@ r"""Preparation throughput: in-job packing against the Beam pipeline of mode "pr
         [--kind=wikiextractor --seq_len=128 --vocab_size=8192 --workers=2 --parquet]
 
 Trains one tokenizer on the corpus (not timed; both paths use it), then, each in a fresh
-process so that peak memory is its own: the in-job path (maelm_jax/data/pipeline.py, one
+process so that peak memory is its own: the in-job path (maelm_jax/data/run_data.py, one
 process, what a training job does when the cache is cold) and mode "prepare" with the
 DirectRunner and --workers worker processes. Printed per path: wall seconds, tokens/s in
 total and per core used, and peak resident memory (the process's, and its children's: the
@@ -70,14 +70,14 @@ def _config(tokenizer: str):
 
 
 def _child(path: str, out: str) -> None:
-    from maelm_jax.data import pipeline, shards
+    from maelm_jax.data import run_data, shards
     from maelm_jax.infra import paths
 
     c = _config(FLAGS.tokenizer)
     start = time.perf_counter()
     if path == "job":
-        tok = pipeline.setup_tokenizer(c, paths.Path(out))
-        data = pipeline.prepare_data(c, paths.Path(out), tok)
+        tok = run_data.setup_tokenizer(c, paths.Path(out))
+        data = run_data.build_blocks(c, paths.Path(out), tok)
         manifest = shards.read_manifest(data.directory)
     else:
         from maelm_jax.data import prepare
@@ -137,7 +137,7 @@ def main(argv) -> None:
         path, out = FLAGS.child.split(",", 1)
         _child(path, out)
         return
-    from maelm_jax.data import pipeline, sources
+    from maelm_jax.data import run_data, sources
     from maelm_jax.infra import paths
 
     try:
@@ -148,7 +148,7 @@ def main(argv) -> None:
     with tempfile.TemporaryDirectory(prefix="prepare-bench-") as tmp:
         c = _config("")
         start = time.perf_counter()
-        tok = pipeline.setup_tokenizer(c, paths.Path(tmp))
+        tok = run_data.setup_tokenizer(c, paths.Path(tmp))
         print(f"corpus {FLAGS.corpus}: {corpus_bytes / 1e6:.0f} MB; tokenizer "
               f"({FLAGS.vocab_size} pieces) trained in {time.perf_counter() - start:.0f} s "
               f"(not timed below); {os.cpu_count()} CPUs")

@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax.config import schema
-from maelm_jax.data import packing, pipeline, shards
+from maelm_jax.data import packing, run_data, shards
 from maelm_jax.infra import errors, paths
 from maelm_jax.models import builder, layer_layout
 from maelm_jax.models import encoder as encoder_lib
@@ -290,7 +290,7 @@ def prepared_set(workdir: paths.Path, run_cfg: ml_collections.ConfigDict,
                 if json.loads(paths.read_text(p)).get("seq_len") == d.seq_len]
     try:  # the fingerprint the run prepared its data under (its corpus may have moved)
         fingerprint = packing.data_fingerprint(
-            pipeline.source_fingerprints(run_cfg),
+            run_data.source_fingerprints(run_cfg),
             tok.model_path, d.seq_len, d.validation_fraction)
         chosen = [p for p in prepared if p.name == fingerprint]
     except Exception:  # noqa: BLE001 - any failure means "cannot tell"; handled below

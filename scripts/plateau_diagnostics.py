@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from maelm_jax.data import loader, pipeline
+from maelm_jax.data import loader, run_data
 from maelm_jax.infra import cli, paths, sharding
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import objectives
@@ -107,8 +107,8 @@ def main(argv):
     pretrain_config.validate(config)
     workdir = paths.resolve(FLAGS.workdir, "--workdir")
     paths.make_dirs(workdir)
-    tok = pipeline.setup_tokenizer(config, workdir)
-    data = pipeline.prepare_data(config, workdir, tok)
+    tok = run_data.setup_tokenizer(config, workdir)
+    data = run_data.build_blocks(config, workdir, tok)
     t = config.train
     trainer = setup_lib.build(config, tok.vocab_size,
                               sharding.make_mesh((1, 1, 1), jax.devices()[:1]))

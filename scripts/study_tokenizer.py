@@ -15,7 +15,7 @@ already in <out> is kept (it must have the configured vocabulary size).
 
 from absl import app, flags
 
-from maelm_jax.data import digests, pipeline
+from maelm_jax.data import digests, run_data
 from maelm_jax.infra import cli, errors, paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.study import config as study_config
@@ -35,11 +35,11 @@ def main(argv):
     try:
         study_config.validate(c)
         shared = pretrain_config.resolve_paths(study_config.model_config(c, "mlm"))
-        pipeline.validate_sources(shared)
+        run_data.validate_sources(shared)
         out = paths.resolve(FLAGS.out, "--out")
         paths.make_dirs(out)
         shared.tokenizer.model_path = ""  # trained here (or the one in --out kept)
-        tok = pipeline.setup_tokenizer(shared, out)
+        tok = run_data.setup_tokenizer(shared, out)
     except errors.UserError as e:
         cli.fail(cli.one_line(e), cli.program())
     print(f"{tok.model_path} ({tok.vocab_size} pieces) sha256 {digests.sha256_of(tok.model_path)}")

@@ -16,7 +16,7 @@ import pytest
 from configs.finetune import glue as glue_config
 from maelm_jax import runs
 from maelm_jax.config import schema
-from maelm_jax.data import packing, pipeline, sources
+from maelm_jax.data import packing, run_data, sources
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.infra import errors
@@ -310,8 +310,8 @@ def test_multi_megabyte_single_line_is_split_and_bounded(tmp_path, caplog):
     c.data.sources.main.kind = "text"
     c.data.sources.main.path = f"{plain_corpus(tmp_path)},{line}"  # normal text, then the line
     with caplog.at_level(logging.WARNING):
-        tok = pipeline.setup_tokenizer(c, tmp_path)
-        data = pipeline.prepare_data(c, tmp_path, tok)
+        tok = run_data.setup_tokenizer(c, tmp_path)
+        data = run_data.build_blocks(c, tmp_path, tok)
     assert ("data.sources.main: 1 line(s) longer than 4096 characters split at whitespace; "
             "1 document(s) longer than 1000000 characters cut into parts of at most 20000"
             ) in caplog.text

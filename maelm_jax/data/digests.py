@@ -1,6 +1,6 @@
 """What a corpus file holds, as an identity that does not depend on where it lies.
 
-Prepared data is keyed by its sources' content (`sources.source_fingerprint`), so a corpus
+Inputs data is keyed by its sources' content (`sources.source_fingerprint`), so a corpus
 copied to another directory or machine finds the blocks prepared from it. A local file is
 known by its size and SHA-256, computed once per (path, size, modification time, inode)
 and remembered in the user cache (`maelm_jax.infra.user_cache`, ``file_digests/``), so a run

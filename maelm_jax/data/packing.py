@@ -149,7 +149,7 @@ def data_fingerprint(
     return h.hexdigest()[:16]
 
 
-def prepare(
+def pack_blocks(
     sources: dict[str, Iterable[str]],
     source_fingerprints: dict[str, str],
     tok: tokenizer_lib.Tokenizer,

@@ -51,7 +51,7 @@ import numpy as np
 from absl import logging
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from maelm_jax.data import packing, pipeline, shards, sources
+from maelm_jax.data import packing, run_data, shards, sources
 from maelm_jax.infra import paths
 from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.workdirs import guard as workdir_lib
@@ -65,9 +65,9 @@ def work_items(config: ml_collections.ConfigDict) -> list[tuple[str, int, dict]]
     file source, or the whole of any other source, in corpus order."""
     items = []
     for name, source in config.data.sources.items():
-        settings = sources.source_settings(source, pipeline.source_field(name))
+        settings = sources.source_settings(source, run_data.source_field(name))
         if settings["kind"] in sources.FILE_KINDS:
-            files = sources.source_files(settings, pipeline.source_field(name))
+            files = sources.source_files(settings, run_data.source_field(name))
             items += [(name, i, {**settings, "path": [file]}) for i, file in enumerate(files)]
         else:
             items.append((name, 0, settings))
@@ -313,13 +313,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     this preparation is left as it is."""
     out = paths.resolve(workdir, "--workdir")
     workdir_lib.claim(out, "prepare", "prepare")
-    pipeline.validate_sources(config)
+    run_data.validate_sources(config)
     fresh = not out.exists() or not any(out.iterdir())  # removed whole if this run fails
     paths.make_dirs(out)
-    tok = pipeline.setup_tokenizer(config, out)
+    tok = run_data.setup_tokenizer(config, out)
     if not (out / layout.TOKENIZER_FILE).exists():
         paths.Path(tok.model_path).copy(out / layout.TOKENIZER_FILE)
-    fingerprint = pipeline.data_fingerprint(config, tok)
+    fingerprint = run_data.data_fingerprint(config, tok)
     if (out / layout.MANIFEST_FILE).is_file():
         manifest = shards.read_manifest(out)
         if manifest["fingerprint"] == fingerprint:

@@ -1,4 +1,4 @@
-"""Prepared data as block shards: the one on-disk format of packed blocks, written by
+"""Inputs data as block shards: the one on-disk format of packed blocks, written by
 `prepare` mode and by in-job preparation alike, and the one reader training uses.
 
 A prepared directory (mode prepare's workdir, or an in-job set under

@@ -236,7 +236,7 @@ def resolve_paths(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return schema.resolve_paths(c, fields())
 
 
-def prepare(c: ml_collections.ConfigDict,
+def validated(c: ml_collections.ConfigDict,
             workdir: str) -> tuple[ml_collections.ConfigDict, paths.Path]:
     """What every fine-tuning entry (a single run, a sweep) does first: validates `c` and
     returns it with absolute paths, and the workdir as an absolute path. Relative paths

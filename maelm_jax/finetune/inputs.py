@@ -1,7 +1,7 @@
 """A fine-tuning run's inputs, decided and read before its workdir is touched: what the
 workdir's record says the run does (`check_run`, under fine-tuning's lifecycle policy
 `FINE_TUNING`), then the encoder to start from, the tokenizer and the task's encoded data
-(`prepare_run` -> `Prepared`). A run, a seed group and a sweep's runs start here."""
+(`read_inputs` -> `Inputs`). A run, a seed group and a sweep's runs start here."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _check_workdir(workdir: paths.Path, init_from: str) -> None:
 
 
 @dataclasses.dataclass
-class Prepared:
+class Inputs:
     """What a run (or a seed group, seed_group.py) has once its inputs are checked and its
     workdir is ready: the encoder to start from, the tokenizer, the task's encoded data
     and whether the workdir holds an unfinished run to continue."""
@@ -71,7 +71,7 @@ def check_run(config: ml_collections.ConfigDict, workdir: str,
     """Validates `config` (returned with absolute paths, and the workdir's) and decides,
     reading only, what the run does in `workdir` (lifecycle.decide: process 0 reads the
     record, every process gets its decision)."""
-    config, workdir = finetune_config.prepare(config, workdir)
+    config, workdir = finetune_config.validated(config, workdir)
     if config.sweep:
         raise finetune_config.FinetuneConfigError(
             "config.sweep: expected False for a single run (sweep.run_sweep runs the grid)")
@@ -86,8 +86,8 @@ def check_run(config: ml_collections.ConfigDict, workdir: str,
     return config, workdir, decision
 
 
-def prepare_run(config: ml_collections.ConfigDict, workdir: paths.Path,
-                decision: lifecycle.Decision) -> Prepared:
+def read_inputs(config: ml_collections.ConfigDict, workdir: paths.Path,
+                decision: lifecycle.Decision) -> Inputs:
     """Reads and checks the encoder, tokenizer and task data of `config` and `workdir`
     (check_run's, `decision` not FINISHED). Nothing is written: the workdir is prepared
     when the run's session opens (`train_prepared`)."""
@@ -105,5 +105,5 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: paths.Path,
     resume = decision is lifecycle.Decision.CONTINUE
     logging.info("%s: %d train examples, max_seq_len %d (buckets %s); encoder %s",
                  task.name, len(task.train), max_len, buckets, source)
-    return Prepared(config, workdir, encoder_cfg, encoder_params, tok, source, max_len,
+    return Inputs(config, workdir, encoder_cfg, encoder_params, tok, source, max_len,
                     buckets, task, resume)

@@ -223,7 +223,7 @@ def _check_members(members: Sequence[Member]) -> list[ml_collections.ConfigDict]
         raise finetune_config.FinetuneConfigError(
             "config.save_checkpoint, config.predict_test: expected False for a seed group "
             "(it keeps no run's checkpoint and writes no predictions)")
-    configs = [finetune_config.prepare(m.config, m.workdir)[0] for m in members]
+    configs = [finetune_config.validated(m.config, m.workdir)[0] for m in members]
     recorded = json.loads(layout.config_json(configs[0]))
     for m, c in zip(members[1:], configs[1:], strict=True):
         differ = [f for f in lifecycle.changes(inputs.FINE_TUNING, c, recorded)
@@ -243,7 +243,7 @@ def _roster(members: Sequence[Member], configs: Sequence[ml_collections.ConfigDi
             for m, c in zip(members, configs, strict=True)]
 
 
-def _encoders(p: inputs.Prepared, configs: Sequence[ml_collections.ConfigDict],
+def _encoders(p: inputs.Inputs, configs: Sequence[ml_collections.ConfigDict],
               keys: Sequence[str]) -> tuple[list, list[str]]:
     """(each run's initial encoder parameters, numpy or None for random weights; where
     each comes from, in words): the first run's as prepared, the others read and checked
@@ -294,7 +294,7 @@ def run_members(members: Sequence[Member], workdir: str,
         if not distributed.leader_says_ok(same):
             logging.info("%s holds a group of other runs: starting over", group_dir)
             decision = lifecycle.Decision.START
-    p = inputs.prepare_run(config, group_dir, decision)
+    p = inputs.read_inputs(config, group_dir, decision)
     config, t = p.config, p.config.train
     num_steps = p.steps_per_epoch * t.num_epochs
     params, sources = _encoders(p, configs, keys)

@@ -116,7 +116,7 @@ def run_models(sweeps: dict[str, ml_collections.ConfigDict], workdirs: dict[str,
     runs are reused; a group with an unfinished run runs again whole (its runs depend on
     one another). Returns each model's run_sweep summary."""
     names = list(sweeps)
-    prepared = {n: finetune_config.prepare(sweeps[n], workdirs[n]) for n in names}
+    prepared = {n: finetune_config.validated(sweeps[n], workdirs[n]) for n in names}
     plans = {}
     for n, (c, workdir) in prepared.items():
         grid = settings(c)
@@ -163,7 +163,7 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str,
     """Runs grid x seeds; returns the summary (also in sweep.json and sweep.md). A run of
     the grid recorded with a changed config is refused as a single run's would be
     (train.run), unless `allow_config_change` (then it runs again)."""
-    config, workdir = finetune_config.prepare(config, workdir)
+    config, workdir = finetune_config.validated(config, workdir)
     workdir_lib.check_directory(workdir)
     mode = layout.mode(workdir)
     if mode not in (None, "finetune"):

@@ -176,7 +176,7 @@ class FineTuning:
                   progress.meta(step, time.perf_counter() - self.started))
 
 
-def results_record(p: inputs.Prepared, seed: int, evals: list[dict], best: int,
+def results_record(p: inputs.Inputs, seed: int, evals: list[dict], best: int,
                    files: list[str], seconds: float) -> dict:
     """A finished run's results.json: its evaluations, the best (index `best`) and the
     selected one, and what it ran on."""
@@ -202,7 +202,7 @@ def results_record(p: inputs.Prepared, seed: int, evals: list[dict], best: int,
     }
 
 
-def train_prepared(p: inputs.Prepared, trainer: setup_lib.Trainer, make_run: Callable,
+def train_prepared(p: inputs.Inputs, trainer: setup_lib.Trainer, make_run: Callable,
                    make_batches: Callable[[int], Iterator],
                    records: Sequence[Callable[[], None]] = ()):
     """The session of a prepared run or seed group (lifecycle.session): the workdir made
@@ -257,7 +257,7 @@ def run(config: ml_collections.ConfigDict, workdir: str,
         logging.info("%s holds this run, finished: its %s, nothing trained", workdir,
                      layout.RESULTS_FILE)
         return json.loads(paths.read_text(workdir / layout.RESULTS_FILE))
-    p = inputs.prepare_run(config, workdir, decision)
+    p = inputs.read_inputs(config, workdir, decision)
     config, workdir, t = p.config, p.workdir, p.config.train
     steps_per_epoch = p.steps_per_epoch
     trainer = setup_lib.build(config, p.encoder_cfg, p.task, steps_per_epoch * t.num_epochs,

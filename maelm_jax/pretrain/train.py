@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from maelm_jax.data import loader, pipeline, shards
+from maelm_jax.data import loader, run_data, shards
 from maelm_jax.infra import distributed, paths, sharding
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
@@ -69,7 +69,7 @@ def _last_step(workdir: paths.Path, config: ml_collections.ConfigDict) -> int:
     return plan.end if plan else config.train.num_steps
 
 
-def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path):
+def _tokenizer_and_blocks(config: ml_collections.ConfigDict, workdir: paths.Path):
     """Tokenizer and packed data. Process 0 builds them in the shared workdir while the
     others wait, then everyone loads the same files. A failure leaves the workdir as it
     was. (config.json is written when the session opens, lifecycle.session.)"""
@@ -79,19 +79,19 @@ def _prepare(config: ml_collections.ConfigDict, workdir: paths.Path):
             if jax.process_index() == 0:
                 with workdir_lib.all_or_nothing(workdir):
                     paths.make_dirs(workdir)
-                    pipeline.prepared_tokenizer(config, workdir)
-        tok = pipeline.prepared_tokenizer(config, workdir)
-        return tok, shards.load(config.data.prepared, pipeline.source_weights(config),
+                    run_data.shards_tokenizer(config, workdir)
+        tok = run_data.shards_tokenizer(config, workdir)
+        return tok, shards.load(config.data.prepared, run_data.source_weights(config),
                                 cache_bytes=int(config.data.prepared_cache_gb * 2**30))
     with distributed.as_one("prepared data"):
         if jax.process_index() == 0:
             with workdir_lib.all_or_nothing(workdir):
                 paths.make_dirs(workdir)
-                tok = pipeline.setup_tokenizer(config, workdir)
-                data = pipeline.prepare_data(config, workdir, tok)
+                tok = run_data.setup_tokenizer(config, workdir)
+                data = run_data.build_blocks(config, workdir, tok)
     if jax.process_index() != 0:
-        tok = pipeline.setup_tokenizer(config, workdir)
-        data = pipeline.prepare_data(config, workdir, tok)
+        tok = run_data.setup_tokenizer(config, workdir)
+        data = run_data.build_blocks(config, workdir, tok)
     return tok, data
 
 
@@ -133,8 +133,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
     if not config.data.prepared:  # else the corpus need not be on this machine at all
-        pipeline.validate_sources(config)
-    tok, data = _prepare(config, workdir)
+        run_data.validate_sources(config)
+    tok, data = _tokenizer_and_blocks(config, workdir)
     logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
                  jax.process_count())
 

@@ -24,7 +24,7 @@ from absl import logging
 from maelm_jax import runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import run as rank_run
-from maelm_jax.data import digests, pipeline
+from maelm_jax.data import digests, run_data
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import sweep
 from maelm_jax.finetune.tasks import glue
@@ -60,7 +60,7 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> d
         logging.info("study: pretraining %s in %s", name, workdir)
         paths.make_dirs(workdir)
         _timed(workdir, lambda: pretrain_train.train_and_evaluate(c, str(workdir)))
-    vocab = pipeline.setup_tokenizer(c, workdir).vocab_size
+    vocab = run_data.setup_tokenizer(c, workdir).vocab_size
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
             "train_flops": setup_lib.step_flops(c, vocab) * c.train.num_steps,
             **report.pretraining_record(workdir)}
@@ -118,7 +118,7 @@ def _identity(config, shared: ml_collections.ConfigDict, tok, tasks: list[str]) 
     glue_root = paths.Path(config.glue_dir) if config.glue_dir else None
     return {"settings": study_config.shared_settings(config),
             "tokenizer_sha256": digests.sha256_of(tok.model_path),
-            "data_fingerprint": pipeline.data_fingerprint(shared, tok),
+            "data_fingerprint": run_data.data_fingerprint(shared, tok),
             "glue": {t: {f.name: digests.content_identity(str(f))
                          for f in sorted((glue_root / t).iterdir(), key=lambda f: f.name)
                          if f.is_file()}
@@ -216,14 +216,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     try:
         # One tokenizer and one set of prepared blocks for every model.
         shared = pretrain_config.resolve_paths(configs[names[0]])
-        tok = pipeline.setup_tokenizer(shared, root)
+        tok = run_data.setup_tokenizer(shared, root)
         for c in configs.values():
             c.tokenizer.model_path = tok.model_path
             c.data.cache_dir = str(root / layout.DATA_DIR)
         result["identity"] = _identity(config, shared, tok, tasks)
         # The corpus read and packed once, before the plan: its time is spent, not guessed.
-        pipeline.validate_sources(shared)
-        pipeline.prepare_data(configs[names[0]], root, tok)
+        run_data.validate_sources(shared)
+        run_data.build_blocks(configs[names[0]], root, tok)
         result["setup_seconds"] = time.perf_counter() - started
         reserve = config.reserve_seconds
         if config.sizing.enabled:  # each model's steps to fit the time there is

@@ -1,4 +1,4 @@
-"""Prepared shards in a real Cloud Storage protocol (tests/gcs_emulator.py): a host reads
+"""Inputs shards in a real Cloud Storage protocol (tests/gcs_emulator.py): a host reads
 only the blocks it is asked for, by ranged reads, keeps them in a bounded local cache, and
 names a damaged block's object; a run whose workdir and prepared data are in the bucket
 is killed and resumes exactly (Orbax's checkpoints through TensorStore's gcs driver)."""

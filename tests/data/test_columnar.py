@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from maelm_jax.data import pipeline, prepare, shards, sources
+from maelm_jax.data import prepare, run_data, shards, sources
 from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 
@@ -177,10 +177,10 @@ def test_the_job_and_beam_cut_the_same_blocks_from_columnar_sources(tmp_path, ti
     c.prepare.update(num_workers=1, blocks_per_shard=16)
     pretrain_config.validate(c)
     c = pretrain_config.resolve_paths(c)
-    pipeline.validate_sources(c)
-    in_job = pipeline.prepare_data(c, paths.Path(tmp_path / "job"), tiny_tokenizer)
+    run_data.validate_sources(c)
+    in_job = run_data.build_blocks(c, paths.Path(tmp_path / "job"), tiny_tokenizer)
     manifest = prepare.run(c, str(tmp_path / "beam"))
-    beam = shards.load(tmp_path / "beam", pipeline.source_weights(c))
+    beam = shards.load(tmp_path / "beam", run_data.source_weights(c))
     assert manifest["fingerprint"] == in_job.directory.name
     assert beam.weights == {"wiki": 2.0, "hub": 1.0, "books": 1.0}
     for split in ("train", "valid"):
@@ -192,7 +192,7 @@ def test_the_job_and_beam_cut_the_same_blocks_from_columnar_sources(tmp_path, ti
 
 def _no_document(source, field="config.data.sources.main"):
     with pytest.raises(sources.SourceError) as raised:
-        pipeline.validate_sources(_one_source_config(source))
+        run_data.validate_sources(_one_source_config(source))
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"{field}: ")
     return message
@@ -229,7 +229,7 @@ def test_a_source_that_yields_no_document_is_one_line_with_what_was_read(tmp_pat
     message = _no_document({"kind": "text", "path": str(tmp_path / "blank.txt")})
     assert "empty once cleaned" in message and "give a source with text" in message
     # The check is real: a source with one document passes.
-    pipeline.validate_sources(_one_source_config(
+    run_data.validate_sources(_one_source_config(
         {"kind": "parquet", "path": str(_parquet_dir(tmp_path / "ok"))}))
 
 

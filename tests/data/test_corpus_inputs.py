@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
-from maelm_jax.data import pipeline, sources
+from maelm_jax.data import run_data, sources
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.text import tokenizer as tokenizer_lib
 
@@ -143,11 +143,11 @@ def test_prepared_data_is_reused_for_a_copy_of_the_corpus(tmp_path, tiny_tokeniz
     c.data.sources.main.kind = "text"
     c.data.sources.main.path = str(corpus)
     c.data.cache_dir = str(tmp_path / "cache")
-    first = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    first = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     shutil.copytree(corpus, tmp_path / "moved")
     shutil.rmtree(corpus)
     c.data.sources.main.path = str(tmp_path / "moved")
     with caplog.at_level(logging.INFO):
-        second = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+        second = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     assert second.directory == first.directory
     assert f"reusing prepared data in {first.directory}" in caplog.text

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from maelm_jax.data import loader, packing, pipeline, shards
+from maelm_jax.data import loader, packing, run_data, shards
 from maelm_jax.text import tokenizer
 
 from tiny_config import tiny_config
@@ -42,7 +42,7 @@ def _config(tmp_path, tok):
 def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenizer):
     docs = _write_corpus(tmp_path / "corpus.txt")
     c = _config(tmp_path, tiny_tokenizer)
-    data = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    data = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     train, valid = np.asarray(data.train["main"]), np.asarray(data.valid["main"])
     L = c.data.seq_len
     assert train.shape[1] == valid.shape[1] == L and len(valid) > 0
@@ -74,24 +74,24 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
     # Same settings: the same directory is reused, untouched.
     meta = data.directory / "manifest.json"
     mtime = os.stat(meta).st_mtime_ns
-    again = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    again = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     assert again.directory == data.directory and os.stat(meta).st_mtime_ns == mtime
     # Mixing weights come from the config, never from the cache (whose key leaves them
     # out): a second source and a new weight reuse the same blocks with the new mixture.
     assert data.weights == {"main": 1.0}
     c.data.sources.second = c.data.sources.main.to_dict()
     c.data.sources.second.weight = 3.0
-    mixed = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    mixed = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     assert mixed.weights == {"main": 1.0, "second": 3.0}
     c.data.sources.second.weight = 0.5
-    reused = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+    reused = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     assert reused.directory == mixed.directory and reused.weights["second"] == 0.5
     assert "weight" not in json.loads((mixed.directory / "manifest.json").read_text())[
         "sources"]["second"]
     del c.data.sources["second"]
     # A changed corpus is prepared anew.
     _write_corpus(tmp_path / "corpus.txt", n_docs=200)
-    assert pipeline.prepare_data(c, tmp_path, tiny_tokenizer).directory != data.directory
+    assert run_data.build_blocks(c, tmp_path, tiny_tokenizer).directory != data.directory
     assert not list((tmp_path / "data").glob(".tmp-*"))
 
 
@@ -101,12 +101,12 @@ def test_a_cache_of_the_earlier_in_job_format_is_prepared_again(tmp_path, tiny_t
     same fingerprint: a cache, so it is replaced by shards (and the log says so)."""
     _write_corpus(tmp_path / "corpus.txt")
     c = _config(tmp_path, tiny_tokenizer)
-    old = tmp_path / "data" / pipeline.data_fingerprint(c, tiny_tokenizer)
+    old = tmp_path / "data" / run_data.data_fingerprint(c, tiny_tokenizer)
     old.mkdir(parents=True)
     (old / "meta.json").write_text('{"format": 1, "seq_len": 16, "sources": {}}')
     (old / "train_main.bin").write_bytes(b"\0" * 64)
     with caplog.at_level(logging.WARNING):
-        data = pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+        data = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     assert data.directory == old and not (old / "meta.json").exists()
     assert not (old / "train_main.bin").exists() and (old / "manifest.json").is_file()
     assert "earlier in-job format" in caplog.text
@@ -116,7 +116,7 @@ def test_too_little_text_is_a_clear_error(tmp_path, tiny_tokenizer):
     (tmp_path / "corpus.txt").write_text("just a few words")
     c = _config(tmp_path, tiny_tokenizer)
     with pytest.raises(ValueError, match="data.sources.main: .* do not fill one training block"):
-        pipeline.prepare_data(c, tmp_path, tiny_tokenizer)
+        run_data.build_blocks(c, tmp_path, tiny_tokenizer)
     assert not list((tmp_path / "data").iterdir())  # nothing half-written stays behind
 
 

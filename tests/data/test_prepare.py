@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from maelm_jax.data import loader, pipeline, prepare, shards
+from maelm_jax.data import loader, prepare, run_data, shards
 from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
@@ -64,13 +64,13 @@ def prepared(tmp_path_factory, tiny_tokenizer):
                       lambda *args, **kwargs: tried.append(args) or 1 / 0)
         manifest = prepare.run(c, str(root / "shards"))
     assert not tried, "the DirectRunner's preparation tried Prism"
-    in_job = pipeline.prepare_data(c, paths.Path(root / "job"), tiny_tokenizer)
+    in_job = run_data.build_blocks(c, paths.Path(root / "job"), tiny_tokenizer)
     return root, c, manifest, in_job
 
 
 def test_beam_writes_exactly_the_blocks_of_in_job_preparation(prepared):
     root, c, manifest, in_job = prepared
-    data = shards.load(root / "shards", pipeline.source_weights(c))
+    data = shards.load(root / "shards", run_data.source_weights(c))
     assert manifest["fingerprint"] == in_job.directory.name  # the same inputs, hashed alike
     assert data.weights == {"books": 2.0, "web": 1.0}
     for split in ("train", "valid"):
@@ -130,7 +130,7 @@ def test_each_process_reads_only_its_rows(prepared):
     process has (a half's prefetching thread would otherwise read on into the other's
     record)."""
     root, c, _, _ = prepared
-    weights = pipeline.source_weights(c)
+    weights = run_data.source_weights(c)
     data = shards.load(root / "shards", weights)
     whole = loader.train_batches(data, 8, seed=3)
     batches = [next(whole) for _ in range(12)]
@@ -204,7 +204,7 @@ def _free_port() -> int:
 
 
 def test_shards_in_a_bucket(prepared, tmp_path, tiny_tokenizer):
-    """Prepared into a bucket (the in-process runner: the fake bucket lives in this
+    """Inputs into a bucket (the in-process runner: the fake bucket lives in this
     process), then read from it: the same blocks, by ranged reads."""
     root, c, _, in_job = prepared
     c = c.copy_and_resolve_references()

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.tier("integration")
 
 
 def _lowered_step(settings, tmp_path, **changes) -> str:
-    p = inputs.prepare_run(*inputs.check_run(tiny_finetuning(settings, **changes), str(tmp_path)))
+    p = inputs.read_inputs(*inputs.check_run(tiny_finetuning(settings, **changes), str(tmp_path)))
     t = p.config.train
     trainer = setup_lib.build(p.config, p.encoder_cfg, p.task,
                               p.steps_per_epoch * t.num_epochs, p.buckets[0])
@@ -81,7 +81,7 @@ def test_one_bucket_holds_every_train_and_dev_text(sst2_settings, tmp_path):
     """SST-2's tiny texts fit 16 tokens: with one_bucket every batch is 16 long; without,
     buckets (16, 32) and batches of the shorter texts take 16 still."""
     buckets = {"data.buckets": (8, 16, 32), "data.max_seq_len": 32}
-    p = inputs.prepare_run(*inputs.check_run(
+    p = inputs.read_inputs(*inputs.check_run(
         tiny_finetuning(sst2_settings, **buckets, **{"data.one_bucket": True}),
         str(tmp_path / "one")))
     longest = max(len(s) for split in (p.task.train, *p.task.eval_splits())
@@ -94,7 +94,7 @@ def test_one_bucket_holds_every_train_and_dev_text(sst2_settings, tmp_path):
         data.eval_batches(p.task.eval_splits()[0].sequences, p.task.eval_splits()[0].targets,
                           8, p.buckets))}
     assert lengths == {16}
-    many = inputs.prepare_run(*inputs.check_run(tiny_finetuning(sst2_settings, **buckets),
+    many = inputs.read_inputs(*inputs.check_run(tiny_finetuning(sst2_settings, **buckets),
                                                str(tmp_path / "many")))
     assert many.buckets == (8, 16, 32)
     assert data.one_bucket((8, 16, 32), 17) == (32,)

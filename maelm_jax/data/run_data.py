@@ -1,4 +1,7 @@
-"""From the config's corpus sources to a tokenizer and prepared blocks in the workdir."""
+"""A pretraining run's data, from its config's corpus sources: the sources checked, the
+tokenizer (trained or read), the fingerprints and weights of the sources, and the blocks
+packed in the job (`build_blocks`: a cache in the workdir) or the tokenizer of block
+shards written by mode "prepare" (`shards_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ def setup_tokenizer(
     )
 
 
-def prepared_tokenizer(config: ml_collections.ConfigDict,
+def shards_tokenizer(config: ml_collections.ConfigDict,
                        workdir: paths.Path) -> tokenizer_lib.Tokenizer:
     """The tokenizer of config.data.prepared, copied into the workdir (where fine-tuning
     and fill-mask look for it). tokenizer.model_path, if set, must be the same model."""
@@ -120,14 +123,14 @@ def source_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
             for name, source in config.data.sources.items()}
 
 
-def prepare_data(
+def build_blocks(
     config: ml_collections.ConfigDict, workdir: paths.Path, tok: tokenizer_lib.Tokenizer
 ) -> shards.PreparedData:
     """Packs every source into blocks of data.seq_len, or reuses an identical earlier run."""
     cache_dir = paths.Path(config.data.cache_dir or workdir / layout.DATA_DIR)
     stats = {name: sources.ReadStats() for name in config.data.sources}
     inputs = {name: _documents(config, name, stats[name]) for name in config.data.sources}
-    data = packing.prepare(inputs, source_fingerprints(config), tok, config.data.seq_len,
+    data = packing.pack_blocks(inputs, source_fingerprints(config), tok, config.data.seq_len,
                            config.data.validation_fraction, cache_dir,
                            weights=source_weights(config), read=stats,
                            blocks_per_shard=config.prepare.blocks_per_shard,
