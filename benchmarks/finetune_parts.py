@@ -6,7 +6,7 @@ the host time of its parts before and after sweep.run_models.
 
 A study fine-tunes every model and the control on a task. Trained per model (as the first
 GPU call did), a task is one part per model and seed group, each with its fixed cost:
-the task's data tokenised, the trainer built, its programs loaded, a first step and
+the task's data tokenised, the program built, its compiled steps loaded, a first step and
 evaluation. Trained as one program (sweep.run_models), it is one part per seed group. For
 both, this times a part the way the study's sizing does (maelm_jax/study/timing.py: the
 program compiled, its steps timed, then a part started again, its programs from the

@@ -121,22 +121,22 @@ def main(argv) -> None:
     sides = {}
     schedule = setup_lib.schedule_of(t, steps_per_run)
     for name, group in (("alone", None), ("group", seeds)):
-        trainer = setup_lib.build(c, encoder_cfg, task, steps_per_run, buckets[0], mesh=mesh,
+        program = setup_lib.build(c, encoder_cfg, task, steps_per_run, buckets[0], mesh=mesh,
                                   runs=group and setup_lib.Runs.of_seeds(group, schedule))
-        state = trainer.state.init(None)
+        state = program.state.init(None)
         if group is None:
-            batches = (trainer.on_mesh(b) for _, b in train.train_batches(
+            batches = (program.on_mesh(b) for _, b in train.train_batches(
                 split, t.batch_size, buckets, 1, 10 ** 6, 0))
         else:
-            batches = (trainer.stacked_on_mesh(b) for b in seed_group.stacked_batches(
+            batches = (program.stacked_on_mesh(b) for b in seed_group.stacked_batches(
                 split, t.batch_size, buckets, group, 10 ** 6, 0))
-        sides[name] = types.SimpleNamespace(trainer=trainer, batches=batches, times=[])
+        sides[name] = types.SimpleNamespace(program=program, batches=batches, times=[])
         start = time.perf_counter()
-        with sharding.activate(trainer.mesh, trainer.rules):
+        with sharding.activate(program.mesh, program.rules):
             # Compiles the step (almost every batch of lengths up to max_seq_len pads to
             # the last bucket), then the untimed warm-up steps.
             for _ in range(1 + FLAGS.warmup):
-                state, metrics = trainer.train_step(state, next(batches))
+                state, metrics = program.train_step(state, next(batches))
             jax.block_until_ready((state, metrics))
         sides[name].state = state
         sides[name].compile_seconds = time.perf_counter() - start
@@ -145,16 +145,16 @@ def main(argv) -> None:
     for r in range(FLAGS.repeats):
         for name in (("alone", "group") if r % 2 == 0 else ("group", "alone")):
             side = sides[name]
-            with sharding.activate(side.trainer.mesh, side.trainer.rules):
+            with sharding.activate(side.program.mesh, side.program.rules):
                 start = time.perf_counter()
                 for _ in range(FLAGS.steps):
-                    side.state, metrics = side.trainer.train_step(side.state, next(side.batches))
+                    side.state, metrics = side.program.train_step(side.state, next(side.batches))
                 jax.block_until_ready((side.state, metrics))
             side.times.append((time.perf_counter() - start) / FLAGS.steps)
 
     evals = {}
     for name, side in sides.items():
-        run_eval = train.evaluator(side.trainer, t.eval_batch_size, buckets)(side.state.params)
+        run_eval = train.evaluator(side.program, t.eval_batch_size, buckets)(side.state.params)
 
         def evaluate(run_eval=run_eval):
             return run_eval(dev.sequences, dev.targets)

@@ -109,13 +109,13 @@ class Bench(Timed):
         vocab_size = config.tokenizer.vocab_size
         self.counts = pretrain_config.mask_counts(config)
         self.flops = setup_lib.step_flops(config, vocab_size)
-        trainer = setup_lib.build(config, vocab_size,
+        program = setup_lib.build(config, vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-        self.num_params = trainer.num_params
-        self.state, self.schedule = trainer.init(), trainer.schedule
-        self.tokens = jax.device_put(tokens, sharding.batch_sharding(trainer.mesh))
+        self.num_params = program.num_params
+        self.state, self.schedule = program.init(), program.schedule
+        self.tokens = jax.device_put(tokens, sharding.batch_sharding(program.mesh))
         start = time.perf_counter()
-        self.step = trainer.compile_train_step()
+        self.step = program.compile_train_step()
         self.compile_seconds = time.perf_counter() - start
 
     def step_once(self) -> None:

@@ -243,12 +243,12 @@ def export_train_step(config, platform: str) -> str:
             "Softmax", "ScaleBiasSoftmax", "SoftmaxDropout", "ScaleBiasSoftmaxDropout")
             for s in ("", "Backward")))]
     with _gpu_libraries_on_this_host():
-        trainer = setup_lib.build(config, config.tokenizer.vocab_size,
+        program = setup_lib.build(config, config.tokenizer.vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    with _gpu_libraries_on_this_host(), sharding.activate(trainer.mesh, trainer.rules):
-        exported = export.export(trainer.program, platforms=[platform],
+    with _gpu_libraries_on_this_host(), sharding.activate(program.mesh, program.rules):
+        exported = export.export(program.step, platforms=[platform],
                                  disabled_checks=checks)(
-            trainer.state.abstract, trainer.batch_spec(), trainer.schedule_spec())
+            program.state.abstract, program.batch_spec(), program.schedule_spec())
     return exported.mlir_module()
 
 

@@ -147,9 +147,9 @@ def main(argv):
     except sharding.MeshError as e:
         cli.fail(str(e), cli.program())
     vocab = c.tokenizer.vocab_size
-    trainer = setup_lib.build(c, vocab, mesh)
-    counts = trainer.counts
-    print(f"{c.objective}, {trainer.num_params / 1e6:.1f}M parameters, vocab {vocab}, "
+    program = setup_lib.build(c, vocab, mesh)
+    counts = program.counts
+    print(f"{c.objective}, {program.num_params / 1e6:.1f}M parameters, vocab {vocab}, "
           f"L={c.data.seq_len}, batch {c.train.batch_size} (accumulation "
           f"{c.train.grad_accum_steps}), compute {c.model.dtype}, "
           f"scan_layers={c.model.scan_layers}")
@@ -157,8 +157,8 @@ def main(argv):
              if FLAGS.topology else "host devices")
     print(f"mesh {dict(mesh.shape)} = {mesh.size} devices on {where}; encoder length "
           f"{counts.n_enc}, {counts.k} predicted per sequence")
-    params = per_device_bytes(trainer.state.abstract.params)
-    opt = per_device_bytes(trainer.state.abstract.opt_state)
+    params = per_device_bytes(program.state.abstract.params)
+    opt = per_device_bytes(program.state.abstract.opt_state)
     print(f"  parameters (float32)      {gib(params)} per device")
     print(f"  optimiser state           {gib(opt)} per device")
     if FLAGS.no_compile:

@@ -110,19 +110,19 @@ def main(argv):
     tok = run_data.setup_tokenizer(config, workdir)
     data = run_data.build_blocks(config, workdir, tok)
     t = config.train
-    trainer = setup_lib.build(config, tok.vocab_size,
+    program = setup_lib.build(config, tok.vocab_size,
                               sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    model, counts = trainer.model, trainer.counts
+    model, counts = program.model, program.counts
     eval_data = [jnp.asarray(b) for b in loader.eval_batches(data, t.batch_size, t.eval_batches)]
     batches = loader.train_batches(data, t.batch_size, config.seed)
-    state = trainer.init()
+    state = program.init()
     for step in range(1, FLAGS.steps + 1):
-        state, _ = trainer.train_step(state, next(batches))
+        state, _ = program.train_step(state, next(batches))
         if step % FLAGS.every == 0 or step == FLAGS.steps:
             totals = np.zeros(3)
             for i, tokens in enumerate(eval_data):
                 key = jax.random.fold_in(jax.random.PRNGKey(1), i)
-                sums = trainer.eval_step(state.params, tokens, key)
+                sums = program.eval_step(state.params, tokens, key)
                 totals += [float(sums[k]) for k in ("loss_sum", "correct_sum", "count")]
             print(f"step {step}: eval loss {totals[0] / totals[2]:.3f}, "
                   f"accuracy {totals[1] / totals[2]:.3f}", flush=True)

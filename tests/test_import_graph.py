@@ -135,7 +135,7 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 # choices, the shared sections, variants) and the workdir's layout; the models on them.
 # The engine both trainers share (training/) knows no mode's config.
 # Pretraining's objectives sit on the models and under the config that names them (and
-# merges their fields); pretraining's run, trainer and steps above its config (setup.py
+# merges their fields); pretraining's run, program and steps above its config (setup.py
 # counts a config's FLOPs for MFU: the config itself is plain data), beside reading its
 # runs back (runs.py). Fine-tuning and the other applications (analysis, fill-mask, the
 # study, the export) sit on both; main.py, outside the package, calls them.
@@ -171,7 +171,7 @@ def test_no_module_imports_from_a_higher_layer():
                     for dependency in deps if _level(module) < _level(dependency))
     assert not upward, f"imports from a higher layer: {upward}"
     # The check is real: fine-tuning imports pretraining (its runs read back), pretraining's
-    # steps its objectives, fine-tuning's trainer the shared engine, an objective the models.
+    # steps its objectives, fine-tuning's program the shared engine, an objective the models.
     assert any(_level(d) == 7 for d in graph["maelm_jax.finetune.encoder"])
     assert any(_level(d) == 5 for d in graph["maelm_jax.pretrain.steps"])
     assert any(_level(d) == 4 for d in graph["maelm_jax.finetune.setup"])

@@ -138,10 +138,10 @@ class GroupFineTuning(train.FineTuning):
     batches, and evaluations scored per run, each run's best kept here (the loop's one
     "best" is not used: `better` is never true)."""
 
-    def __init__(self, config: ml_collections.ConfigDict, trainer: setup_lib.Trainer, task,
+    def __init__(self, config: ml_collections.ConfigDict, program: setup_lib.Program, task,
                  run_eval_with, steps_per_epoch: int, started: float, keys: Sequence[str],
                  evals: list[dict], best_params: Any):
-        super().__init__(config, trainer, task, run_eval_with, steps_per_epoch, started)
+        super().__init__(config, program, task, run_eval_with, steps_per_epoch, started)
         self.keys = tuple(keys)
         self.runs_keep_best, self.keeps_best = self.keeps_best, False
         primary = task.primary_metric
@@ -155,7 +155,7 @@ class GroupFineTuning(train.FineTuning):
         self.best_params = None if best_params is None else jax.tree.map(np.array, best_params)
 
     def train_step(self, state, batch: dict):
-        return self.trainer.train_step(state, self.trainer.stacked_on_mesh(batch))
+        return self.program.train_step(state, self.program.stacked_on_mesh(batch))
 
     def log_line(self, step, means, steps, seconds):
         return {**means, "examples_per_sec": steps * self.t.batch_size * len(self.keys) / seconds,
@@ -300,13 +300,13 @@ def run_members(members: Sequence[Member], workdir: str,
     params, sources = _encoders(p, configs, keys)
     runs = setup_lib.Runs(tuple(int(c.seed) for c in configs), tuple(keys),
                           tuple(setup_lib.schedule_of(c.train, num_steps) for c in configs))
-    trainer = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0],
+    program = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0],
                               runs=runs)
     # The group keeps every run's best parameters itself (GroupFineTuning).
     _, progress, _, _ = train.train_prepared(
-        dataclasses.replace(p, encoder_params=params), trainer,
+        dataclasses.replace(p, encoder_params=params), program,
         lambda run_eval_with, progress, best_params: GroupFineTuning(
-            config, trainer, p.task, run_eval_with, p.steps_per_epoch, started, keys,
+            config, program, p.task, run_eval_with, p.steps_per_epoch, started, keys,
             progress.evals, best_params),
         lambda start: stacked_batches(p.task.train, t.batch_size, p.buckets, runs.seeds,
                                       t.num_epochs, start),

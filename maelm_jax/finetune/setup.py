@@ -1,4 +1,4 @@
-"""The fine-tuning trainer, built once from a config: `build(config, encoder_cfg, task, ...)`,
+"""The fine-tuning program, built once from a config: `build(config, encoder_cfg, task, ...)`,
 as pretrain/setup.py builds pretraining's.
 
 The run (finetune/train.py), the lowering tests and the analyses build what they run
@@ -43,8 +43,10 @@ class FinetuneState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Trainer:
-    """A fine-tuning run's model, optimiser, state layout and compiled steps on a mesh."""
+class Program:
+    """A fine-tuning run's program: its model, optimiser, state layout and compiled steps on
+    a mesh. What the loop (training/engine.py), the benchmarks and the tests run; the loop
+    is not here."""
 
     mesh: Mesh
     rules: tuple  # logical axis -> mesh axis rules
@@ -287,14 +289,14 @@ def make_eval_step(model: nn.Module, task) -> Callable:
 
 def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderConfig, task,
           num_steps: int, length: int, mesh: Mesh | None = None,
-          runs: Runs | None = None) -> Trainer:
-    """The trainer of a prepared fine-tuning `config` (finetune/config.py) for `task`
+          runs: Runs | None = None) -> Program:
+    """The program of a prepared fine-tuning `config` (finetune/config.py) for `task`
     (tasks.make_task) on `encoder_cfg`, over `num_steps` steps; `length`: any sequence
     length the model accepts. `mesh`: default sharding.fixed_mesh(config.mesh.shape).
 
-    `runs`: a group's trainer (seed_group.py), which trains its runs as one program: its
+    `runs`: a group's program (seed_group.py), which trains its runs as one program: its
     state has a leading runs axis (stacked_state_setup), its train step takes batches
-    stacked the same way (Trainer.stacked_on_mesh) and its eval step returns every run's
+    stacked the same way (Program.stacked_on_mesh) and its eval step returns every run's
     outputs ([runs, B, ...]) for one batch. None: the single run of config.seed.
     """
     mesh = mesh if mesh is not None else sharding.fixed_mesh(config.mesh.shape,
@@ -320,4 +322,4 @@ def build(config: ml_collections.ConfigDict, encoder_cfg: encoder_lib.EncoderCon
         # One eval batch for every run: only the parameters carry the runs axis.
         eval_step = steps.jit_eval_step(jax.vmap(eval_one, in_axes=(0, None)), setup, mesh,
                                         options)
-    return Trainer(mesh, rules, model, tx, setup, train_step, eval_step)
+    return Program(mesh, rules, model, tx, setup, train_step, eval_step)

@@ -104,14 +104,14 @@ def train_batches(train: tasks.Split, batch_size: int, buckets, seed: int, num_e
             yield epoch, batch
 
 
-def evaluator(trainer: setup_lib.Trainer, batch_size: int, buckets: tuple[int, ...]
+def evaluator(program: setup_lib.Program, batch_size: int, buckets: tuple[int, ...]
                ) -> Callable[[Any], tasks.RunEval]:
     """run_eval_with(params) -> the task's run_eval: the eval step over static-shape
     batches of the sequences it is given, outputs on the host."""
     def run_eval_with(params) -> tasks.RunEval:
         def run_eval(sequences, targets) -> tasks.BatchOutputs:
-            with sharding.activate(trainer.mesh, trainer.rules):
-                return [(b.rows, jax.device_get(trainer.eval_step(params, trainer.on_mesh(b))))
+            with sharding.activate(program.mesh, program.rules):
+                return [(b.rows, jax.device_get(program.eval_step(params, program.on_mesh(b))))
                         for b in data.eval_batches(sequences, targets, batch_size, buckets)]
         return run_eval
     return run_eval_with
@@ -125,10 +125,10 @@ class FineTuning:
 
     eval_split = "dev"
 
-    def __init__(self, config: ml_collections.ConfigDict, trainer: setup_lib.Trainer, task,
+    def __init__(self, config: ml_collections.ConfigDict, program: setup_lib.Program, task,
                  run_eval_with: Callable[[Any], tasks.RunEval], steps_per_epoch: int,
                  started: float):
-        self.t, self.trainer, self.task = config.train, trainer, task
+        self.t, self.program, self.task = config.train, program, task
         self.run_eval_with, self.steps_per_epoch = run_eval_with, steps_per_epoch
         self.num_steps = steps_per_epoch * self.t.num_epochs
         self.nonfinite, self.keeps_best = self.t.nonfinite, self.t.select == "best"
@@ -136,7 +136,7 @@ class FineTuning:
         self.started = started
 
     def train_step(self, state, batch: data.Batch):
-        return self.trainer.train_step(state, self.trainer.on_mesh(batch))
+        return self.program.train_step(state, self.program.on_mesh(batch))
 
     def log_due(self, step: int) -> bool:
         return step % self.t.log_every == 0
@@ -202,7 +202,7 @@ def results_record(p: inputs.Inputs, seed: int, evals: list[dict], best: int,
     }
 
 
-def train_prepared(p: inputs.Inputs, trainer: setup_lib.Trainer, make_run: Callable,
+def train_prepared(p: inputs.Inputs, program: setup_lib.Program, make_run: Callable,
                    make_batches: Callable[[int], Iterator],
                    records: Sequence[Callable[[], None]] = ()):
     """The session of a prepared run or seed group (lifecycle.session): the workdir made
@@ -215,12 +215,12 @@ def train_prepared(p: inputs.Inputs, trainer: setup_lib.Trainer, make_run: Calla
     after step `start`. Returns (state, progress, best params on the host or None,
     run_eval_with)."""
     t = p.config.train
-    sharding.check_batch(trainer.mesh, t.batch_size, 1)
-    sharding.check_batch(trainer.mesh, t.eval_batch_size, 1)
-    run_eval_with = evaluator(trainer, t.eval_batch_size, p.buckets)
+    sharding.check_batch(program.mesh, t.batch_size, 1)
+    sharding.check_batch(program.mesh, t.eval_batch_size, 1)
+    run_eval_with = evaluator(program, t.eval_batch_size, p.buckets)
     keeps_best = t.select == "best"
-    target = ResumeState(trainer.state.abstract,
-                         trainer.state.abstract.params if keeps_best else None)
+    target = ResumeState(program.state.abstract,
+                         program.state.abstract.params if keeps_best else None)
 
     def make_way() -> None:
         if p.resume:
@@ -229,12 +229,12 @@ def train_prepared(p: inputs.Inputs, trainer: setup_lib.Trainer, make_run: Calla
             start_over(p.workdir)
 
     with lifecycle.session(p.workdir, p.config, target,
-                           lambda: ResumeState(trainer.state.init(p.encoder_params), None),
+                           lambda: ResumeState(program.state.init(p.encoder_params), None),
                            KEEP_RESUME, p.resume, make_way, records) as session:
         best_params = (distributed.host_copy(session.state.best_params)
                        if keeps_best and session.progress.best is not None else None)
         run = make_run(run_eval_with, session.progress, best_params)
-        with sharding.activate(trainer.mesh, trainer.rules):
+        with sharding.activate(program.mesh, program.rules):
             state, progress, best_params = engine.train(
                 run, session.state.train, session.start, make_batches(session.start),
                 session.ckpt, session.writer, session.progress, best_params)
@@ -260,18 +260,18 @@ def run(config: ml_collections.ConfigDict, workdir: str,
     p = inputs.read_inputs(config, workdir, decision)
     config, workdir, t = p.config, p.workdir, p.config.train
     steps_per_epoch = p.steps_per_epoch
-    trainer = setup_lib.build(config, p.encoder_cfg, p.task, steps_per_epoch * t.num_epochs,
+    program = setup_lib.build(config, p.encoder_cfg, p.task, steps_per_epoch * t.num_epochs,
                               p.buckets[0])
     state, progress, best_params, run_eval_with = train_prepared(
-        p, trainer,
+        p, program,
         lambda run_eval_with, progress, best_params: FineTuning(
-            config, trainer, p.task, run_eval_with, steps_per_epoch, started),
+            config, program, p.task, run_eval_with, steps_per_epoch, started),
         lambda start: (batch for _, batch in train_batches(
             p.task.train, t.batch_size, p.buckets, config.seed, t.num_epochs, start)))
 
     best = progress.evals[progress.best]
     selected = best if t.select == "best" else progress.evals[-1]
-    params = (jax.device_put(best_params, trainer.state.shardings.params)
+    params = (jax.device_put(best_params, program.state.shardings.params)
               if t.select == "best" else state.params)
     with tempfile.TemporaryDirectory() as scratch:
         # Every process runs the evaluations (each is a step on the whole mesh); only

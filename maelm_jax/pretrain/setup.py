@@ -1,11 +1,11 @@
-"""The pretraining trainer, built once from a config: `build(config, vocab_size, mesh)`.
+"""The pretraining program, built once from a config: `build(config, vocab_size, mesh)`.
 
 The training loop, the memory planner (scripts/plan_memory.py), the benchmarks and the
 tests all build what they run through `build`, so the step a benchmark times or a test
 checks is the step the loop runs: the same model, optimiser and schedule, mask counts,
 state shardings and jitted steps. The model (`model_config`, `model`) and the FLOPs
 (`step_flops`) a config implies are built here too, for everything that needs one
-without a trainer (fill-mask, the analyses, reading a run back, MFU); the config itself
+without a program (fill-mask, the analyses, reading a run back, MFU); the config itself
 (maelm_jax/pretrain/config.py) stays plain data.
 """
 
@@ -35,8 +35,10 @@ from maelm_jax.training import steps
 
 
 @dataclasses.dataclass(frozen=True)
-class Trainer:
-    """A pretraining run's model, optimiser, state layout and compiled steps on a mesh."""
+class Program:
+    """A pretraining run's program: its model, optimiser, state layout and compiled steps on
+    a mesh. What the loop (training/engine.py), the benchmarks and the tests run; the loop
+    is not here."""
 
     config: ml_collections.ConfigDict
     vocab_size: int
@@ -49,10 +51,10 @@ class Trainer:
     # rate there] (optimizer.learning_rate_at): config.train's, or a time budget's plan.
     schedule_values: tuple[float, ...]
     state: state_lib.StateSetup  # init(), the abstract state and its shardings
-    # program(state, tokens [batch, L] int32, schedule) -> (state, metrics): the state
+    # step(state, tokens [batch, L] int32, schedule) -> (state, metrics): the state
     # donated, the batch split over data x fsdp, metrics replicated; compiles exactly once,
     # whatever the schedule.
-    program: Callable
+    step: Callable
     # eval_step(params, tokens [b, L] int32, key) -> masked-LM sums, replicated.
     eval_step: Callable
 
@@ -62,8 +64,8 @@ class Trainer:
 
     def train_step(self, state: pretrain_steps.TrainState,
                    tokens: jax.Array) -> tuple[pretrain_steps.TrainState, dict]:
-        """One optimiser step on the global batch `tokens` with this trainer's schedule."""
-        return self.program(state, tokens, self.schedule)
+        """One optimiser step on the global batch `tokens` with this program's schedule."""
+        return self.step(state, tokens, self.schedule)
 
     @functools.cached_property
     def schedule(self) -> jax.Array:
@@ -77,14 +79,14 @@ class Trainer:
         return jax.ShapeDtypeStruct((len(self.schedule_values),), np.float32,
                                     sharding=sharding.replicated(self.mesh))
 
-    def with_steps(self, config: ml_collections.ConfigDict) -> Trainer:
-        """This trainer running `config` (this one's, with other train.num_steps and the
+    def with_steps(self, config: ml_collections.ConfigDict) -> Program:
+        """This program running `config` (this one's, with other train.num_steps and the
         schedule and cadence scaled to them): the same compiled programs."""
         return dataclasses.replace(self, config=config,
                                    schedule_values=schedule_values(config.train))
 
-    def with_schedule(self, values: tuple[float, ...]) -> Trainer:
-        """This trainer with the learning-rate schedule `values` (a time budget's re-plan):
+    def with_schedule(self, values: tuple[float, ...]) -> Program:
+        """This program with the learning-rate schedule `values` (a time budget's re-plan):
         the same compiled programs."""
         return dataclasses.replace(self, schedule_values=tuple(values))
 
@@ -101,7 +103,7 @@ class Trainer:
     def lower_train_step(self) -> Any:
         """The train step lowered for the abstract state and batch (jax's Lowered)."""
         with sharding.activate(self.mesh, self.rules):
-            return self.program.lower(self.state.abstract, self.batch_spec(),
+            return self.step.lower(self.state.abstract, self.batch_spec(),
                                       self.schedule_spec())
 
     def compile_train_step(self) -> Any:
@@ -181,8 +183,8 @@ def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None = None,
-          rules: tuple | None = None) -> Trainer:
-    """The trainer a validated pretraining `config` describes, on `mesh` (default: the
+          rules: tuple | None = None) -> Program:
+    """The program a validated pretraining `config` describes, on `mesh` (default: the
     config's mesh.shape and dcn_shape over all devices) with `rules` (default:
     config.sharding_rules)."""
     t = config.train
@@ -197,12 +199,12 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     # before the schedule was data restore.
     tx = optimizer_lib.make_optimizer(t, counts_updates=True)
     state = pretrain_steps.state_setup(model, tx, config.seed, counts, mesh, rules, t.prng_impl)
-    program = steps.jit_train_step(
+    step = steps.jit_train_step(
         pretrain_steps.make_train_step(model, model_cfg, objective, tx, counts, vocab_size,
                                        t.grad_accum_steps, t.prng_impl),
         state, mesh, replicated_args=1)
     eval_step = steps.jit_eval_step(
         pretrain_steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
         replicated_args=1)
-    return Trainer(config, vocab_size, mesh, rules, counts, model, tx,
-                   schedule_values(t), state, program, eval_step)
+    return Program(config, vocab_size, mesh, rules, counts, model, tx,
+                   schedule_values(t), state, step, eval_step)

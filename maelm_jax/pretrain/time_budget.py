@@ -26,25 +26,25 @@ MEASURED_STEPS = 5
 MEASURED_CHECKPOINTS = ".time-budget-checkpoints"  # in the workdir while they are timed
 
 
-def measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
+def measure(program: setup_lib.Program, config: ml_collections.ConfigDict,
              batches: Iterator[np.ndarray], eval_data: list[jax.Array],
              workdir: paths.Path) -> budget_lib.Costs:
-    """The costs of a step, an evaluation and a checkpoint of `trainer` on these devices,
+    """The costs of a step, an evaluation and a checkpoint of `program` on these devices,
     on a state of its own (freed after),
     each step fed as the run's are (`batches`: the loader's, read and sent to the devices
     within the step's time). The checkpoints are written where the run's go (the workdir,
     which every process shares), in a scratch directory removed after."""
-    state = [trainer.init()]
+    state = [program.init()]
 
     def step():
-        batch = sharding.global_batch(next(batches), trainer.mesh)
-        state[0], metrics = trainer.train_step(state[0], batch)
+        batch = sharding.global_batch(next(batches), program.mesh)
+        state[0], metrics = program.train_step(state[0], batch)
         return metrics
 
     def evaluation():
-        return evaluation_lib.evaluate(trainer.eval_step, state[0].params, eval_data, config.seed)
+        return evaluation_lib.evaluate(program.eval_step, state[0].params, eval_data, config.seed)
 
-    with sharding.activate(trainer.mesh, trainer.rules):
+    with sharding.activate(program.mesh, program.rules):
         _, step_seconds = timer.timed(step, MEASURED_STEPS)
         _, eval_seconds = timer.timed(evaluation, 1)
         scratch = workdir / MEASURED_CHECKPOINTS
@@ -71,7 +71,7 @@ def measure(trainer: setup_lib.Trainer, config: ml_collections.ConfigDict,
                             checkpoint=checkpoint_seconds)
 
 
-def plan_run(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, mesh,
+def plan_run(config: ml_collections.ConfigDict, workdir: paths.Path, program, mesh,
             batches: Callable[[], Iterator[np.ndarray]], eval_data: list[jax.Array],
             vocab_size: int, started: float, resumed: bool) -> tuple[budget_lib.Plan, bool]:
     """(the run's plan, whether it was made now): read back (a resumed run keeps it,
@@ -86,7 +86,7 @@ def plan_run(config: ml_collections.ConfigDict, workdir: paths.Path, trainer, me
         raise budget_lib.BudgetError(
             f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "
             f"{layout.PLAN_FILE}); continue it without one, or use another --workdir")
-    costs = measure(trainer, config, batches(), eval_data, workdir)
+    costs = measure(program, config, batches(), eval_data, workdir)
     device = f"{mesh.size} x {jax.devices()[0].device_kind}"
     # The planned run runs the measured programs (its schedule is data): what is left of
     # the budget is what the measurement left.

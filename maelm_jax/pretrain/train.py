@@ -144,7 +144,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
         if len(b) >= dp
     ]
-    trainer = setup_lib.build(config, tok.vocab_size, mesh, rules)
+    program = setup_lib.build(config, tok.vocab_size, mesh, rules)
     # The config the run trains with: the given one, or with a time budget, scaled to its
     # plan (config.json records the given one; plan.json the plan).
     run_config, plan, planned_now = config, None, False
@@ -157,7 +157,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if budgeted:
         try:
             plan, planned_now = time_budget.plan_run(
-                config, workdir, trainer, mesh, batches, eval_data, tok.vocab_size, started,
+                config, workdir, program, mesh, batches, eval_data, tok.vocab_size, started,
                 resumed=bool(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)))
         except budget_lib.BudgetError:
             if distributed.is_leader():
@@ -165,12 +165,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             raise
         run_config = config.copy_and_resolve_references()
         budget_lib.scale_schedule(run_config.train, plan.steps)
-        trainer = trainer.with_steps(run_config)
+        program = program.with_steps(run_config)
     utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size,
                                   jax.devices()[0].device_kind)
     # The accuracy of always predicting the most frequent piece, logged with every eval.
     top_piece, unigram_accuracy = loader.unigram_baseline(data, tok.vocab_size)
-    _log_run(config, trainer, utilisation, spans)
+    _log_run(config, program, utilisation, spans)
     logging.info("unigram baseline: the most frequent piece %r is %.1f %% of training tokens",
                  tok.id_to_piece(top_piece), 100 * unigram_accuracy)
 
@@ -178,17 +178,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     records = [lambda: time_budget.record(workdir, plan)] if planned_now else []
     # Its checkpoints are the run's: it continues from the latest, whatever the decision
     # (a changed config allowed continues too: PRETRAINING.override).
-    with lifecycle.session(workdir, config, trainer.state.abstract, trainer.init,
+    with lifecycle.session(workdir, config, program.state.abstract, program.init,
                            t.keep_checkpoints, resume=True, records=records) as session:
         replanner = None
         if plan is not None:
             replanner = budget_lib.Replanner(
-                plan, trainer.schedule_values, session.start, started, run_config.train,
+                plan, program.schedule_values, session.start, started, run_config.train,
                 cap=t.num_steps, replans=planned_now,
                 record=lambda plan: time_budget.record(workdir, plan))
-        run = Pretraining(run_config, trainer, eval_data, utilisation, unigram_accuracy,
+        run = Pretraining(run_config, program, eval_data, utilisation, unigram_accuracy,
                           resumed=session.start > 0, replanner=replanner)
-        with sharding.activate(trainer.mesh, trainer.rules):
+        with sharding.activate(program.mesh, program.rules):
             _, progress, _ = engine.train(run, session.state, session.start,
                                           batches(session.start), session.ckpt,
                                           session.writer, session.progress)
@@ -198,12 +198,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return {k: v for k, v in last.items() if k != "step"}
 
 
-def _log_run(config: ml_collections.ConfigDict, trainer: setup_lib.Trainer,
+def _log_run(config: ml_collections.ConfigDict, program: setup_lib.Program,
              utilisation: mfu.Utilisation, spans) -> None:
     """What the run is, in the log before it starts: the model, its masking, MFU's peak
     and the rows this process reads."""
-    logging.info("%s model: %.2fM parameters", config.objective, trainer.num_params / 1e6)
-    counts = trainer.counts
+    logging.info("%s model: %.2fM parameters", config.objective, program.num_params / 1e6)
+    counts = program.counts
     logging.info("masking: k=%d predicted (%d [MASK], %d random, %d unchanged), encoder "
                  "length %d of %d", counts.k, counts.k_mask, counts.k_random, counts.k_keep,
                  counts.n_enc, counts.seq_len)
@@ -249,7 +249,7 @@ class Pretraining:
     eval_split = "eval"
     keeps_best = False  # the checkpoints are what a pretraining run keeps
 
-    def __init__(self, config: ml_collections.ConfigDict, trainer: setup_lib.Trainer,
+    def __init__(self, config: ml_collections.ConfigDict, program: setup_lib.Program,
                  eval_data: list[jax.Array], utilisation: mfu.Utilisation,
                  unigram_accuracy: float, resumed: bool,
                  replanner: budget_lib.Replanner | None = None):
@@ -258,15 +258,15 @@ class Pretraining:
         self.saved = resumed  # whether the workdir holds a checkpoint of this run
         self.t, self.seq_len, self.seed = config.train, config.data.seq_len, config.seed
         self.num_steps, self.nonfinite = self.t.num_steps, self.t.nonfinite
-        self.trainer, self.eval_data = trainer, eval_data
+        self.program, self.eval_data = program, eval_data
         self.utilisation, self.unigram_accuracy = utilisation, unigram_accuracy
         self.replanner = replanner
         if replanner is not None:
             self.num_steps = replanner.end
-            self.trainer = trainer.with_schedule(replanner.schedule)
+            self.program = program.with_schedule(replanner.schedule)
 
     def train_step(self, state, tokens: np.ndarray):
-        return self.trainer.train_step(state, sharding.global_batch(tokens, self.trainer.mesh))
+        return self.program.train_step(state, sharding.global_batch(tokens, self.program.mesh))
 
     def log_due(self, step: int) -> bool:
         return step % self.t.log_every == 0
@@ -284,7 +284,7 @@ class Pretraining:
         if revision is None:
             return
         self.num_steps = self.replanner.end
-        self.trainer = self.trainer.with_schedule(self.replanner.schedule)
+        self.program = self.program.with_schedule(self.replanner.schedule)
         logging.info("time budget: at step %d the loop ran %.1f ms a step (%.1f measured "
                      "before it): the run ends at step %d (was %d), predicted %.0f s after the "
                      "start", step, revision.step_seconds * 1e3,
@@ -305,7 +305,7 @@ class Pretraining:
 
     def evaluate(self, state, step: int) -> dict[str, float]:
         with self._paused(evaluation=True):
-            scores = evaluation.evaluate(self.trainer.eval_step, state.params,
+            scores = evaluation.evaluate(self.program.eval_step, state.params,
                                          self.eval_data, self.seed)
         return {**scores, "unigram_accuracy": self.unigram_accuracy}
 

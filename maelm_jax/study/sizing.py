@@ -12,7 +12,7 @@ that the prediction ends within the time left. The plan is written to
 
 The timing model (`predict`), every term measured on this machine:
 * each model's pretraining: its steps times its step, plus what its part adds (its
-  trainer, its programs from the cache, the final evaluation and checkpoint);
+  program built, its compiled steps from the cache, the final evaluation and checkpoint);
 * the rank analysis: its measured time per model, and reading each model back from its
   checkpoint (measured on a checkpoint written and read at the start);
 * each task: one fine-tuning part per program instance (`finetune_programs`: the models

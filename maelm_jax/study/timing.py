@@ -2,8 +2,8 @@
 
 Each measurement runs the program a part will run (built the same way, so JAX's
 compilation cache finds it again), compiles it, times its steps after that, and then
-times a part's fixed cost by doing what the part does once more: building its trainer
-again, loading its programs (from the cache where there is one), its first step, its
+times a part's fixed cost by doing what the part does once more: building its program
+again, loading its compiled steps (from the cache where there is one), its first step, its
 evaluation and, for pretraining, its checkpoint. Nothing here is a guessed share: what a
 part costs besides its steps is what starting one again took. maelm_jax/study/sizing.py
 turns these figures into the study's plan.
@@ -47,8 +47,8 @@ class Timing:
     pretrain_step: dict[str, float]  # per model, one train step
     # Per model, compiling its programs: initialisation, train step and evaluation.
     pretrain_compile: dict[str, float]
-    # Per model, what its pretraining part adds besides its steps: its trainer built
-    # again, its programs loaded, its first step, the evaluation at its end and its
+    # Per model, what its pretraining part adds besides its steps: its program built
+    # again, its compiled steps loaded, its first step, the evaluation at its end and its
     # checkpoint written.
     pretrain_part: dict[str, float]
     # Per model, reading its encoder back from its checkpoint, as the rank analysis and
@@ -58,7 +58,7 @@ class Timing:
     finetune_eval: float  # one eval batch of it (every run's parameters at once)
     finetune_compile: float  # its initialisation, train and eval programs
     # What a fine-tuning part adds besides its steps and evaluations: its task data, its
-    # trainer, loading its programs, its first step and evaluation. A part's fixed cost: a
+    # program, loading its compiled steps, its first step and evaluation. A part's fixed cost: a
     # model without it under-predicts a call's time.
     finetune_part: float
     finetune_runs: int  # the runs the measured program trains (models x seeds)
@@ -79,31 +79,31 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
 
     def part():
         start = time.perf_counter()
-        trainer = setup_lib.build(c, vocab_size)
-        state = [trainer.init()]
+        program = setup_lib.build(c, vocab_size)
+        state = [program.init()]
         batch = sharding.global_batch_from_full(
-            _random_rows(c, vocab_size, c.train.batch_size), trainer.mesh)
+            _random_rows(c, vocab_size, c.train.batch_size), program.mesh)
         evals = [batch] * c.train.eval_batches
-        return trainer, state, batch, evals, time.perf_counter() - start
+        return program, state, batch, evals, time.perf_counter() - start
 
-    trainer, state, batch, evals, built = part()
+    program, state, batch, evals, built = part()
 
     def step():
-        state[0], metrics = trainer.train_step(state[0], batch)
+        state[0], metrics = program.train_step(state[0], batch)
         return metrics
 
-    with sharding.activate(trainer.mesh, trainer.rules):
+    with sharding.activate(program.mesh, program.rules):
         compile_train, step_seconds = timer.timed(step, repeats)
         start = time.perf_counter()
-        pretrain_evaluation.evaluate(trainer.eval_step, state[0].params, evals[:1], c.seed)
+        pretrain_evaluation.evaluate(program.eval_step, state[0].params, evals[:1], c.seed)
         compile_eval = time.perf_counter() - start
     # A part again: build, its programs (found in the cache), a step, its evaluation and
     # its checkpoint.
-    trainer, state, batch, evals, again = part()
-    with sharding.activate(trainer.mesh, trainer.rules), tempfile.TemporaryDirectory() as d:
+    program, state, batch, evals, again = part()
+    with sharding.activate(program.mesh, program.rules), tempfile.TemporaryDirectory() as d:
         start = time.perf_counter()
         jax.block_until_ready(step())
-        pretrain_evaluation.evaluate(trainer.eval_step, state[0].params, evals, c.seed)
+        pretrain_evaluation.evaluate(program.eval_step, state[0].params, evals, c.seed)
         ckpt = checkpoint_lib.Checkpointer(d, 1)
         ckpt.save(1, state[0], {"step": 1})
         ckpt.wait()
@@ -144,40 +144,40 @@ def time_finetuning(pretrain: ml_collections.ConfigDict, c: ml_collections.Confi
                                  * len(keys)) if len(keys) > 1 else None)
 
     def part():
-        """A part's start: (trainer, [state], a train batch, an eval batch)."""
+        """A part's start: (program, [state], a train batch, an eval batch)."""
         task_data = tasks.make_task(c, tok, max_len)
-        trainer = finetune_setup.build(c, encoder, task_data, 1000, max_len, runs=group)
+        program = finetune_setup.build(c, encoder, task_data, 1000, max_len, runs=group)
         if group:
             arrays = next(seed_group.stacked_batches(task_data.train, c.train.batch_size,
                                                      buckets, seeds, 1, 0))
-            batch = trainer.stacked_on_mesh(arrays)
+            batch = program.stacked_on_mesh(arrays)
         else:
-            batch = trainer.on_mesh(next(finetune_train.train_batches(
+            batch = program.on_mesh(next(finetune_train.train_batches(
                 task_data.train, c.train.batch_size, buckets, seeds[0], 1, 0))[1])
         split = task_data.eval_splits()[0]
-        eval_batch = trainer.on_mesh(next(iter(finetune_data.eval_batches(
+        eval_batch = program.on_mesh(next(iter(finetune_data.eval_batches(
             split.sequences, split.targets, c.train.eval_batch_size, buckets))))
-        return trainer, batch, eval_batch
+        return program, batch, eval_batch
 
-    trainer, batch, eval_batch = part()
+    program, batch, eval_batch = part()
     start = time.perf_counter()
-    state = [jax.block_until_ready(trainer.state.init(None))]
+    state = [jax.block_until_ready(program.state.init(None))]
     compile_init = time.perf_counter() - start
 
     def step():
-        state[0], metrics = trainer.train_step(state[0], batch)
+        state[0], metrics = program.train_step(state[0], batch)
         return metrics
 
-    with sharding.activate(trainer.mesh, trainer.rules):
+    with sharding.activate(program.mesh, program.rules):
         compile_train, step_seconds = timer.timed(step, repeats)
         compile_eval, eval_seconds = timer.timed(
-            lambda: trainer.eval_step(state[0].params, eval_batch), repeats)
+            lambda: program.eval_step(state[0].params, eval_batch), repeats)
     start = time.perf_counter()
-    trainer, batch, eval_batch = part()
-    state = [trainer.state.init(None)]
-    with sharding.activate(trainer.mesh, trainer.rules):
+    program, batch, eval_batch = part()
+    state = [program.state.init(None)]
+    with sharding.activate(program.mesh, program.rules):
         jax.block_until_ready(step())  # the state is donated: step() keeps the new one
-        jax.block_until_ready(trainer.eval_step(state[0].params, eval_batch))
+        jax.block_until_ready(program.eval_step(state[0].params, eval_batch))
     again = time.perf_counter() - start - step_seconds - eval_seconds
     return (compile_init + compile_train + compile_eval, step_seconds, eval_seconds,
             max(again, 0.0))

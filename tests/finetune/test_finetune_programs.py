@@ -24,17 +24,17 @@ pytestmark = pytest.mark.tier("integration")
 def _lowered_step(settings, tmp_path, **changes) -> str:
     p = inputs.read_inputs(*inputs.check_run(tiny_finetuning(settings, **changes), str(tmp_path)))
     t = p.config.train
-    trainer = setup_lib.build(p.config, p.encoder_cfg, p.task,
+    program = setup_lib.build(p.config, p.encoder_cfg, p.task,
                               p.steps_per_epoch * t.num_epochs, p.buckets[0])
-    layout = sharding.batch_sharding(trainer.mesh)
+    layout = sharding.batch_sharding(program.mesh)
     size = t.batch_size
     batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=layout)
              for name, shape, dtype in (("tokens", (size, 16), np.int32),
                                         ("key_mask", (size, 16), bool),
                                         ("labels", (size,), np.int32),
                                         ("weights", (size,), np.float32))}
-    with sharding.activate(trainer.mesh, trainer.rules):
-        return trainer.train_step.lower(trainer.state.abstract, batch).as_text()
+    with sharding.activate(program.mesh, program.rules):
+        return program.train_step.lower(program.state.abstract, batch).as_text()
 
 
 def test_one_program_serves_every_learning_rate_warmup_and_length(sst2_settings, tmp_path):

@@ -112,8 +112,8 @@ def test_decoder_dropout_only_when_configured(kind):
 def test_cross_train_step_compiles_once_and_learns():
     c = _cross_config()
     c.train.learning_rate = 3e-3
-    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    train_step, state = trainer.train_step, trainer.init()
+    program = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    train_step, state = program.train_step, program.init()
     # A fixed batch: the loss must fall as the model memorises it.
     tokens = jnp.asarray(np.random.default_rng(0).integers(
         tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, c.data.seq_len)), jnp.int32)
@@ -121,7 +121,7 @@ def test_cross_train_step_compiles_once_and_learns():
     for _ in range(20):
         state, metrics = train_step(state, tokens)
         losses.append(float(metrics["loss"]))
-    assert trainer.program._cache_size() == 1
+    assert program.step._cache_size() == 1
     assert losses[-1] < losses[0] - 0.5, losses
 
 

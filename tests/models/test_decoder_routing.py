@@ -54,11 +54,11 @@ def _pairs_accuracy(objective: str, num_steps: int, **decoder_options) -> float:
     """Trains on the pairs task and returns the masked-token accuracy on fresh pairs."""
     c = _pairs_config(objective, **decoder_options)
     c.train.num_steps = num_steps
-    trainer = setup_lib.build(c, PAIRS_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    state, rng = trainer.init(), np.random.default_rng(0)
+    program = setup_lib.build(c, PAIRS_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    state, rng = program.init(), np.random.default_rng(0)
     for _ in range(num_steps):
-        state, _ = trainer.train_step(state, jnp.asarray(_pairs(rng, c.train.batch_size)))
-    sums = trainer.eval_step(state.params, jnp.asarray(_pairs(rng, 256)), jax.random.PRNGKey(1))
+        state, _ = program.train_step(state, jnp.asarray(_pairs(rng, c.train.batch_size)))
+    sums = program.eval_step(state.params, jnp.asarray(_pairs(rng, 256)), jax.random.PRNGKey(1))
     return float(sums["correct_sum"] / sums["count"])
 
 

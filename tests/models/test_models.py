@@ -338,8 +338,8 @@ def test_rel_pos_init_reaches_the_encoder_and_decoder_tables(objective):
 
 
 def test_every_parameter_has_logical_axes():
-    trainer = setup_lib.build(_model("maelm")[2], VOCAB, single_device_mesh())
-    state, specs = trainer.init(), trainer.state.logical_specs.params
+    program = setup_lib.build(_model("maelm")[2], VOCAB, single_device_mesh())
+    state, specs = program.init(), program.state.logical_specs.params
     leaves = jax.tree.leaves(state.params)
     spec_leaves = jax.tree.leaves(
         specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))

@@ -50,8 +50,8 @@ def test_scanned_stack_computes_the_per_layer_function(pre_ln):
 
 
 def _train_step(c):
-    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    return trainer.init(), trainer.state, trainer.train_step
+    program = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    return program.init(), program.state, program.train_step
 
 
 @pytest.mark.parametrize("objective, policy", [("maelm", "full"), ("mlm", "dots_no_batch")])
@@ -77,7 +77,7 @@ def test_scanned_rematerialised_step_matches_the_plain_one(objective, policy):
                  jax.device_get(new_plain.params))
     for _ in range(2):
         new_scanned, _ = scanned_step(new_scanned, tokens)
-    assert scanned_step.__self__.program._cache_size() == 1  # the trainer's program
+    assert scanned_step.__self__.step._cache_size() == 1  # the program's jitted step
 
 
 def test_checkpoints_restore_across_layouts_and_fine_tuning_reads_stacked(tmp_path):

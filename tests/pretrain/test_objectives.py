@@ -165,11 +165,11 @@ def test_a_registered_objective_brings_its_fields_and_rules(toy, tiny_tokenizer)
     losses = {}
     for weight in (0.0, 0.5):
         c.toy.z_weight = weight
-        trainer = setup_lib.build(c, TINY_VOCAB)
+        program = setup_lib.build(c, TINY_VOCAB)
         tokens = np.random.default_rng(0).integers(
             5, TINY_VOCAB, (c.train.batch_size, c.data.seq_len), dtype=np.int32)
-        with sharding.activate(trainer.mesh, trainer.rules):
-            _, m = trainer.train_step(trainer.init(), sharding.global_batch(tokens, trainer.mesh))
+        with sharding.activate(program.mesh, program.rules):
+            _, m = program.train_step(program.init(), sharding.global_batch(tokens, program.mesh))
         losses[weight] = (float(m["loss"]), float(m["aux"]))
     assert losses[0.5][0] - losses[0.0][0] == pytest.approx(0.5 * losses[0.0][1], rel=1e-3)
     c.toy = ml_collections.ConfigDict({"head_bias": "no", "z_weight": 0.0})  # as recorded

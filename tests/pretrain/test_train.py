@@ -28,8 +28,8 @@ pytestmark = pytest.mark.tier("integration")
 
 def _step_fn(c):
     """The train step exactly as the loop compiles it, on one device."""
-    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    return trainer.init(), trainer.train_step
+    program = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    return program.init(), program.train_step
 
 
 def _bf16_losses(output_dtype: str, seed: int, steps: int = 40) -> np.ndarray:
@@ -86,7 +86,7 @@ def test_train_step_compiles_once(objective, accum, ablation):
         tokens = rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)).astype(np.int32)
         state, metrics = train_step(state, jnp.asarray(tokens))
         losses.append(float(metrics["loss"]))
-    assert train_step.__self__.program._cache_size() == 1  # the trainer's program
+    assert train_step.__self__.step._cache_size() == 1  # the program's jitted step
     assert int(state.step) == 24
     assert np.all(np.isfinite(losses))
 
@@ -117,8 +117,8 @@ def test_eval_reports_each_category_of_80_10_10(objective):
     Tables 1 and 2c), next to the overall figures they add up to."""
     c = tiny_config(objective)
     c.masking.mask_ratio, c.masking.mask_frac, c.masking.random_frac = 0.4, 0.8, 0.1
-    trainer = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    counts, state, eval_step = trainer.counts, trainer.init(), trainer.eval_step
+    program = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    counts, state, eval_step = program.counts, program.init(), program.eval_step
     rng = np.random.default_rng(0)
     batches = [jnp.asarray(rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (8, 32)), jnp.int32)
                for _ in range(2)]

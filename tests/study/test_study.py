@@ -307,7 +307,7 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
     assert {m: p["step"] for m, p in first["pretraining"].items()} == sizing["steps"]
     assert set(sizing["timing"]["pretrain_step"]) == {"mlm", "maelm"}
     assert sizing["timing"]["finetune_step"] > 0
-    # What each part adds besides its steps (its data, trainer, programs, first step,
+    # What each part adds besides its steps (its data, program, compiled steps, first step,
     # evaluation) is timed, as is the rank analysis; the two models' encoders and the
     # control's are one for fine-tuning: 9 runs, one program per head kind.
     timing = sizing["timing"]

@@ -171,7 +171,7 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
     preempt_at(monkeypatch, c, run, 3)
     plan = budget.read(run)
     assert len(measured) == 1 and plan.costs.step == 30.0
-    assert len(built) == 1 and built[0].program._cache_size() == 1
+    assert len(built) == 1 and built[0].step._cache_size() == 1
     assert plan.steps == budget.plan_steps(570.0 - plan.spent_seconds, plan.costs, 1000,
                                            1000, 100)
     assert plan.steps == 19 and not plan.revisions  # 570 s at 30 s a step, the loop's too

@@ -93,11 +93,11 @@ def pretraining_config(size: str, model: str, impl: str):
 
 
 def lower_train_step(config, platform: str) -> str:
-    trainer = setup_lib.build(config, config.tokenizer.vocab_size,
+    program = setup_lib.build(config, config.tokenizer.vocab_size,
                               sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
-    with sharding.activate(trainer.mesh, trainer.rules):
-        return lower(trainer.program, platform, trainer.state.abstract, trainer.batch_spec(),
-                     trainer.schedule_spec())
+    with sharding.activate(program.mesh, program.rules):
+        return lower(program.step, platform, program.state.abstract, program.batch_spec(),
+                     program.schedule_spec())
 
 
 def check_kernels(text: str, impl: str, attention_layers: int, cross: bool = False,
@@ -226,10 +226,10 @@ def test_pallas_runs_per_shard_on_a_mesh():
     take each device's rows and heads (shard_map), not the whole batch gathered onto every
     device: [32 / 4, 128, 4 / 2, 64] blocks."""
     c = pretraining_config("small,layers=2", "mlm", "pallas")
-    trainer = setup_lib.build(c, c.tokenizer.vocab_size, sharding.make_mesh((4, 1, 2)))
-    with sharding.activate(trainer.mesh, trainer.rules):
-        text = lower(trainer.program, "cuda", trainer.state.abstract, trainer.batch_spec(),
-                     trainer.schedule_spec())
+    program = setup_lib.build(c, c.tokenizer.vocab_size, sharding.make_mesh((4, 1, 2)))
+    with sharding.activate(program.mesh, program.rules):
+        text = lower(program.step, "cuda", program.state.abstract, program.batch_spec(),
+                     program.schedule_spec())
     calls = [line for line in text.splitlines() if f"@{TRITON}" in line]
     assert len(calls) == 6 and all("tensor<8x128x2x64xbf16>" in line for line in calls)
     assert "tensor<32x128x4x64xbf16>" not in " ".join(calls)

@@ -38,8 +38,8 @@ def shardable_config(**model):
 
 def run_steps(c, mesh, n=3, state=None, skip=0):
     """n train steps on `mesh` (after skipping `skip` batches of the fixed stream)."""
-    trainer = setup_lib.build(c, TINY_VOCAB, mesh, sharding.DEFAULT_RULES)
-    state = trainer.init() if state is None else state
+    program = setup_lib.build(c, TINY_VOCAB, mesh, sharding.DEFAULT_RULES)
+    state = program.init() if state is None else state
     rng = np.random.default_rng(0)
     losses = []
     with sharding.activate(mesh, sharding.DEFAULT_RULES):
@@ -47,10 +47,10 @@ def run_steps(c, mesh, n=3, state=None, skip=0):
             rows = rng.integers(tokenizer.NUM_SPECIAL, TINY_VOCAB, (c.train.batch_size, 32))
             if i < skip:
                 continue
-            state, metrics = trainer.train_step(
+            state, metrics = program.train_step(
                 state, sharding.global_batch(rows.astype(np.int32), mesh))
             losses.append(float(metrics["loss"]))
-    return losses, state, trainer.state
+    return losses, state, program.state
 
 
 def single_device_mesh():
@@ -261,11 +261,11 @@ data = shards.PreparedData(None, 32, {"a": rng.integers(5, TINY_VOCAB, (64, 32))
                             {"a": 1.0})
 spans = sharding.process_spans(mesh, 16)
 batches = loader.train_batches(data, 16, seed=0, spans=spans)
-trainer = setup_lib.build(c, TINY_VOCAB, mesh, sharding.DEFAULT_RULES)
-state, losses = trainer.init(), []
+program = setup_lib.build(c, TINY_VOCAB, mesh, sharding.DEFAULT_RULES)
+state, losses = program.init(), []
 with sharding.activate(mesh, sharding.DEFAULT_RULES):
     for _ in range(3):
-        state, metrics = trainer.train_step(state, sharding.global_batch(next(batches), mesh))
+        state, metrics = program.train_step(state, sharding.global_batch(next(batches), mesh))
         losses.append(float(metrics["loss"]))
 print("RESULT", json.dumps({"spans": spans, "losses": losses}), flush=True)
 """

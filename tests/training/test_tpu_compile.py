@@ -209,8 +209,8 @@ def pretraining_step(model: str, shape, devices, dcn_shape=(-1, 1, 1)):
     setup_lib.resolve_auto(c, "tpu")
     pretrain_config.validate(c)
     mesh = sharding.make_mesh(shape, devices, dcn_shape)
-    trainer = setup_lib.build(c, c.tokenizer.vocab_size, mesh)
-    return trainer, trainer.compile_train_step()
+    program = setup_lib.build(c, c.tokenizer.vocab_size, mesh)
+    return program, program.compile_train_step()
 
 
 @pytest.fixture(scope="module")
@@ -223,11 +223,11 @@ def v5e_8():
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["maelm", "3ml_cross"])
 def test_pretraining_step_compiles_for_a_v5e_8_with_fsdp(model, v5e_8):
-    trainer, compiled = pretraining_step(model, (2, 4, 1), v5e_8)
-    assert trainer.config.model.attention_impl == "pallas"
+    program, compiled = pretraining_step(model, (2, 4, 1), v5e_8)
+    assert program.config.model.attention_impl == "pallas"
     check_fits(compiled, v5e_8)
-    check_fsdp(compiled, trainer.state.abstract, fsdp=4)
-    decoder = trainer.config.model.get("decoder")
+    check_fsdp(compiled, program.state.abstract, fsdp=4)
+    decoder = program.config.model.get("decoder")
     check_attention_kernels(compiled.as_text(), rows=32 // 8, heads=12,
                             decoder_heads=decoder.num_heads if decoder else 12)
 
@@ -236,22 +236,22 @@ def test_pretraining_step_compiles_for_a_v5e_8_with_fsdp(model, v5e_8):
 def test_data_parallel_step_all_reduces_whole_gradients(v5e_8):
     """On (8, 1, 1) every device holds whole parameters, so gradients are all-reduced
     whole: the same checks that pass on the FSDP mesh see it (they can fail)."""
-    trainer, compiled = pretraining_step("mlm", (8, 1, 1), v5e_8)
+    program, compiled = pretraining_step("mlm", (8, 1, 1), v5e_8)
     check_fits(compiled, v5e_8)
-    _, whole = whole_shapes(trainer.state.abstract.params)
+    _, whole = whole_shapes(program.state.abstract.params)
     assert any(shape in whole for shape in collectives(compiled.as_text())["all-reduce"])
     with pytest.raises(AssertionError):
-        check_fsdp(compiled, trainer.state.abstract, fsdp=8)
+        check_fsdp(compiled, program.state.abstract, fsdp=8)
 
 
 @pytest.mark.slow
 def test_step_compiles_across_two_slices():
     """Two v5e-8 slices: FSDP inside each slice, data parallel across them (DCN)."""
     devices = topology.devices("v5e:2x4", num_slices=2)
-    trainer, compiled = pretraining_step("mlm", (1, 8, 1), devices)
-    assert dict(trainer.mesh.shape) == {"data": 2, "fsdp": 8, "tensor": 1}
+    program, compiled = pretraining_step("mlm", (1, 8, 1), devices)
+    assert dict(program.mesh.shape) == {"data": 2, "fsdp": 8, "tensor": 1}
     check_fits(compiled, devices)
-    check_fsdp(compiled, trainer.state.abstract, fsdp=8)
+    check_fsdp(compiled, program.state.abstract, fsdp=8)
 
 
 @pytest.mark.slow

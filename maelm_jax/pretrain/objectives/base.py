@@ -1,6 +1,6 @@
 """What a pretraining objective is: the one interface every objective implements.
 
-An objective owns everything that is specific to it, and nothing else in the trainer
+An objective owns everything that is specific to it, and nothing else in the code
 depends on which one runs (the config, the train and eval steps, the loop, checkpoints,
 fill-mask, the benchmarks and the study see only this interface):
 
