@@ -32,7 +32,7 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks import harness
-from maelm_jax.infra import cli, sharding
+from maelm_jax.infra import cli, markdown, sharding
 from maelm_jax.pretrain import setup as setup_lib
 
 FLAGS = flags.FLAGS
@@ -253,18 +253,19 @@ def export_train_step(config, platform: str) -> str:
 
 
 def table(name: str, summary: dict) -> str:
-    lines = [f"### {name}: {summary['movement_bytes'] / 1e9:.2f} GB of data movement per step "
-             f"(~{summary['movement_ms']:.2f} ms at {summary['bandwidth_tbs']:g} TB/s)", "",
-             "| class | ops per step | GB per step | largest result |", "|---|---|---|---|"]
+    title = (f"### {name}: {summary['movement_bytes'] / 1e9:.2f} GB of data movement per step "
+             f"(~{summary['movement_ms']:.2f} ms at {summary['bandwidth_tbs']:g} TB/s)")
+    rows = []
     for kind, entry in summary["classes"].items():
         if entry["bytes"] < 1e6:
             continue
         largest = entry["largest"][0]["results"] if entry["largest"] else []
         extra = (f" ({entry['without_unique_indices']} without unique_indices)"
                  if "without_unique_indices" in entry else "")
-        lines.append(f"| {kind}{extra} | {entry['ops']} | {entry['bytes'] / 1e9:.3f} | "
-                     f"{', '.join(largest[:2])} |")
-    return "\n".join(lines)
+        rows.append([f"{kind}{extra}", entry["ops"], f"{entry['bytes'] / 1e9:.3f}",
+                     ", ".join(largest[:2])])
+    head = ["class", "ops per step", "GB per step", "largest result"]
+    return "\n".join([title, "", *markdown.table(head, rows)])
 
 
 def define_flags() -> None:

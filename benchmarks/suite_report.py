@@ -6,6 +6,8 @@ any process.
 
 from __future__ import annotations
 
+from maelm_jax.infra import markdown as markdown_lib
+
 PROFILE_TOP = 15  # ops per side in the table (all of them in gpu_suite.json)
 TARGETS = {"peer": {"mlm": 1.5, "maelm": 1.3, "3ml_self": 1.5, "3ml_cross": 1.5},
            "mfu": 0.35, "flops_ratio_gap": 0.05, "cold_compile_s": 45.0,
@@ -38,12 +40,13 @@ def markdown(results: dict, title: str) -> str:
             s = a["shape"]
             lines += [f"{a['device']}; B={s['batch']}, L={s['length']}, heads={s['heads']}, "
                       f"head_dim={s['head_dim']}, {a['dtype']}, attention dropout "
-                      f"{a['dropout']}.", "", "| check | ok | detail |", "|---|---|---|"]
-            lines += [f"| {c['name']} | {'yes' if c['ok'] else '**no**'} | {c['detail']} |"
-                      for c in a["checks"]]
-            lines += ["", "| forward + backward | ms | TFLOP/s of matmuls |", "|---|---|---|"]
-            lines += [f"| {name} | {t['ms']:.2f} | {t['matmul_tflops']:.1f} |"
-                      for name, t in a["timings"].items()]
+                      f"{a['dropout']}.", ""]
+            lines += markdown_lib.table(["check", "ok", "detail"], (
+                [c["name"], "yes" if c["ok"] else "**no**", c["detail"]] for c in a["checks"]))
+            lines.append("")
+            lines += markdown_lib.table(["forward + backward", "ms", "TFLOP/s of matmuls"], (
+                [name, f"{t['ms']:.2f}", f"{t['matmul_tflops']:.1f}"]
+                for name, t in a["timings"].items()))
             lines += ["", f"Fastest correct Pallas options: `{a.get('fastest')}`", ""]
             broken = [v for v in a["variants"] if not v.get("ok")]
             if broken:
@@ -56,27 +59,26 @@ def markdown(results: dict, title: str) -> str:
             lines += [f"{t['device']}; peak {t['peak_tflops']:.0f} TFLOP/s "
                       f"({t['peak_measured_by']}); {t['tokens_per_step']} tokens per step; "
                       f"the peer: {t['peer'] or 'not timed'}; Pallas options "
-                      f"`{t['pallas_options']}`.", "",
-                      "| side | attention dropout | compile s | ms/step | tokens/s | vs peer "
-                      "| MFU 6NT | MFU FLOPs | time / MLM | FLOPs / MLM |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+                      f"`{t['pallas_options']}`.", ""]
+            head = ["side", "attention dropout", "compile s", "ms/step", "tokens/s", "vs peer",
+                    "MFU 6NT", "MFU FLOPs", "time / MLM", "FLOPs / MLM"]
+            rows = []
             for name, s in t["sides"].items():
                 if "error" in s or "skipped" in s:
                     why = s.get("error") or f"not built: {s['skipped']}"
-                    lines.append(f"| {name} | | | {why} | | | | | | |")
+                    rows.append([name, *[markdown_lib.BLANK] * 2, why, *[markdown_lib.BLANK] * 6])
                     continue
                 target = TARGETS["peer"].get(s["objective"])
                 vs = _fmt(s.get("vs_peer"), ".2f") + ("x" if s.get("vs_peer") else "")
                 if target and s.get("vs_peer") is not None:
                     vs += f" ({'meets' if s['vs_peer'] >= target else 'misses'} {target}x)"
-                lines.append(
-                    f"| {name} | {_fmt(s.get('attention_dropout'), 'g')} | "
-                    f"{_fmt(s.get('compile_s'), '.1f')} | {s['ms']:.2f} | "
-                    f"{s['tokens_per_s']:.0f} | {vs} | {s['mfu_6nt']:.1%} | "
-                    f"{_fmt(s.get('mfu_flops'), '.1%')} | "
-                    f"{_fmt(s.get('time_ratio_to_mlm'), '.3f')} | "
-                    f"{_fmt(s.get('flops_ratio_to_mlm'), '.3f')} |")
-            lines.append("")
+                rows.append([name, _fmt(s.get("attention_dropout"), "g"),
+                             _fmt(s.get("compile_s"), ".1f"), f"{s['ms']:.2f}",
+                             f"{s['tokens_per_s']:.0f}", vs, f"{s['mfu_6nt']:.1%}",
+                             _fmt(s.get("mfu_flops"), ".1%"),
+                             _fmt(s.get("time_ratio_to_mlm"), ".3f"),
+                             _fmt(s.get("flops_ratio_to_mlm"), ".3f")])
+            lines += [*markdown_lib.table(head, rows), ""]
     p = parts.get("profile")
     if p:
         measured = _heading(lines, "Profile", p)
@@ -85,10 +87,10 @@ def markdown(results: dict, title: str) -> str:
                       "the names are the HLO's (profile/<side>.hlo.txt).", ""]
             for name, side in p["sides"].items():
                 lines += [f"**{name}**: {side['step_ms']:.2f} ms/step traced, "
-                          f"{side['op_ms_per_step']:.2f} ms in ops", "",
-                          "| op | ms/step | share |", "|---|---|---|"]
-                lines += [f"| `{o['op']}` | {o['ms_per_step']:.3f} | {o['share']:.1%} |"
-                          for o in side["ops"][:PROFILE_TOP]]
+                          f"{side['op_ms_per_step']:.2f} ms in ops", ""]
+                lines += markdown_lib.table(["op", "ms/step", "share"], (
+                    [f"`{o['op']}`", f"{o['ms_per_step']:.3f}", f"{o['share']:.1%}"]
+                    for o in side["ops"][:PROFILE_TOP]))
                 lines.append("")
     q = parts.get("quickstart")
     if q:
@@ -102,11 +104,12 @@ def markdown(results: dict, title: str) -> str:
             lines += [f"Not measured: {q.get('error') or q.get('skipped')}", ""]
     c = parts.get("compile")
     if c:
-        lines += ["## Compile", "", "| process | compile s | ms/step |", "|---|---|---|"]
+        rows = []
         for case in ("cold", "cached", "new_program"):
             r = c.get(case, {})
-            lines.append(f"| {case} | {_fmt(r.get('compile_s'), '.1f', r.get('error', '-'))} "
-                         f"| {_fmt(r.get('step_ms'), '.2f')} |")
+            rows.append([case, _fmt(r.get("compile_s"), ".1f", r.get("error", "-")),
+                         _fmt(r.get("step_ms"), ".2f")])
+        lines += ["## Compile", "", *markdown_lib.table(["process", "compile s", "ms/step"], rows)]
         lines += ["", f"Targets: cold <= {TARGETS['cold_compile_s']:.0f} s, cached <= "
                   f"{TARGETS['cached_compile_s']:.0f} s.", ""]
     return "\n".join(lines)

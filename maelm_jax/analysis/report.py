@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 
+from maelm_jax.infra import markdown as markdown_lib
 from maelm_jax.infra import paths
 from maelm_jax.workdirs import layout
 
@@ -33,43 +34,40 @@ def markdown(report: dict) -> str:
         "",
         "## Last layer (MAE-LM paper, Table 3)",
         "",
-        f"| run | kind | d | layers | n tokens | rank_{tau:g} w/o [MASK] | w. [MASK] | "
-        "[MASK] rows (n) |",
-        "|---|---|---|---|---|---|---|---|",
     ]
     centred = report.get("center", False)
+    header = ["run", "kind", "d", "layers", "n tokens", f"rank_{tau:g} w/o [MASK]", "w. [MASK]",
+              "[MASK] rows (n)"]
     if centred:
-        lines[-2] += " centred: w/o [MASK] | w. [MASK] | [MASK] rows |"
-        lines[-1] += "---|---|---|"
+        header += ["centred: w/o [MASK]", "w. [MASK]", "[MASK] rows"]
+    rows = []
     for run in report["runs"]:
         last = run["last_layer"]
-        row = (f"| {run['label']} | {run['kind']} | {run['d_model']} | {run['num_layers']} | "
-               f"{run['tokens']} | {last['without_mask']} | {last['with_mask']} | "
-               f"{last['mask_only']} ({run['mask_tokens']}) |")
+        row = [run["label"], run["kind"], run["d_model"], run["num_layers"], run["tokens"],
+               last["without_mask"], last["with_mask"],
+               f"{last['mask_only']} ({run['mask_tokens']})"]
         if centred:
             c = run["centred"]["last_layer"]
-            row += f" {c['without_mask']} | {c['with_mask']} | {c['mask_only']} |"
-        lines.append(row)
+            row += [c["without_mask"], c["with_mask"], c["mask_only"]]
+        rows.append(row)
+    lines += markdown_lib.table(header, rows)
     if centred:
         lines += ["", "Centred: each statistic's mean row subtracted before the singular "
                   "values (the paper's ranks are uncentred)."]
     lines += ["", "## Per layer (Fig. 1; layer 0 is the embedding output)", ""]
+    header = ["layer", "w. [MASK] (Fig. 1a)", "w/o [MASK] (Fig. 1a)", "[MASK] rows (Fig. 1b)"]
+    if centred:
+        header += ["centred: w. [MASK]", "w/o [MASK]", "[MASK] rows"]
     for run in report["runs"]:
-        header = "| layer | w. [MASK] (Fig. 1a) | w/o [MASK] (Fig. 1a) | [MASK] rows (Fig. 1b) |"
-        rule = "|---|---|---|---|"
-        if centred:
-            header += " centred: w. [MASK] | w/o [MASK] | [MASK] rows |"
-            rule += "---|---|---|"
-        lines += [f"### {run['label']}", "", header, rule]
+        rows = []
         for layer in run["layers"]:
-            row = (f"| {layer} | {run['with_mask'][layer]} | "
-                   f"{run['without_mask'][layer]} | {run['mask_only'][layer]} |")
+            row = [layer, run["with_mask"][layer], run["without_mask"][layer],
+                   run["mask_only"][layer]]
             if centred:
                 c = run["centred"]
-                row += (f" {c['with_mask'][layer]} | {c['without_mask'][layer]} | "
-                        f"{c['mask_only'][layer]} |")
-            lines.append(row)
-        lines.append("")
+                row += [c["with_mask"][layer], c["without_mask"][layer], c["mask_only"][layer]]
+            rows.append(row)
+        lines += [f"### {run['label']}", "", *markdown_lib.table(header, rows), ""]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import ml_collections
 
-from maelm_jax.infra import paths
+from maelm_jax.infra import markdown, paths
 
 _DECODERS = {"self": "MAE-LM / 3ML_self: a self decoder over the whole sequence",
              "cross": "3ML_cross: a cross-attention decoder over the [MASK] positions",
@@ -26,7 +26,8 @@ def objective_name(run_cfg: ml_collections.ConfigDict) -> str:
 
 
 def _table(rows: list[tuple[str, Any]]) -> str:
-    return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    """A key-value table: no column names (a blank header), a row per (key, value)."""
+    return "\n".join(markdown.table([markdown.BLANK] * 2, rows))
 
 
 def model_card(hf_config: dict, facts: dict, run_dir: paths.Path, command: str) -> str:

@@ -38,7 +38,7 @@ from absl import logging
 
 from maelm_jax.finetune import config as finetune_config
 from maelm_jax.finetune import encoder, inputs, seed_group, train
-from maelm_jax.infra import distributed, paths
+from maelm_jax.infra import distributed, markdown, paths
 from maelm_jax.training import lifecycle
 from maelm_jax.workdirs import guard as workdir_lib
 from maelm_jax.workdirs import layout
@@ -270,9 +270,8 @@ def markdown_table(summary: dict) -> str:
         (f"Primary metric: {primary} (dev, {summary['select']} evaluation of each run). "
          f"Figure: {rule}. Best setting: **{summary['best_setting']}**."),
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
     ]
+    rows = []
     for row in summary["settings"]:
         h = row["hyperparameters"]
         name = row["setting"]
@@ -282,5 +281,5 @@ def markdown_table(summary: dict) -> str:
                             f"{h['warmup_ratio']:g}"]
         cells += [f"{row['median'][m]:.2f}" for m in metrics]
         cells += [f"{row['per_seed'][s]:.2f}" for s in seeds]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join(lines + markdown.table(header, rows)) + "\n"

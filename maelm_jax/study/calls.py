@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 
-from maelm_jax.infra import paths, records
+from maelm_jax.infra import markdown, paths, records
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import budget, claims, plateau
 
@@ -111,7 +111,7 @@ def tables(calls: list[dict]) -> list[str]:
                                for t in m["minus_control"]))
     header = (["call", "design", "model", "tokens (steps)", "[MASK] acc. % (unigram %)",
                "FLOPs/step vs MLM"] + [f"{t} minus control" for t in tasks])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for c in calls:
         for i, (m, s) in enumerate(c["models"].items()):
             flops = s["flops_per_step_vs_mlm"]
@@ -120,14 +120,11 @@ def tables(calls: list[dict]) -> list[str]:
                    f"{_tokens(s['planned_tokens'])} ({_number(s['planned_steps'], 'd')})",
                    _accuracy(s), "—" if flops is None else f"{flops:.2f}x"]
             row += [_number(s["minus_control"].get(t), "+.1f") for t in tasks]
-            lines.append("| " + " | ".join(row) + " |")
-    lines += ["", f"Claim (c) per call (layer {claims.FIRST_LAYER} is the first transformer "
-                  "layer; a model on the unigram plateau measures nothing):", "",
-              "| call | (c1) uncentred | (c1) centred | (c2) uncentred | (c2) centred |",
-              "|---|---|---|---|---|"]
-    for c in calls:
-        d = c["claim_c"]
-        lines.append(f"| {_name(c)} | " + " | ".join(
-            [claims.c1_text(d["c1"][v]) for v in claims.VIEWS]
-            + [claims.c2_text(d["c2"][v]) for v in claims.VIEWS]) + " |")
-    return lines
+            rows.append(row)
+    claim_c = [[_name(c), *(claims.c1_text(c["claim_c"]["c1"][v]) for v in claims.VIEWS),
+                *(claims.c2_text(c["claim_c"]["c2"][v]) for v in claims.VIEWS)] for c in calls]
+    return [*markdown.table(header, rows), "",
+            f"Claim (c) per call (layer {claims.FIRST_LAYER} is the first transformer layer; a "
+            "model on the unigram plateau measures nothing):", "",
+            *markdown.table(["call", "(c1) uncentred", "(c1) centred", "(c2) uncentred",
+                             "(c2) centred"], claim_c)]

@@ -24,6 +24,7 @@ held.
 
 from __future__ import annotations
 
+from maelm_jax.infra import markdown
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import budget, plateau
 
@@ -146,10 +147,8 @@ def c2_text(d: dict) -> str:
 def call_lines(record: dict) -> list[str]:
     """study.md's claim (c) section: each rule, uncentred and centred, with its figures."""
     decisions = decide(record)
-    lines = ["", f"Claim (c), decided by rules fixed before the call (layer {FIRST_LAYER} is "
-                 "the first transformer layer; ranks of the real tokens):", "",
-             "| rule | uncentred | centred |", "|---|---|---|"]
-    for rule, text in (("c1", c1_text), ("c2", c2_text)):
-        lines.append(f"| ({rule}) {RULES[rule]} | {text(decisions[rule]['uncentred'])} | "
-                     f"{text(decisions[rule]['centred'])} |")
-    return lines
+    rows = [[f"({rule}) {RULES[rule]}", text(decisions[rule]["uncentred"]),
+             text(decisions[rule]["centred"])] for rule, text in (("c1", c1_text), ("c2", c2_text))]
+    return ["", f"Claim (c), decided by rules fixed before the call (layer {FIRST_LAYER} is "
+                "the first transformer layer; ranks of the real tokens):", "",
+            *markdown.table(["rule", "uncentred", "centred"], rows)]

@@ -49,6 +49,7 @@ from absl import logging
 
 from maelm_jax.config import schema
 from maelm_jax.infra import errors, paths
+from maelm_jax.infra import markdown as markdown_lib
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import budget, calls, claims, plateau
 from maelm_jax.workdirs import guard as workdir_lib
@@ -312,20 +313,20 @@ def _flops_text(ratios: list[float]) -> str:
     return f"; MAE-LM at {shown} MLM's FLOPs per step"
 
 
-def _claim_rows(found: dict) -> list[str]:
+def _claim_rows(found: dict) -> list[list[str]]:
     a, b, c, d = found["a"], found["b"], found["c"], found["d"]
     a_here = "; ".join(f"{m}: SST-2 {_diff_text(v['SST-2'])}, GLUE avg. "
                        f"{_diff_text(v['GLUE average'])}" for m, v in a["models"].items()) or "—"
     d_here = _diff_text(d["difference"]) + (
         f" at {d['flops_ratio']:.2f}x MLM's FLOPs" if d["flops_ratio"] else "")
-    rows = [f"| (a) | {a['claim']} | {a_here} | {a['status']} |",
-            f"| (b) | {b['claim']} | {_diff_text(b['difference'])}"
-            f"{_flops_text(b['flops_per_step'])} | {b['status']} |"]
+    rows = [["(a)", a["claim"], a_here, a["status"]],
+            ["(b)", b["claim"], _diff_text(b["difference"]) + _flops_text(b["flops_per_step"]),
+             b["status"]]]
     for rule in claims.RULES:
         here = "; ".join(f"{v}: {_sign_text(c[rule][v])}" for v in claims.VIEWS)
         status = "; ".join(f"{v}: {c[rule][v]['status']}" for v in claims.VIEWS)
-        rows.append(f"| ({rule}) | {c['rules'][rule]} | {here} | {status} |")
-    return rows + [f"| (d) | {d['claim']} | {d_here} | {d['status']} |"]
+        rows.append([f"({rule})", c["rules"][rule], here, status])
+    return rows + [["(d)", d["claim"], d_here, d["status"]]]
 
 
 def markdown(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) -> str:
@@ -344,8 +345,9 @@ def markdown(pooled: list[dict], unfinished: list[tuple[str, dict]] = ()) -> str
         named = "; ".join(calls.call_text(c["title"], c["pretrain_seed"], c["machine"],
                                      f"{c['seconds'] or 0:.0f} s") for c in p["calls"])
         lines += [f"Design {p['design']}: {len(p['calls'])} call(s): {named}.", "",
-                  "| claim | the papers | here: difference [95 % interval] | status |",
-                  "|---|---|---|---|", *_claim_rows(p["claims"]), "",
+                  *markdown_lib.table(["claim", "the papers",
+                                       "here: difference [95 % interval]", "status"],
+                                      _claim_rows(p["claims"])), "",
                   "Out of reach here: " + "; ".join(p["out_of_reach"]) + ".", ""]
     if each:
         lines += ["Each call on its own, finished or not (tokens: the planned pretraining "

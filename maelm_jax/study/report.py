@@ -22,6 +22,7 @@ import json
 
 import numpy as np
 
+from maelm_jax.infra import markdown as markdown_lib
 from maelm_jax.infra import paths, records
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.study import claims, plateau
@@ -89,7 +90,7 @@ def table(result: dict) -> list[str]:
                "rank (with [MASK])", "centred rank (no [MASK])", "centred rank (with [MASK])"]
               + tasks + (["GLUE avg."] if tasks else [])
               + ["pretraining time", "training FLOPs", "MFU"])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for n in names:
         p = result["pretraining"][n]
         r, c = rank.get(p["workdir"], {}), centred.get(p["workdir"], {})
@@ -107,15 +108,15 @@ def table(result: dict) -> list[str]:
         row += [_fmt(None if p.get("seconds") is None else p["seconds"] / 60, ".1f") + " min",
                 _fmt(p.get("train_flops"), ".3g"),
                 "—" if p.get("mfu") is None else f"{100 * p['mfu']:.1f} %"]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row)
     for n in result.get("controls", []):
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
         row = [_name(n)] + ["—"] * 7 + [_fmt(s, ".1f") for s in scores]
         if tasks:
             row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
         row += ["—", "—", "—"]
-        lines.append("| " + " | ".join(row) + " |")
-    return lines
+        rows.append(row)
+    return markdown_lib.table(header, rows)
 
 
 def markdown(result: dict) -> str:
