@@ -9,16 +9,40 @@ checkpoint, so a resumed run finds every line up to its checkpoint) and on `clos
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import sys
 
-import tensorboardX
 from absl import logging
 
 from maelm_jax.infra import paths
 from maelm_jax.workdirs import layout
 
 UPLOAD_SECONDS = 60.0
+
+
+def _tensorboardx():
+    """tensorboardX, imported without its optional backends: when PyTorch is installed
+    (the export's parity checks use it) tensorboardX imports it to accept torch tensors,
+    and Cloud Storage's client to write to gs:// itself, together about two seconds in
+    every process that writes metrics. This writer gives it floats and local files (a
+    bucket workdir is mirrored, above), so neither is needed; an optional import that
+    fails is how tensorboardX learns a backend is absent. Modules already imported are
+    used as they are."""
+    hidden = [name for name in ("torch", "google.cloud.storage") if name not in sys.modules]
+    if "tensorboardX" in sys.modules:
+        hidden = []
+    for name in hidden:
+        sys.modules[name] = None  # `import name` raises ImportError
+    try:
+        return importlib.import_module("tensorboardX")
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+
+
+tensorboardX = _tensorboardx()
 
 
 def perplexity(loss: float) -> float:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import scipy.stats
 
 from maelm_jax.finetune.tasks.glue import examples
 
@@ -64,11 +63,18 @@ def _correlation(fn, labels, predictions) -> float:
     return float(fn(labels, predictions)[0])
 
 
+# scipy.stats is imported where it is used: it takes about a second, which every main.py
+# process would pay (this module is part of the config language) for a metric only an
+# STS-B evaluation computes.
 def pearson(labels: Sequence[float], predictions: Sequence[float]) -> float:
+    import scipy.stats
+
     return _correlation(scipy.stats.pearsonr, labels, predictions)
 
 
 def spearman(labels: Sequence[float], predictions: Sequence[float]) -> float:
+    import scipy.stats
+
     return _correlation(scipy.stats.spearmanr, labels, predictions)
 
 
