@@ -30,9 +30,9 @@ def _tensorboardx():
     bucket workdir is mirrored, above), so neither is needed; an optional import that
     fails is how tensorboardX learns a backend is absent. Modules already imported are
     used as they are."""
-    hidden = [name for name in ("torch", "google.cloud.storage") if name not in sys.modules]
     if "tensorboardX" in sys.modules:
-        hidden = []
+        return sys.modules["tensorboardX"]
+    hidden = [name for name in ("torch", "google.cloud.storage") if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # `import name` raises ImportError
     try:
