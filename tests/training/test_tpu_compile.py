@@ -2,12 +2,19 @@
 
 Without compiling: every host of a v5e-16, v5e-64 and v4-32 slice reads exactly the batch
 rows its devices hold, however the mesh orders them, and a multislice mesh lays slices
-along its DCN axes. Compiled by XLA:TPU for real (marked slow; a BERT-base step takes
-30-100 s on 2 cores): the train step of the four objectives and the fine-tuning step on a
-v5e-8 on an FSDP mesh, MLM's on a data-parallel one and across two slices; each fits the
-chip's HBM and keeps what FSDP promises: no whole stacked parameter gathered, gradients
+along its DCN axes. Compiled by XLA:TPU for real (marked slow; a step takes 25-60 s on 2
+cores): the train step of the four objectives and the fine-tuning step on a v5e-8 on an
+FSDP mesh, MLM's on a data-parallel one and across two slices; each fits the chip's HBM
+and keeps what FSDP promises: no whole stacked parameter gathered, gradients
 reduce-scattered (never all-reduced whole), parameters and Adam's moments sharded in the
-step's entry."""
+step's entry.
+
+The FSDP steps have BERT-base's parameters (12 x 768, a 32,768-piece vocabulary) on one
+row of 128 tokens per device: XLA:TPU chooses each gradient's collective by the
+parameter's size, so the width is what the checks need, and the shorter batch halves the
+compile. (At a 4 x 256 encoder it all-reduces and slices even the feed-forward
+gradients.) The data-parallel step, where every device holds the whole state, compiles
+at the full BERT-base batch (32 x 512), so the HBM check sees the largest step."""
 
 from __future__ import annotations
 
@@ -201,11 +208,18 @@ def check_attention_kernels(text: str, rows: int, heads: int, decoder_heads: int
     assert {name for name, dims in calls if int(dims.split(",")[1]) == heads} == kernels
 
 
-def pretraining_step(model: str, shape, devices, dcn_shape=(-1, 1, 1)):
-    """The model's BERT-base train step (12 x 768, L 512, vocabulary 32768, scanned
-    layers, dropout 0.1; batch 32) compiled for `devices`, as a TPU resolves "auto" (in
-    bfloat16, attention through the Pallas kernels)."""
+# The FSDP steps' batch: one row per device, of SEQ_LEN tokens (module docstring).
+SEQ_LEN = 128
+
+
+def pretraining_step(model: str, shape, devices, dcn_shape=(-1, 1, 1), full_batch=False):
+    """The model's BERT-base train step (12 x 768, vocabulary 32768, scanned layers,
+    dropout 0.1) compiled for `devices`, as a TPU resolves "auto" (in bfloat16, attention
+    through the Pallas kernels), on one row of SEQ_LEN tokens per device or, with
+    `full_batch`, on BERT-base's batch (32 x 512)."""
     c = recipes.MODELS[model].apply(peer.get_config("base"))
+    if not full_batch:
+        c.data.seq_len, c.train.batch_size = SEQ_LEN, len(devices)
     setup_lib.resolve_auto(c, "tpu")
     pretrain_config.validate(c)
     mesh = sharding.make_mesh(shape, devices, dcn_shape)
@@ -228,7 +242,7 @@ def test_pretraining_step_compiles_for_a_v5e_8_with_fsdp(model, v5e_8):
     check_fits(compiled, v5e_8)
     check_fsdp(compiled, program.state.abstract, fsdp=4)
     decoder = program.config.model.get("decoder")
-    check_attention_kernels(compiled.as_text(), rows=32 // 8, heads=12,
+    check_attention_kernels(compiled.as_text(), rows=1, heads=12,
                             decoder_heads=decoder.num_heads if decoder else 12)
 
 
@@ -236,7 +250,7 @@ def test_pretraining_step_compiles_for_a_v5e_8_with_fsdp(model, v5e_8):
 def test_data_parallel_step_all_reduces_whole_gradients(v5e_8):
     """On (8, 1, 1) every device holds whole parameters, so gradients are all-reduced
     whole: the same checks that pass on the FSDP mesh see it (they can fail)."""
-    program, compiled = pretraining_step("mlm", (8, 1, 1), v5e_8)
+    program, compiled = pretraining_step("mlm", (8, 1, 1), v5e_8, full_batch=True)
     check_fits(compiled, v5e_8)
     _, whole = whole_shapes(program.state.abstract.params)
     assert any(shape in whole for shape in collectives(compiled.as_text())["all-reduce"])
@@ -256,8 +270,8 @@ def test_step_compiles_across_two_slices():
 
 @pytest.mark.slow
 def test_finetuning_step_compiles_for_a_v5e_8(v5e_8):
-    """A GLUE classifier on the BERT-base encoder, batch 32 of length 512 with padding,
-    dropout 0.1, on the FSDP mesh."""
+    """A GLUE classifier on the BERT-base encoder, one row of SEQ_LEN tokens per device
+    with padding, dropout 0.1, on the FSDP mesh."""
     arch = {"num_layers": 12, "d_model": 768, "num_heads": 12, "d_ff": 3072, "pre_ln": False,
             "vocab_size": 32768, "max_positions": 512, "rel_pos_buckets": 32,
             "rel_pos_max_distance": 128, "rel_pos_bucket_fn": "t5"}
@@ -270,14 +284,15 @@ def test_finetuning_step_compiles_for_a_v5e_8(v5e_8):
     tx = optax.adamw(1e-5)
     mesh = sharding.make_mesh((2, 4, 1), v5e_8)
     rules = sharding.rules_from_config(sharding.DEFAULT_RULES)
-    setup = finetune_setup.state_setup(model, tx, 0, 512, mesh, rules)
+    setup = finetune_setup.state_setup(model, tx, 0, SEQ_LEN, mesh, rules)
     step = steps.jit_train_step(finetune_setup.make_train_step(model, task, tx, 0), setup, mesh)
     layout = sharding.batch_sharding(mesh)
+    rows = len(v5e_8)
     batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=layout)
-             for name, shape, dtype in (("tokens", (32, 512), np.int32),
-                                        ("key_mask", (32, 512), bool),
-                                        ("labels", (32,), np.int32),
-                                        ("weights", (32,), np.float32))}
+             for name, shape, dtype in (("tokens", (rows, SEQ_LEN), np.int32),
+                                        ("key_mask", (rows, SEQ_LEN), bool),
+                                        ("labels", (rows,), np.int32),
+                                        ("weights", (rows,), np.float32))}
     with sharding.activate(mesh, rules):
         compiled = step.lower(setup.abstract, batch).compile()
     check_fits(compiled, v5e_8)
