@@ -275,8 +275,10 @@ MAX_LEN = 64  # the quickstart's data.seq_len, and the fine-tuning runs' max_seq
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """The README quickstart (MAE-LM) and its :mlm variant through main.py for 4 steps,
-    3ML_self and 3ML_cross on the same config and tokenizer, three fine-tuning runs from
-    the MAE-LM one (RTE, STS-B, SQuAD 2.0); each exported, the MLM run through main.py."""
+    3ML_cross on the same config and tokenizer, three fine-tuning runs from the MAE-LM one
+    (RTE, STS-B, SQuAD 2.0); each exported, the MLM run through main.py. (3ML_self's
+    decoder is MAE-LM's kind at another width; the architecture test above holds its
+    export.)"""
     tmp = tmp_path_factory.mktemp("export")
     out = {}
     for name, arg in (("maelm", ""), ("mlm", ":mlm")):
@@ -286,13 +288,12 @@ def exports(tmp_path_factory):
                         f"--workdir={tmp / name}", *QUICK_STEPS, *shared], cwd=REPO_ROOT,
                        env=subprocess_env(1), check=True, capture_output=True, text=True)
         out[name] = (tmp / name, tmp / f"{name}_hf")
-    for name in ("3ml_self", "3ml_cross"):
-        c = recipes.MODELS[name].apply(quickstart_config.get_config())
-        c.tokenizer.model_path = str(tmp / "maelm" / "tokenizer.model")
-        c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 4
-        c.train.eval_batches, c.train.fill_mask_examples = 2, 0
-        pretrain_train.train_and_evaluate(c, str(tmp / name))
-        out[name] = (tmp / name, tmp / f"{name}_hf")
+    c = recipes.MODELS["3ml_cross"].apply(quickstart_config.get_config())
+    c.tokenizer.model_path = str(tmp / "maelm" / "tokenizer.model")
+    c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 4
+    c.train.eval_batches, c.train.fill_mask_examples = 2, 0
+    pretrain_train.train_and_evaluate(c, str(tmp / "3ml_cross"))
+    out["3ml_cross"] = (tmp / "3ml_cross", tmp / "3ml_cross_hf")
     glue_dir = tmp / "glue"
     _write_glue(glue_dir, "RTE", ("sentence1", "sentence2"),
                 lambda rng: rng.choice(["entailment", "not_entailment"]))
