@@ -12,27 +12,28 @@ from support import free_port, log_tail
 
 pytestmark = pytest.mark.tier("unit")
 
-# Process 1 reaches the calls that hold a collective LATE seconds after process 0: longer
-# than a CPU collective waits for a peer (30 s), so one that started on arrival would fail.
-# Then a barrier's name is used twice, process 1 reaching the second 6 s late; then a
-# block of `as_one` fails in process 0, in none, and in process 1.
+# Process 1 reaches each call that holds a collective (the leader's word, a host copy) LATE
+# seconds after process 0, where argv says so: longer than a CPU collective waits for a peer
+# (30 s), so one that started on arrival would fail. Then a barrier's name is used twice,
+# process 1 reaching the second 6 s late; then a block of `as_one` fails in process 0, in
+# none, and in process 1.
 _PROGRAM = """
 import sys, time
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from maelm_jax.infra import distributed, errors
-pid, port, late = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+pid, port, late_to_leader, late_to_copy = int(sys.argv[1]), sys.argv[2], *map(float, sys.argv[3:])
 distributed.initialize(f"127.0.0.1:{port}", 2, pid)
 def arrive(seconds):
     if pid == 1:
         time.sleep(seconds)
-arrive(late)
+arrive(late_to_leader)
 said = distributed.leader_says_ok(pid == 0)  # process 0 says yes, process 1 would say no
 mesh = jax.make_mesh((jax.device_count(),), ("data",))
 rows = np.arange(4 * jax.device_count(), dtype=np.int32).reshape(jax.device_count(), 4)
 whole = jax.make_array_from_callback(rows.shape, NamedSharding(mesh, P("data")),
                                      lambda index: rows[index])
-arrive(late)
+arrive(late_to_copy)
 copied = distributed.host_copy(whole)
 distributed.barrier("twice")
 arrive(6)
@@ -52,23 +53,33 @@ print("RESULT", said, bool((copied == rows).all()), waited, stopped, flush=True)
 """
 
 
-def _job(late: float) -> list[str]:
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", _PROGRAM, str(i), str(port), str(late)],
-                              cwd=REPO_ROOT, env=subprocess_env(2), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    logs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log_tail(log)
-    return [next(line for line in log.splitlines() if line.startswith("RESULT"))
-            for log in logs]
+def _jobs(*lateness: tuple[float, float]) -> list[list[str]]:
+    """Each job's two processes' RESULT lines; the jobs run at once (process 1 of each
+    sleeps its lateness, (to the leader's word, to the host copy), in seconds)."""
+    jobs = []
+    for late in lateness:
+        port = free_port()
+        jobs.append([subprocess.Popen([sys.executable, "-c", _PROGRAM, str(i), str(port),
+                                       *map(str, late)],
+                                      cwd=REPO_ROOT, env=subprocess_env(2),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for i in range(2)])
+    results = []
+    for procs in jobs:
+        logs = [p.communicate(timeout=HANG_SECONDS)[0] for p in procs]
+        for p, log in zip(procs, logs, strict=True):
+            assert p.returncode == 0, log_tail(log)
+        results.append([next(line for line in log.splitlines() if line.startswith("RESULT"))
+                        for log in logs])
+    return results
 
 
 @pytest.mark.slow
 def test_a_process_far_behind_the_others_is_waited_for():
+    """Late to the leader's word in one job, late to a host copy in the other: two jobs at
+    once, since their processes mostly sleep."""
     stopped = ["config.x: process 0 refuses", "on", "config.x: process 1 refuses"]
-    assert _job(late=32) == [f"RESULT True True True {stopped}"] * 2
+    assert _jobs((32, 0), (0, 32)) == [[f"RESULT True True True {stopped}"] * 2] * 2
 
 
 # ------------------------------------------------- which jobs join a distributed runtime
