@@ -146,13 +146,17 @@ def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokeni
 def _tree_metadata(state_dir: paths.Path, field: str) -> Any:
     import orbax.checkpoint as ocp
 
+    # The item's handler, not a Checkpointer: a Checkpointer also looks for the step's
+    # metadata file inside the item and warns that it is missing, on every good checkpoint.
+    handler = ocp.PyTreeCheckpointHandler()
     try:
-        meta = ocp.PyTreeCheckpointer().metadata(state_dir)
+        meta = handler.metadata(state_dir)
     except Exception as e:  # orbax raises many types for a directory it cannot read
         raise CheckpointError(f"{field}: {state_dir} is not an orbax checkpoint "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                               ) from None
-    meta = getattr(meta, "item_metadata", meta)
+    finally:
+        handler.close()
     return getattr(meta, "tree", meta)
 
 

@@ -2,6 +2,7 @@
 SST-2 well above the majority class, and a fine-tuned workdir as the next init_from."""
 
 import json
+import logging
 import shutil
 
 import jax
@@ -46,8 +47,12 @@ def _leaves(tree):
 
 
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
-def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained):
-    p = runs.load_pretrained(str(pretrained), WITH_DROPOUT)
+def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained, caplog):
+    with caplog.at_level(logging.WARNING):
+        p = runs.load_pretrained(str(pretrained), WITH_DROPOUT)
+    # A good checkpoint loads without a warning (orbax's Checkpointer warned that the step's
+    # metadata file is not inside the item, on every good checkpoint).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert p.description == f"pretraining checkpoint {pretrained}/checkpoints/10"
     assert p.encoder_cfg.vocab_size == p.tokenizer.vocab_size
     assert (p.encoder_cfg.stack.num_layers, p.encoder_cfg.stack.d_model) == (2, 32)
@@ -128,6 +133,20 @@ def test_refuses_what_is_not_a_pretraining_checkpoint(pretrained, tmp_path):
     with pytest.raises(runs.CheckpointError, match=r"holds no params\['encoder'\]; it is not "
                                                       r"a pretraining or fine-tuning checkpoint"):
         runs.load_pretrained(str(other), WITH_DROPOUT)
+    # A state item orbax cannot read: damage where the step's digests say so, else not a
+    # checkpoint (those written before digests existed have none).
+    unreadable = tmp_path / "unreadable"
+    shutil.copytree(pretrained, unreadable)
+    state = unreadable / "checkpoints" / "10" / "state"
+    shutil.rmtree(state)
+    state.mkdir()
+    with pytest.raises(runs.CheckpointError, match=r"10 cannot be restored \(.*_METADATA is "
+                                                      r"missing\); it may be damaged"):
+        runs.load_pretrained(str(unreadable), WITH_DROPOUT)
+    (state.parent / "digests.json").unlink()
+    with pytest.raises(runs.CheckpointError, match=r"config.init_from: .*10/state is not an "
+                                                      r"orbax checkpoint \("):
+        runs.load_pretrained(str(unreadable), WITH_DROPOUT)
     # A config.json that is not a pretraining config.
     broken = _copy_run(pretrained, tmp_path, lambda c: c.update(model="tiny"))
     with pytest.raises(runs.CheckpointError, match="is not a pretraining config"):
