@@ -69,6 +69,8 @@ TIME_LIMIT_STATUS = 75
 # checkpoint at the step it was on: 128 + SIGTERM, what a process ended by SIGTERM reports
 # and what Kubernetes, JobSet and Slurm treat as "preempted, run again" rather than "done".
 PREEMPTED_STATUS = 143
+# Exit status of a run stopped by Ctrl-C: 128 + SIGINT, what a shell reports for it.
+INTERRUPTED_STATUS = 130
 
 _PROJECT_DIR = pathlib.Path(__file__).resolve().parent
 # Our own code (a virtual environment inside the checkout is not).
@@ -96,6 +98,7 @@ def main(argv):
         compile_cache.enable(FLAGS.compilation_cache_dir)
     else:
         compile_cache.disable()
+    preemption.raise_on_ctrl_c()
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
         with preemption.time_limit(60 * FLAGS.time_limit_minutes):
@@ -103,6 +106,9 @@ def main(argv):
     except preemption.TimeLimit as e:  # a checkpoint is saved; the same command continues
         absl_logging.warning("%s", e)
         sys.exit(TIME_LIMIT_STATUS)
+    except preemption.Interrupted as e:  # a checkpoint is saved; the same command continues
+        absl_logging.warning("%s", e)
+        sys.exit(INTERRUPTED_STATUS)
     except preemption.Preempted as e:  # a checkpoint is saved; the same command continues
         absl_logging.warning("%s", e)
         sys.exit(PREEMPTED_STATUS)
@@ -110,6 +116,12 @@ def main(argv):
         if FLAGS.debug:
             raise
         cli.fail(cli.one_line(e))
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop, or a second one inside
+        if FLAGS.debug:
+            raise
+        print("interrupted (Ctrl-C): the work since the last checkpoint is lost; the same "
+              "command starts again or continues from it", file=sys.stderr)
+        sys.exit(INTERRUPTED_STATUS)
 
 
 Entry = Callable[[ml_collections.ConfigDict, str, bool], Any]

@@ -11,7 +11,7 @@ checkpoint holds. Everything else happens here, once, for both:
 * Non-finite updates: the step has dropped them (optimizer.finite_update) and flags them
   in its metrics; `check_finite` applies config.train.nonfinite when the flags are read
   back: "stop" names the first bad step and the last good checkpoint, "skip" warns.
-* Stop requests: SIGTERM (a scheduler's notice; preemption.StopRequest), JAX's
+* Stop requests: SIGTERM (a scheduler's notice) or Ctrl-C (preemption.StopRequest), JAX's
   preemption sync point, at which all processes agree to stop at the same step, or the
   time limit (preemption.time_limit; process 0's clock decides for all). The loop then
   saves a checkpoint at the step just finished and raises `stopped`'s exception.
@@ -40,11 +40,12 @@ from maelm_jax.training import preemption
 
 class Loop:
     """The clock and the stop request of a loop that resumes after step `start`; a context
-    manager around the loop (SIGTERM is caught inside it)."""
+    manager around the loop (SIGTERM and a first Ctrl-C are caught inside it)."""
 
     def __init__(self, start: int, ckpt: checkpoint_lib.Checkpointer):
         self._first, self._ckpt = start + 1, ckpt
-        # One process: our own SIGTERM flag; several: JAX's preemption sync point alone.
+        # One process: our own flag for SIGTERM and Ctrl-C; several: JAX's preemption sync
+        # point alone.
         self._stop = preemption.StopRequest(install=jax.process_count() == 1)
         self._out_of_time = False
         self._step, self._time = start, time.perf_counter()  # where the window began
@@ -89,6 +90,10 @@ class Loop:
         if self._out_of_time:
             return preemption.TimeLimit(
                 f"time limit: saved a checkpoint at step {step} in {where}; run the same "
+                "command to continue")
+        if self._stop.interrupted:
+            return preemption.Interrupted(
+                f"interrupted: saved a checkpoint at step {step} in {where}; run the same "
                 "command to continue")
         return preemption.Preempted(
             f"preempted: saved a checkpoint at step {step} in {where}; run the same command "

@@ -6,6 +6,8 @@ Two kinds of request:
   preemption notice); JAX's preemption sync point tells every process of a job at once.
 * **A time limit** (`time_limit`, main.py's --time_limit_minutes): a job that may hold its
   machine only so long (a lent GPU's 10-minute commands, a batch slot) stops itself.
+* **Ctrl-C** in a terminal (SIGINT), on one process: the first keeps the work done so far
+  as a preemption does; a second stops at once, as Ctrl-C does anywhere else.
 
 The loops check after every step (training/engine.py); when a request is in, they save a
 checkpoint at the step just finished and raise `Preempted` (or its kind `TimeLimit`)
@@ -15,12 +17,15 @@ command continues from there.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import gc
 import math
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from absl import logging
 
@@ -29,32 +34,78 @@ _deadline: float | None = None
 
 
 class StopRequest:
-    """Within its `with` block, SIGTERM sets `received` instead of ending the process
-    (only in the main thread, where Python delivers signals); the previous handler comes
-    back when the block ends.
+    """Within its `with` block, SIGTERM and the first Ctrl-C (SIGINT) set `received`
+    instead of ending the process (only in the main thread, where Python delivers signals);
+    the previous handlers come back when the block ends. After the first Ctrl-C the
+    previous SIGINT handler is back at once, so a second one interrupts the save too
+    (KeyboardInterrupt): someone at the keyboard may want out now. A SIGINT that was
+    ignored (a job started in the background by a shell) stays ignored.
 
-    install=False leaves SIGTERM to JAX: in a job of several processes, JAX's preemption
-    service catches it and all processes agree on the step to stop at (the loop asks
-    through Checkpointer.reached_preemption). A flag of this process's own would stop it
-    alone, and the others would wait for it in their next collective forever."""
+    install=False leaves both signals alone: in a job of several processes, JAX's
+    preemption service catches SIGTERM and all processes agree on the step to stop at (the
+    loop asks through Checkpointer.reached_preemption). A flag of this process's own would
+    stop it alone, and the others would wait for it in their next collective forever."""
 
     def __init__(self, install: bool = True):
         self.received = False
+        self.interrupted = False  # the request was a Ctrl-C
         self._install = install
-        self._previous = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self):
         if self._install and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+            # None: a handler set outside Python, which could not be put back.
+            if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, None):
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
         return self
 
     def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: saving a checkpoint after this step")
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+            logging.warning("Ctrl-C: saving a checkpoint after this step (Ctrl-C again stops "
+                            "at once, without it)")
+            self.interrupted = True
+        else:
+            logging.warning("SIGTERM received: saving a checkpoint after this step")
         self.received = True
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            if previous is not None:
+                signal.signal(signum, previous)
+        self._previous.clear()
+
+
+def raise_on_ctrl_c() -> None:
+    """Makes every Ctrl-C outside a training loop raise KeyboardInterrupt in the main
+    thread's own code (main.py, for the whole run).
+
+    Python runs a signal's handler in the first Python code that runs after the signal
+    arrives. While C code allocates (parsing the built-in corpus, tokenising), that is
+    often a garbage-collection callback (JAX registers one), where an exception is printed
+    as "Exception ignored" and dropped: the Ctrl-C would be lost and the run go on. There
+    the handler asks again a moment later, from a timer thread, in the main thread."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _ctrl_c)
+
+
+def _ctrl_c(signum, frame):
+    if _in_finaliser(frame):
+        threading.Timer(0.05, _thread.interrupt_main).start()
+        return
+    raise KeyboardInterrupt
+
+
+def _in_finaliser(frame) -> bool:
+    """Whether `frame` runs inside a garbage-collection callback or a __del__, where an
+    exception raised is dropped."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Preempted(Exception):
@@ -64,6 +115,10 @@ class Preempted(Exception):
 
 class TimeLimit(Preempted):
     """A run (or a study, between its parts) that stopped at the time limit."""
+
+
+class Interrupted(Preempted):
+    """A run that saved a checkpoint and stopped at a Ctrl-C."""
 
 
 @contextlib.contextmanager
