@@ -267,6 +267,11 @@ def test_mistyped_field_is_named_with_a_suggestion(tmp_path, tiny_tokenizer):
     c.masking.mask_ration = 0.2
     expect_user_error(c, tmp_path / "run", r"config.masking.mask_ration: unknown field; did "
                                             r"you mean config.masking.mask_ratio\?")
+    # Nothing close: the section's fields are listed.
+    del c.masking.mask_ration
+    c.train.epochs = 3
+    expect_user_error(c, tmp_path / "run", r"config.train.epochs: unknown field; train has "
+                                            r"adam_b1, adam_b2, .*, batch_size, .*, weight_decay")
 
 
 def test_warmup_longer_than_training_warns(caplog):

@@ -208,6 +208,16 @@ def unknown_fields(config: Any, defaults: Any, table: Mapping[str, Field]) -> li
         if name not in known and not any(name == p or name.startswith(p + ".") for p in free))
 
 
+def _fields_of_section(name: str, known: list[str]) -> str:
+    """"; <section> has <its fields>" for an unknown dotted `name`, from the known names."""
+    section = name.rsplit(".", 1)[0] if "." in name else ""
+    prefix = f"{section}." if section else ""
+    fields = sorted({k[len(prefix):].split(".")[0] for k in known if k.startswith(prefix)})
+    if not fields:
+        return f"; {section} has no such field"
+    return f"; {section or 'the config'} has {', '.join(fields)}"
+
+
 def check(config: Any, table: Mapping[str, Field], defaults: Any,
           error: Callable[[str], Exception]) -> None:
     """Raises `error(one line)` for the first unknown field, missing field, or value of the
@@ -215,8 +225,7 @@ def check(config: Any, table: Mapping[str, Field], defaults: Any,
     for name in unknown_fields(config, defaults, table):
         known = sorted(set(_flatten(defaults)) | set(table))
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        hint = f"; did you mean config.{close[0]}?" if close else (
-            f"; {name.rsplit('.', 1)[0] if '.' in name else 'the config'} has no such field")
+        hint = f"; did you mean config.{close[0]}?" if close else _fields_of_section(name, known)
         raise error(f"config.{name}: unknown field{hint}")
     for name, field in table.items():
         found, value = _lookup(config, name)
