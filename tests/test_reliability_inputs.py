@@ -267,8 +267,13 @@ def test_mistyped_field_is_named_with_a_suggestion(tmp_path, tiny_tokenizer):
     c.masking.mask_ration = 0.2
     expect_user_error(c, tmp_path / "run", r"config.masking.mask_ration: unknown field; did "
                                             r"you mean config.masking.mask_ratio\?")
-    # Nothing close: the section's fields are listed.
+    # A field in the wrong section: every section that has it.
     del c.masking.mask_ration
+    c.masking.num_steps = 3
+    expect_user_error(c, tmp_path / "run", r"config.masking.num_steps: unknown field; did you "
+                                            r"mean config.train.num_steps\?")
+    # Nothing close: the section's fields are listed.
+    del c.masking.num_steps
     c.train.epochs = 3
     expect_user_error(c, tmp_path / "run", r"config.train.epochs: unknown field; train has "
                                             r"adam_b1, adam_b2, .*, batch_size, .*, weight_decay")

@@ -224,8 +224,12 @@ def check(config: Any, table: Mapping[str, Field], defaults: Any,
     wrong type or out of its range."""
     for name in unknown_fields(config, defaults, table):
         known = sorted(set(_flatten(defaults)) | set(table))
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        hint = f"; did you mean config.{close[0]}?" if close else _fields_of_section(name, known)
+        # A field put in the wrong section (config.num_epochs): every section that has it.
+        leaf = name.rsplit(".", 1)[-1]
+        close = ([k for k in known if k.rsplit(".", 1)[-1] == leaf][:3]
+                 or difflib.get_close_matches(name, known, n=1, cutoff=0.75))
+        hint = (f"; did you mean {' or '.join(f'config.{c}' for c in close)}?" if close
+                else _fields_of_section(name, known))
         raise error(f"config.{name}: unknown field{hint}")
     for name, field in table.items():
         found, value = _lookup(config, name)
