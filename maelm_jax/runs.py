@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
 from maelm_jax.config import schema
 from maelm_jax.data import packing, run_data, shards
@@ -37,6 +38,7 @@ from maelm_jax.models import builder, layer_layout
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.workdirs import layout
@@ -74,6 +76,7 @@ def resolve_checkpoint(init_from: str) -> tuple[paths.Path, paths.Path]:
         if not steps:
             raise CheckpointError(f"config.init_from: {path}/{layout.CHECKPOINTS} holds no "
                                   f"finished checkpoint")
+        _warn_if_stopped_early(path, max(steps))
         return path, path / layout.CHECKPOINTS / str(max(steps))
     raise CheckpointError(f"config.init_from: {init_from} is neither a workdir (config.json and "
                           f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
@@ -88,6 +91,21 @@ def _check_finished(workdir: paths.Path, init_from: str) -> None:
         raise CheckpointError(f"config.init_from: {init_from} is an unfinished fine-tuning "
                               f"run (no {layout.RESULTS_FILE}); run its command again to "
                               "finish it first")
+
+
+def _warn_if_stopped_early(workdir: paths.Path, step: int) -> None:
+    """Warns when a pretraining workdir's latest checkpoint is not its last step (a run
+    stopped or still going): taking it is allowed, but rarely what a whole workdir meant."""
+    config = read_json(workdir / layout.CONFIG_FILE)
+    if config.get("mode", "pretrain") != "pretrain":
+        return
+    plan = budget_lib.read(workdir)
+    end = plan.end if plan else config.get("train", {}).get("num_steps")
+    if isinstance(end, int) and step < end:
+        logging.warning("%s is a pretraining run that has not finished: its latest checkpoint "
+                        "is step %d of %d, and that is the one used (name %s/%s/%d to say "
+                        "so, or run its command again to finish it)", workdir, step, end,
+                        workdir, layout.CHECKPOINTS, step)
 
 
 def read_json(path: paths.Path) -> dict:

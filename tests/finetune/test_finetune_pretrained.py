@@ -67,6 +67,21 @@ def test_loads_only_the_encoder_from_a_workdir_or_one_checkpoint(pretrained, cap
 
 
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
+def test_a_pretraining_run_that_has_not_finished_is_used_with_a_warning(pretrained, tmp_path,
+                                                                        caplog):
+    stopped = _copy_run(pretrained, tmp_path, lambda c: c["train"].update(num_steps=20))
+    with caplog.at_level(logging.WARNING):
+        p = runs.load_pretrained(str(stopped), WITH_DROPOUT)
+    assert p.description.endswith("checkpoints/10")
+    assert f"{stopped} is a pretraining run that has not finished: its latest checkpoint is " \
+           "step 10 of 20" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # named: meant
+        runs.load_pretrained(str(stopped / "checkpoints" / "10"), WITH_DROPOUT)
+    assert "has not finished" not in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_random_weights_keep_the_architecture_and_tokenizer_of_init_from(pretrained):
     """init_weights="random": the from-scratch control of a pretraining run."""
     c = glue_config.get_config("sst2")
