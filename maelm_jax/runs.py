@@ -162,20 +162,12 @@ def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokeni
 
 
 def _tree_metadata(state_dir: paths.Path, field: str) -> Any:
-    import orbax.checkpoint as ocp
-
-    # The item's handler, not a Checkpointer: a Checkpointer also looks for the step's
-    # metadata file inside the item and warns that it is missing, on every good checkpoint.
-    handler = ocp.PyTreeCheckpointHandler()
     try:
-        meta = handler.metadata(state_dir)
+        return checkpoint_lib.saved_tree(state_dir)
     except Exception as e:  # orbax raises many types for a directory it cannot read
         raise CheckpointError(f"{field}: {state_dir} is not an orbax checkpoint "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                               ) from None
-    finally:
-        handler.close()
-    return getattr(meta, "tree", meta)
 
 
 def restore_encoder_params(step_dir: paths.Path) -> Any:

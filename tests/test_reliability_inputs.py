@@ -9,7 +9,9 @@ import logging
 import shutil
 import subprocess
 import sys
+import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -216,6 +218,39 @@ def test_no_intact_checkpoint_is_one_line_and_touches_nothing(tmp_path, tiny_tok
                                                r"may be damaged") as info:
         runs.load_pretrained(str(run / "checkpoints" / "2"), WITH_DROPOUT)
     assert "\n" not in str(info.value)
+
+
+def test_a_checkpoint_of_another_model_is_named_not_called_damaged(tmp_path, tiny_tokenizer):
+    """--allow_config_change with another architecture: the checkpoints are intact, so the
+    error names the first parameter that differs and moves nothing aside."""
+    run = tmp_path / "run"
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=2, checkpoint_every=2)
+    pretrain_train.train_and_evaluate(c, str(run))
+    c.model.num_layers += 1
+    before = snapshot(run)
+    with pytest.raises(errors.UserError, match=r"checkpoints/2 holds another model than this "
+                                               r"config builds \(params\['encoder'\]\['stack'\]"
+                                               r"\['layer_2'\].* is not in the checkpoint\); "
+                                               r"continue the run with the config it was "
+                                               r"written with"):
+        pretrain_train.train_and_evaluate(c, str(run), allow_config_change=True)
+    assert snapshot(run) == before
+
+
+def test_a_models_parameters_are_compared_in_one_layer_layout():
+    def layer(width):
+        return {"mlp": {"kernel": jax.ShapeDtypeStruct((4, width), np.float32)}}
+
+    per_layer = {"params": {"encoder": {"stack": {"layer_0": layer(8), "layer_1": layer(8)}}}}
+    stacked = {"params": {"encoder": {"stack": {"scan": {"layer": {"mlp": {
+        "kernel": jax.ShapeDtypeStruct((2, 4, 8), np.float32)}}}}}}}
+    state = types.SimpleNamespace
+    assert checkpoint.model_mismatch(stacked, state(params=per_layer["params"])) is None
+    assert checkpoint.model_mismatch(per_layer, state(params=stacked["params"])) is None
+    wider = {"encoder": {"stack": {"layer_0": layer(16), "layer_1": layer(16)}}}
+    assert checkpoint.model_mismatch(stacked, state(params=wider)) == (
+        "params['encoder']['stack']['layer_0']['mlp']['kernel'] is (4, 8) there, (4, 16) here")
+    assert checkpoint.model_mismatch({"opt": {}}, state(params=wider)) is None
 
 
 # ---------------------------------------------------------------- values out of range

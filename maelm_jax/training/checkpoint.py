@@ -150,11 +150,9 @@ class Checkpointer:
     def _state_metadata(self, step: int) -> Any:
         """The saved state's tree of metadata (nested dicts), or None if unreadable."""
         try:
-            meta = self.manager.item_metadata(step)
-        except Exception:  # unreadable metadata: the restore below reports it
+            return saved_tree(self.directory / str(step) / layout.STATE_ITEM)
+        except Exception:  # unreadable metadata: the restore reports it
             return None
-        meta = meta.get("state") if hasattr(meta, "get") else getattr(meta, "state", None)
-        return getattr(meta, "tree", meta)
 
     def restore_latest(self, target: Any) -> tuple[int, Any, dict] | None:
         """(step, state, meta) of the newest checkpoint that restores and passes its checks
@@ -168,11 +166,20 @@ class Checkpointer:
         failures: list[tuple[int, str]] = []
         self.manager.reload()  # what is on disk now
         for step in sorted(self.manager.all_steps(), reverse=True):
+            intact = False
             try:
                 check_digests(self.directory / str(step))
+                intact = True
                 state, meta = self.restore(step, target)
                 _verify(step, state, meta)
             except Exception as e:  # orbax, tensorstore and JSON raise many types
+                other = intact and model_mismatch(self._state_metadata(step), target)
+                if other:  # intact, of another model: not damage, and nothing is set aside
+                    raise CheckpointError(
+                        f"checkpoint {self.directory / str(step)} holds another model than "
+                        f"this config builds ({other}); continue the run with the config it "
+                        "was written with (its config.json), or use another --workdir"
+                    ) from None
                 reason = failure_reason(e)
                 failures.append((step, reason))
                 logging.warning("checkpoint %s cannot be restored: %s; trying the previous "
@@ -282,6 +289,44 @@ def _digest_mismatch(step_dir: paths.Path) -> str:
         if found_digest != digest:
             return f"{name} differs from what was written (SHA-256 mismatch)"
     return ""
+
+
+def saved_tree(item_dir: paths.Path) -> Any:
+    """A saved item's tree of metadata (nested dicts of orbax's array metadata); raises
+    what orbax raises for a directory it cannot read. Read through the item's handler: a
+    CheckpointManager without a registry of handlers, or a Checkpointer, warns on every
+    good checkpoint (an item "could not be restored", a metadata file "does not exist")."""
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        meta = handler.metadata(item_dir)
+    finally:
+        handler.close()
+    return getattr(meta, "tree", meta)
+
+
+def model_mismatch(saved: Any, target: Any) -> str | None:
+    """The first parameter that a checkpoint's saved tree (orbax's metadata, nested dicts)
+    and `target` (a train state) do not share, or share with another shape, compared in
+    one layer layout; None when they agree or either has no params."""
+    saved = saved.get("params") if isinstance(saved, dict) else None
+    wanted = getattr(target, "params", None)
+    if not isinstance(saved, dict) or wanted is None:
+        return None
+
+    def shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+        tree = jax.tree.map(lambda x: jax.ShapeDtypeStruct(tuple(x.shape), x.dtype), tree)
+        return {jax.tree_util.keystr(k): v.shape for k, v in
+                jax.tree_util.tree_leaves_with_path(layer_layout.to_layout(tree, False))}
+
+    have, want = shapes(saved), shapes(wanted)
+    for name in sorted(have.keys() | want.keys()):
+        if name not in have:
+            return f"params{name} is not in the checkpoint"
+        if name not in want:
+            return f"params{name} is not in this model"
+        if have[name] != want[name]:
+            return f"params{name} is {have[name]} there, {want[name]} here"
+    return None
 
 
 def _verify(step: int, state: Any, meta: dict) -> None:
