@@ -162,10 +162,11 @@ def poison_steps(monkeypatch, module, factory: str, step_indices) -> None:
     monkeypatch.setattr(module, factory, make)
 
 
-def preempt_main(cmd, metrics_file: pathlib.Path, lines: int = 3, **popen) -> int:
-    """Runs main.py's `cmd`, sends SIGTERM once `metrics_file` has `lines` lines, and
-    checks the preemption contract's exit: status 143 and the message. Returns the step
-    it says it saved."""
+def preempt_main(cmd, metrics_file: pathlib.Path, lines: int = 3, signum: int = 15,
+                 **popen) -> int:
+    """Runs main.py's `cmd`, sends `signum` (SIGTERM; SIGINT for a Ctrl-C) once
+    `metrics_file` has `lines` lines, and checks the stop's exit: status 128 + signum, the
+    message, no traceback. Returns the step it says it saved."""
     import re
     import signal
     import subprocess
@@ -177,12 +178,14 @@ def preempt_main(cmd, metrics_file: pathlib.Path, lines: int = 3, **popen) -> in
     while not (metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= lines):
         assert proc.poll() is None and time.monotonic() < deadline, "finished or hung"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=HANG_SECONDS)
-    assert proc.returncode == 143, stderr[-2000:]
-    found = re.search(r"preempted: saved a checkpoint at step (\d+) .*run the same command",
+    assert proc.returncode == 128 + signum, stderr[-2000:]
+    word = "interrupted" if signum == signal.SIGINT else "preempted"
+    found = re.search(rf"{word}: saved a checkpoint at step (\d+) .*run the same command",
                       stderr)
     assert found, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
     return int(found.group(1))
 
 

@@ -19,7 +19,7 @@ from maelm_jax.pretrain import steps as pretrain_steps
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.training import checkpoint, engine, preemption, steps
 
-from conftest import HANG_SECONDS, REPO_ROOT, poison_steps, subprocess_env
+from conftest import HANG_SECONDS, REPO_ROOT, poison_steps, preempt_main, subprocess_env
 from support import (
     expect_user_error,
     plain_corpus,
@@ -379,20 +379,9 @@ def test_ctrl_c_saves_the_current_step_and_outside_the_loop_is_one_line(tmp_path
            f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
            "--config.train.num_steps=1000", "--config.train.checkpoint_every=1000",
            "--config.train.eval_every=1000"]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(1), stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + HANG_SECONDS
-    while not ((run / "metrics.jsonl").exists() and len(train_metrics(run)) >= 3):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=HANG_SECONDS)
-    assert proc.returncode == 130, stderr[-2000:]
-    assert "Ctrl-C: saving a checkpoint after this step" in stderr
-    saved = checkpoint.Checkpointer(run / "checkpoints", 3).latest_step()
+    saved = preempt_main(cmd, run / "metrics.jsonl", signum=signal.SIGINT, cwd=REPO_ROOT)
+    assert checkpoint.Checkpointer(run / "checkpoints", 3).latest_step() == saved
     assert 3 <= saved < 1000
-    assert f"interrupted: saved a checkpoint at step {saved} in" in stderr
-    assert "Traceback" not in stderr
     # Outside the loop: the mode itself interrupted, as a Ctrl-C during setup would be.
     script = ("import sys, main; from absl import app; from maelm_jax.infra import cli\n"
               "def ctrl_c(mode): raise KeyboardInterrupt\n"
