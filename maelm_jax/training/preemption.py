@@ -1,6 +1,6 @@
 """Stopping a training loop cleanly on request, shared by pretraining and fine-tuning.
 
-Two kinds of request:
+Three kinds of request:
 
 * **Preemption.** Most schedulers send SIGTERM some time before they kill a job (a
   preemption notice); JAX's preemption sync point tells every process of a job at once.
@@ -10,7 +10,8 @@ Two kinds of request:
   as a preemption does; a second stops at once, as Ctrl-C does anywhere else.
 
 The loops check after every step (training/engine.py); when a request is in, they save a
-checkpoint at the step just finished and raise `Preempted` (or its kind `TimeLimit`)
+checkpoint at the step just finished and raise `Preempted` (or its kinds `TimeLimit`,
+`Interrupted`)
 through their callers (a sweep, the study), so nothing else starts; rerunning the same
 command continues from there.
 """
