@@ -11,9 +11,8 @@ Three kinds of request:
 
 The loops check after every step (training/engine.py); when a request is in, they save a
 checkpoint at the step just finished and raise `Preempted` (or its kinds `TimeLimit`,
-`Interrupted`)
-through their callers (a sweep, the study), so nothing else starts; rerunning the same
-command continues from there.
+`Interrupted`) through their callers (a sweep, the study), so nothing else starts;
+rerunning the same command continues from there.
 """
 
 from __future__ import annotations
