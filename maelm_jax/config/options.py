@@ -64,6 +64,10 @@ OUTPUT_DTYPES = ("float32", "compute")
 # How a bias shared by the batch gets its gradient (models/flash_attention.py).
 BIAS_GRADS = ("batch", "rows")
 # Elements that share one 32-bit hash of the dropout bits.
+# The learning-rate schedule's shape after its warmup (config.train.lr_schedule of
+# pretraining): training/optimizer.py computes each, its index in the schedule's data.
+LR_SCHEDULES = ("linear", "cosine", "wsd", "constant", "inv_sqrt")
+
 HASH_ELEMENTS = (1, 2, 4)
 _TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")
 

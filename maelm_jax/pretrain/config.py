@@ -123,7 +123,14 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
                                  clip_norm=2.0, log_every=100)
     c.train.grad_accum_steps = 1  # micro-batches per step; batch_size must divide
     c.train.num_steps = 125_000
-    c.train.warmup_steps = 10_000  # linear warmup to the peak, then linear decay to 0
+    c.train.warmup_steps = 10_000  # linear warmup to the peak, then lr_schedule's shape
+    # After the warmup (training/optimizer.py, docs/config.md#schedules): "linear" to the
+    # floor at the last step (the papers'), "cosine", "wsd" (warmup-stable-decay: the peak,
+    # then the last decay_fraction of the steps linearly down), "constant" or "inv_sqrt"
+    # (peak x sqrt(warmup_steps / step)). One compiled step serves them all.
+    c.train.lr_schedule = "linear"
+    c.train.decay_fraction = 0.2  # wsd: the share of the steps in the final decay
+    c.train.min_lr_ratio = 0.0  # the floor the decay ends at, a share of learning_rate
     # Minutes the run is given (0: none): a new run measures its step, evaluation and
     # checkpoint here, then plans the most steps (num_steps at most) that end in time, less
     # a margin (a share of the budget), with warmup_steps / num_steps its share of the plan,
@@ -206,6 +213,9 @@ FIELDS: dict[str, schema.Field] = {
     "train.grad_accum_steps": schema.integer(1),
     "train.num_steps": schema.integer(1),
     "train.warmup_steps": schema.integer(0),
+    "train.lr_schedule": schema.choice(*options.LR_SCHEDULES),
+    "train.decay_fraction": schema.number(0.0, 1.0),
+    "train.min_lr_ratio": schema.number(0.0, 1.0),
     "train.time_budget_minutes": schema.number(0.0),
     "train.time_budget_margin": schema.number(0.0, 1.0, high_open=True),
     **config_sections.TRAIN.fields("train"),

@@ -48,7 +48,8 @@ class Program:
     model: nn.Module  # the objective's model (`model`)
     tx: optax.GradientTransformation
     # The learning-rate schedule as data, [peak, warmup steps, total steps, decay from,
-    # rate there] (optimizer.learning_rate_at): config.train's, or a time budget's plan.
+    # rate there, shape, decay fraction, floor] (optimizer.learning_rate_at): config.train's,
+    # or a time budget's plan.
     schedule_values: tuple[float, ...]
     state: state_lib.StateSetup  # init(), the abstract state and its shardings
     # step(state, tokens [batch, L] int32, schedule) -> (state, metrics): the state
@@ -69,7 +70,7 @@ class Program:
 
     @functools.cached_property
     def schedule(self) -> jax.Array:
-        """schedule_values as the program takes them, float32 [5], replicated on the mesh
+        """schedule_values as the program takes them, float32 [8], replicated on the mesh
         (put there when first used: a mesh of compile-only devices holds no array)."""
         return jax.device_put(np.asarray(self.schedule_values, np.float32),
                               sharding.replicated(self.mesh))
@@ -113,10 +114,10 @@ class Program:
 
 
 def schedule_values(train: ml_collections.ConfigDict) -> tuple[float, ...]:
-    """`train`'s learning-rate schedule in the five-value form (optimizer.learning_rate_at)
-    that a time budget's re-plans keep: one program takes every schedule of the run."""
-    return optimizer_lib.with_decay_end(optimizer_lib.schedule_values(train), 0,
-                                        train.num_steps)
+    """`train`'s learning-rate schedule (train.lr_schedule's shape) in the full form
+    (optimizer.learning_rate_at) that a time budget's re-plans keep: one program takes
+    every schedule of the run, whatever its shape."""
+    return optimizer_lib.shaped(train)
 
 
 def encoder_run(config: ml_collections.ConfigDict) -> builder.Run:

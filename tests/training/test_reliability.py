@@ -157,9 +157,11 @@ def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer,
 def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
     """The skipped updates and the steps since the last log line before a stop are carried
     by its checkpoint: the resumed run logs what the uninterrupted run logs (here the line
-    of step 6 averages steps 4-6, the stop being at step 4)."""
+    of step 6 averages steps 4-6, the stop being at step 4). The schedule is WSD with its
+    decay over steps 4-6 (the rate after 3, 4 and 5 updates): the stop is mid-decay."""
     _poison_from([1, 2], monkeypatch)
-    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3)
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3,
+                         lr_schedule="wsd", decay_fraction=0.5)
     pretrain_train.train_and_evaluate(c, str(tmp_path / "whole"))
     preempt_at(monkeypatch, c, tmp_path / "resumed", 4)
     pretrain_train.train_and_evaluate(c, str(tmp_path / "resumed"))
@@ -168,6 +170,8 @@ def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, m
     assert [resumed[s]["skipped_updates"] for s in (3, 6)] == [2, 2]
     for key in ("skipped_updates", "loss", "accuracy", "grad_norm", "learning_rate"):
         assert resumed[6][key] == pytest.approx(whole[6][key], rel=1e-6), key
+    peak = c.train.learning_rate
+    assert resumed[6]["learning_rate"] == pytest.approx(peak * (1 + 2 / 3 + 1 / 3) / 3)
 
 
 class _Watched:
