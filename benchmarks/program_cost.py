@@ -78,13 +78,21 @@ class Op:
 
     @property
     def bytes(self) -> int:
-        """Bytes read and written once: every operand and result; a gather reads the
-        slices it takes (its results), not its whole operand; a scatter reads and writes
-        what it updates, not its whole operand."""
+        """Bytes read and written once, before fusion: every operand and result; a gather
+        reads the slices it takes (its results), not its whole operand; a scatter and a
+        dynamic-update-slice read and write what they update, a dynamic slice what it
+        takes, not their whole operand."""
         if self.kind == "gather":
             return 2 * sum(t.bytes for t in self.results) + self.operands[-1].bytes
         if self.kind == "scatter" and len(self.operands) >= 3:
             return 2 * self.operands[2].bytes + self.operands[1].bytes
+        # In place (XLA aliases the operand and result, as inside a layer scan, where the
+        # operand is the whole stack of layers): a dynamic-update-slice reads and writes
+        # its update, a dynamic slice reads and writes its result.
+        if self.kind == "dynamic_update_slice" and len(self.operands) >= 2:
+            return 2 * self.operands[1].bytes
+        if self.kind == "dynamic_slice" and self.results:
+            return 2 * self.results[0].bytes
         return sum(t.bytes for t in self.operands) + sum(t.bytes for t in self.results)
 
 
@@ -252,9 +260,85 @@ def export_train_step(config, platform: str) -> str:
     return exported.mlir_module()
 
 
+def kernel_calls(ops: Iterable[Op]) -> dict[str, int]:
+    """Calls per step of each named kernel (a Pallas kernel's name, else the custom call's
+    target): e.g. {"flash_attention_forward": 12, ...}."""
+    calls: dict[str, int] = {}
+    for op in ops:
+        if op.kind.startswith("custom_call:"):
+            name = op.kind.split(":")[-1]
+            calls[name] = calls.get(name, 0) + op.times
+    return calls
+
+
+def backward_residuals(config) -> list[dict]:
+    """What the backward pass keeps of each scanned stack of `config`'s train step (one
+    micro-batch's loss, pretrain/steps.make_micro_loss, differentiated as the step does),
+    read from the jaxpr of its VJP: the residuals a layer scan stacks, per stack (its
+    layers, the bytes and tensors kept per layer, largest first). Weights the layer takes
+    as they are (arguments) are not counted; their bf16 copies are. Traced, not compiled:
+    fast at any size, on any host, with the GPU kernels the platform's "auto" picks."""
+    import jax
+    import jax.numpy as jnp
+
+    from maelm_jax.pretrain import config as pretrain_config
+    from maelm_jax.pretrain import steps as pretrain_steps
+
+    vocab = config.tokenizer.vocab_size
+    with _gpu_libraries_on_this_host():
+        program = setup_lib.build(config, vocab, sharding.make_mesh((1, 1, 1),
+                                                                    jax.devices()[:1]))
+    loss = pretrain_steps.make_micro_loss(
+        program.model, setup_lib.model_config(config, vocab),
+        pretrain_config.objective(config), program.counts, vocab)
+    key_words = pretrain_steps.train_key_data(0, config.train.prng_impl).shape[0]
+    args = (program.state.abstract.params,
+            jax.ShapeDtypeStruct((config.train.batch_size // config.train.grad_accum_steps,
+                                  config.data.seq_len), jnp.int32),
+            jax.ShapeDtypeStruct((key_words,), jnp.uint32))
+    leaves, tree = jax.tree.flatten(args)
+
+    def vjp(*xs):
+        params, tokens, key = jax.tree.unflatten(tree, xs)
+        key = jax.random.wrap_key_data(key, impl=config.train.prng_impl)
+        return jax.vjp(lambda p: loss(p, tokens, key)[0], params)
+
+    with _gpu_libraries_on_this_host(), sharding.activate(program.mesh, program.rules):
+        closed, shapes = jax.make_jaxpr(vjp, return_shape=True)(*leaves)
+    jaxpr = closed.jaxpr
+    residuals = jaxpr.outvars[len(jaxpr.outvars) - len(jax.tree.leaves(shapes[1])):]
+    producer = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+    stacks: dict[int, dict] = {}
+    for v in residuals:
+        eqn = None if type(v).__name__ == "Literal" else producer.get(v)
+        if eqn is None or eqn.primitive.name != "scan":
+            continue
+        layers = eqn.params["length"]
+        stack = stacks.setdefault(id(eqn), {"layers": layers, "bytes_per_layer": 0,
+                                            "tensors": []})
+        tensor = Tensor(tuple(v.aval.shape[1:]), _HLO_NAMES.get(v.aval.dtype.name,
+                                                                 v.aval.dtype.name))
+        stack["bytes_per_layer"] += tensor.bytes
+        stack["tensors"].append(str(tensor))
+    for stack in stacks.values():
+        stack["tensors"].sort(key=lambda t: -Tensor(*_parse_one(t)).bytes)
+    return sorted(stacks.values(), key=lambda s: -s["layers"])
+
+
+# numpy's dtype names as StableHLO writes them (Tensor.bytes reads the latter).
+_HLO_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int32": "i32",
+              "uint32": "ui32", "bool": "i1", "int8": "i8", "uint8": "ui8"}
+
+
+def _parse_one(text: str) -> tuple[tuple[int, ...], str]:
+    *dims, dtype = text.split("x")
+    return tuple(int(d) for d in dims), dtype
+
+
 def table(name: str, summary: dict) -> str:
     title = (f"### {name}: {summary['movement_bytes'] / 1e9:.2f} GB of data movement per step "
-             f"(~{summary['movement_ms']:.2f} ms at {summary['bandwidth_tbs']:g} TB/s)")
+             f"before fusion (~{summary['movement_ms']:.2f} ms at "
+             f"{summary['bandwidth_tbs']:g} TB/s)")
     rows = []
     for kind, entry in summary["classes"].items():
         if entry["bytes"] < 1e6:
@@ -266,6 +350,22 @@ def table(name: str, summary: dict) -> str:
                      ", ".join(largest[:2])])
     head = ["class", "ops per step", "GB per step", "largest result"]
     return "\n".join([title, "", *markdown.table(head, rows)])
+
+
+def backward_table(summary: dict) -> str:
+    """What the backward keeps per layer of each stack, each kernel's calls per step and
+    the attention forwards per backward (1: none is run again by rematerialisation)."""
+    rows = [[f"{stack['layers']}-layer stack", f"{stack['bytes_per_layer'] / 1e6:.1f} MB",
+             ", ".join(stack["tensors"][:4])] for stack in summary["residuals"]]
+    calls = summary["kernel_calls"]
+    listed = ", ".join(f"{name} {count}" for name, count in sorted(calls.items()))
+    lines = ["Residuals kept per layer (the backward's; traced):", "",
+             *markdown.table(["stack", "per layer", "largest"], rows), "",
+             f"Kernel calls per step: {listed or 'none'}"]
+    if calls.get("flash_attention_dq"):
+        lines.append(f"Attention forwards per backward: "
+                     f"{calls['flash_attention_forward'] / calls['flash_attention_dq']:g}")
+    return "\n".join(lines)
 
 
 def define_flags() -> None:
@@ -286,10 +386,14 @@ def main(argv) -> None:
     for objective, config in harness.objective_configs(FLAGS.config,
                                                        FLAGS.objectives).items():
         setup_lib.resolve_auto(config, backend)
-        summaries[objective] = summary = summarize(
-            parse(export_train_step(config, FLAGS.platform)), FLAGS.bandwidth_tbs)
+        ops = parse(export_train_step(config, FLAGS.platform))
+        summaries[objective] = summary = summarize(ops, FLAGS.bandwidth_tbs)
+        summary["kernel_calls"] = kernel_calls(ops)
+        summary["residuals"] = backward_residuals(config)
         print(table(f"{objective} ({config.model.attention_impl}, {config.model.dtype}, "
-                    f"{FLAGS.platform})", summary))
+                    f"remat {config.model.remat_policy}, {FLAGS.platform})", summary))
+        print()
+        print(backward_table(summary))
         print()
     if FLAGS.json:
         with open(FLAGS.json, "w") as f:

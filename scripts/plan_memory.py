@@ -175,7 +175,9 @@ def main(argv):
             c.train.grad_accum_steps = accum
             micro = c.train.batch_size // accum // dp
             figures, needed = compiled_bytes(c, vocab, mesh)
-            head = f"  remat_policy={policy}, {micro} sequences per device per micro-batch:"
+            shown = policy if policy != "auto" else (
+                f"auto ({setup_lib.encoder_config(c, vocab).stack.remat_policy})")
+            head = f"  remat_policy={shown}, {micro} sequences per device per micro-batch:"
             if figures is None:
                 print(f"{head} does not fit: the TPU compiler needs {gib(needed).strip()} "
                       "of temporaries")
@@ -185,7 +187,7 @@ def main(argv):
                       f"temporaries {gib(figures['temporaries']).strip()}, program "
                       f"{gib(figures['program']).strip()})")
             else:
-                print(f"  remat_policy={policy}:")
+                print(f"  remat_policy={shown}:")
                 print(f"    activations + temporaries {gib(figures['temporaries'])} per device "
                       "(compiled step)")
                 print(f"    total                     {gib(params + opt + figures['temporaries'])} "

@@ -42,8 +42,15 @@ POOLINGS = ("first", "mean")
 # more forward). "dots": the matmul outputs (recomputes the cheap element-wise work:
 # LayerNorm, GELU, softmax, dropout). "dots_no_batch": only the matmuls against weights
 # (recomputes attention's score and weighted-sum matmuls too), MaxText's usual choice for
-# large models.
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# large models. "dots_attention": those matmuls and the attention kernel's output and row
+# statistics (named in models/flash_attention.py), so the backward recomputes only
+# element-wise work (LayerNorm, GELU, dropout, bias adds) and never the attention forward:
+# about 280 MB a BERT-base layer at 32 x 512 in bfloat16 where "none" keeps 897 MB
+# (benchmarks/program_cost.py prints it). "auto": "dots_attention" where the attention
+# kernel is the Pallas one (GPUs and TPUs with attention dropout), else "none" (the cuDNN
+# and einsum paths' outputs are not named, and recomputing them would run the attention
+# twice).
+REMAT_POLICIES = ("auto", "none", "full", "dots", "dots_no_batch", "dots_attention")
 
 # How a relative position bias table starts: "normal" is N(0, 0.02) like every other
 # weight (both papers); "local" is a locality prior (relative_position.local_bias_init).
@@ -57,6 +64,10 @@ BUCKET_FNS = ("t5", "maelm")
 # only the removed [MASK]s and attend to the encoder.
 DECODER_KINDS = ("self", "cross", "causal_cross", "cross_only")
 
+# The learning-rate schedule's shape after its warmup (config.train.lr_schedule of
+# pretraining): training/optimizer.py computes each, its index in the schedule's data.
+LR_SCHEDULES = ("linear", "cosine", "wsd", "constant", "inv_sqrt")
+
 # ------------------------------------------------------------------ the Pallas kernel's
 
 # The masked-LM output layer's dot: float32, or the compute dtype with float32 accumulation.
@@ -64,10 +75,6 @@ OUTPUT_DTYPES = ("float32", "compute")
 # How a bias shared by the batch gets its gradient (models/flash_attention.py).
 BIAS_GRADS = ("batch", "rows")
 # Elements that share one 32-bit hash of the dropout bits.
-# The learning-rate schedule's shape after its warmup (config.train.lr_schedule of
-# pretraining): training/optimizer.py computes each, its index in the schedule's data.
-LR_SCHEDULES = ("linear", "cosine", "wsd", "constant", "inv_sqrt")
-
 HASH_ELEMENTS = (1, 2, 4)
 _TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")
 

@@ -48,7 +48,7 @@ class Run:
     length: int = 512
     fit_tiles: bool = False
     scan_layers: bool = False
-    remat_policy: str = "none"
+    remat_policy: str = "none"  # options.REMAT_POLICIES, "auto" resolved by `encoder`
     rel_pos_init: str = "normal"
     output_dtype: str = "float32"
 
@@ -68,6 +68,17 @@ def attention_impl(run: Run, head_dim: int, backend: str | None = None) -> str:
                          f"of {bad[0]} (the Pallas kernel needs a power-of-two head size "
                          f">= 16), got 'pallas'")
     return impl
+
+
+def remat_policy(run: Run, attention_impl: str) -> str:
+    """run.remat_policy with "auto" resolved for the run's resolved `attention_impl`: the
+    matmuls and the Pallas kernel's named outputs kept ("dots_attention": the backward
+    recomputes only element-wise work, never the attention forward) where the kernel is
+    Pallas, else everything kept ("none": the other paths' attention outputs are not named,
+    and recomputing them would run the attention twice)."""
+    if run.remat_policy != "auto":
+        return run.remat_policy
+    return "dots_attention" if attention_impl == "pallas" else "none"
 
 
 def encoder(architecture: Mapping[str, Any], run: Run,
@@ -93,4 +104,4 @@ def encoder(architecture: Mapping[str, Any], run: Run,
         output_dtype=run.output_dtype, dropout=run.dropout,
         attention_dropout=run.attention_dropout, activation_dropout=run.activation_dropout,
         attention_impl=impl, pallas=pallas, scan_layers=run.scan_layers,
-        remat_policy=run.remat_policy)
+        remat_policy=remat_policy(run, impl))

@@ -52,6 +52,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -75,6 +76,8 @@ from maelm_jax.models.dropout_hash import (  # noqa: F401 (re-exported: the kern
 
 # The score of a masked key: large and finite, so a fully masked row has no NaN.
 MASKED = -1e30
+# The name of the kernel's output and row statistics, for remat policies (models/stack.py).
+RESIDUALS_NAME = "attention_kernel"
 _DEFAULT_OPTIONS = KernelOptions()
 
 
@@ -479,6 +482,9 @@ def _attention_fwd(q, k, v, bias, valid, seed, scale, rate, key_stride, num_head
     out, row_max, logsum = _by_platform(
         "forward", interpret, (scale, rate, key_stride, num_heads, options), q, k, v, bias,
         valid, seed)
+    # Named, so that a remat policy can keep them ("dots_attention"): the backward then
+    # reads the forward's output and row statistics instead of running the forward again.
+    out, row_max, logsum = (checkpoint_name(x, RESIDUALS_NAME) for x in (out, row_max, logsum))
     return out, (q, k, v, bias, valid, seed, out, row_max, logsum)
 
 

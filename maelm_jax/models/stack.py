@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from maelm_jax.config import options
+from maelm_jax.models import flash_attention
 from maelm_jax.models.dropout import Dropout
 from maelm_jax.models.layers import (
     HIDDEN_STATES,
@@ -111,14 +112,17 @@ class CrossTransformerLayer(nn.Module):
 
 
 # Each of options.REMAT_POLICIES (what each keeps: config/options.py) as its jax.checkpoint
-# policy.
+# policy; "auto" is resolved by models/builder.py before a stack is built.
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_saveable,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_attention": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(flash_attention.RESIDUALS_NAME)),
 }
-assert tuple(REMAT_POLICIES) == options.REMAT_POLICIES
+assert tuple(REMAT_POLICIES) == tuple(p for p in options.REMAT_POLICIES if p != "auto")
 
 
 def remat_layer(layer_cls: type, policy: str, scanned: bool, deterministic_argnum: int = 4
@@ -132,6 +136,8 @@ def remat_layer(layer_cls: type, policy: str, scanned: bool, deterministic_argnu
     """
     if policy == "none":
         return layer_cls
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"remat policy {policy!r}: resolve 'auto' first (builder.encoder)")
     return nn.remat(layer_cls, policy=REMAT_POLICIES[policy], prevent_cse=not scanned,
                     static_argnums=(deterministic_argnum,))
 

@@ -110,8 +110,10 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # of either layout restore into both).
     c.model.scan_layers = False
     # What each layer (encoder and decoder) keeps for the backward pass, the rest being
-    # recomputed (options.REMAT_POLICIES): "none", "full", "dots", "dots_no_batch".
-    c.model.remat_policy = "none"
+    # recomputed (options.REMAT_POLICIES): "auto" (the attention kernel's and the matmuls'
+    # outputs kept with the Pallas kernel, else everything), "none", "full", "dots",
+    # "dots_no_batch", "dots_attention".
+    c.model.remat_policy = "auto"
 
     # The mesh and the sharding rules (config_sections.MESH; docs/scaling.md).
     config_sections.MESH.add_to(c)

@@ -79,6 +79,25 @@ def state_setup(
         tx=tx)
 
 
+def make_micro_loss(model: nn.Module, model_cfg: Any, objective: objectives.Objective,
+                    counts: masking.MaskCounts, vocab_size: int) -> Callable:
+    """Returns micro_loss(params, tokens [b, L] int32, key) -> (loss sum, the objective's
+    sums): one micro-batch corrupted with the mask key and run with the dropout key that
+    `key` splits into. What the train step differentiates (and what
+    benchmarks/program_cost.py reads the backward's residuals of)."""
+
+    def micro_loss(params, tokens, key):
+        mask_key, dropout_key = jax.random.split(key)
+        batch = objective.corrupt(model_cfg, mask_key, tokens, counts, vocab_size)
+        logits = model.apply(
+            {"params": params}, batch, deterministic=False, rngs={"dropout": dropout_key}
+        )
+        sums = objective.loss_sums(model_cfg, logits, batch)
+        return sums["loss_sum"], sums
+
+    return micro_loss
+
+
 def make_train_step(
     model: nn.Module,
     model_cfg: Any,
@@ -97,16 +116,8 @@ def make_train_step(
 
     `prng_impl` must be the one the state's `rng` was made with (state_setup's)."""
 
-    def micro_loss(params, tokens, key):
-        mask_key, dropout_key = jax.random.split(key)
-        batch = objective.corrupt(model_cfg, mask_key, tokens, counts, vocab_size)
-        logits = model.apply(
-            {"params": params}, batch, deterministic=False, rngs={"dropout": dropout_key}
-        )
-        sums = objective.loss_sums(model_cfg, logits, batch)
-        return sums["loss_sum"], sums
-
-    grad_fn = jax.grad(micro_loss, has_aux=True)
+    grad_fn = jax.grad(make_micro_loss(model, model_cfg, objective, counts, vocab_size),
+                       has_aux=True)
 
     def sums_shape(tokens, key):
         """The loss sums of one micro-batch, for their shapes (the accumulation's carry):

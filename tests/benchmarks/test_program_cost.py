@@ -56,6 +56,17 @@ def test_loops_calls_and_regions_are_counted():
     assert summary["movement_bytes"] == 3 * (4 * 8 * 4 + 4 * 8 * 2) + scatter.bytes
 
 
+def test_dynamic_slices_count_what_they_move():
+    """Inside a layer scan a dynamic-update-slice writes one layer into the whole stack
+    (aliased in place) and a dynamic slice reads one: counted by the update and by the
+    result, not by the stacked operand."""
+    stack, layer, index = (program_cost.Tensor((12, 4, 8), "bf16"),
+                           program_cost.Tensor((1, 4, 8), "bf16"), program_cost.Tensor((), "i32"))
+    update = program_cost.Op("dynamic_update_slice", [stack, layer, index], [stack])
+    take = program_cost.Op("dynamic_slice", [stack, index], [layer])
+    assert update.bytes == take.bytes == 2 * layer.bytes
+
+
 def _config(model: str, scan: bool, **changes):
     c = recipes.MODELS[model].apply(peer.get_config("small,layers=2"))
     c.model.scan_layers = scan
@@ -128,3 +139,22 @@ def test_the_output_layer_in_the_compute_dtype():
     half = program_cost.parse(program_cost.export_train_step(
         _config("mlm", False, output_dtype="compute"), "cuda"))
     assert f32_dots(full) >= 2 and f32_dots(half) == 0
+
+
+@pytest.mark.parametrize("objective", ["mlm", "maelm"])
+def test_bert_base_backward_keeps_under_300_mb_a_layer(objective):
+    """BERT-base (L 512, batch 32, bfloat16, dropout 0.1, the Pallas kernel) exported for
+    CUDA with the default remat policy ("auto": the matmuls and the kernel's named outputs):
+    each encoder layer keeps <= 300 MB for the backward (897 MB keeping everything, 252 MB
+    with "dots_no_batch", which runs the attention forward twice), and each attention
+    layer runs exactly one forward."""
+    c = recipes.MODELS[objective].apply(peer.get_config("base"))
+    setup_lib.resolve_auto(c, "gpu")
+    pretrain_config.validate(c)
+    assert c.model.attention_impl == "pallas" and c.model.remat_policy == "auto"
+    encoder = program_cost.backward_residuals(c)[0]
+    assert encoder["layers"] == 12 and 200e6 < encoder["bytes_per_layer"] <= 300e6
+    calls = program_cost.kernel_calls(program_cost.parse(
+        program_cost.export_train_step(c, "cuda")))
+    layers = 12 + (c.model.decoder.num_layers if objective == "maelm" else 0)
+    assert calls["flash_attention_forward"] == calls["flash_attention_dq"] == layers
