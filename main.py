@@ -22,7 +22,7 @@ from maelm_jax.export import run as export_run
 from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
-from maelm_jax.infra import cli, compile_cache, distributed, errors, host_memory
+from maelm_jax.infra import cli, compile_cache, distributed, errors, host_memory, stacks
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import merge as study_merge
@@ -101,6 +101,7 @@ def main(argv):
     preemption.raise_on_ctrl_c()
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+        stacks.on_signal()  # kill -USR1: every thread's stack to stderr (docs/scaling.md)
         with preemption.time_limit(60 * FLAGS.time_limit_minutes):
             _run_mode(FLAGS.config.get("mode", "pretrain"))
     except preemption.TimeLimit as e:  # a checkpoint is saved; the same command continues

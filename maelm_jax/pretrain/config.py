@@ -150,6 +150,12 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.train.eval_batches = 20
     c.train.checkpoint_every = 2000
     c.train.keep_checkpoints = 3
+    # Milestones, kept for good beside the latest keep_checkpoints (never rotated out):
+    # every keep_period steps (0: none) and at each of keep_steps; saved at those steps
+    # whatever checkpoint_every says. The rank analysis and the export take one by its
+    # path, <workdir>/checkpoints/<step>.
+    c.train.keep_period = 0
+    c.train.keep_steps = ()
     # After the last step, fill-mask on this many held-out blocks, logged and written to
     # <workdir>/fill_mask.md (0: none).
     c.train.fill_mask_examples = 0
@@ -227,6 +233,8 @@ FIELDS: dict[str, schema.Field] = {
     "train.eval_batches": schema.integer(1),
     "train.checkpoint_every": schema.integer(1),
     "train.keep_checkpoints": schema.integer(1),
+    "train.keep_period": schema.integer(0),
+    "train.keep_steps": schema.sequence_of(schema.integer(1), words="a tuple of steps (ints >= 1)"),
     "train.fill_mask_examples": schema.integer(0),
 }
 

@@ -52,6 +52,7 @@ PRETRAINING = lifecycle.Policy(
         "train.num_steps", "train.time_budget_minutes", "train.time_budget_margin",
         "train.log_every", "train.eval_every", "train.eval_batches",
         "train.checkpoint_every", "train.resume_saves", "train.keep_checkpoints",
+        "train.keep_period", "train.keep_steps",
         "train.nonfinite", "train.peak_tflops_per_device", "data.prefetch",
         "data.prepared_cache_gb", "data.cache_dir", "data.encoding_errors", "mesh",
         "sharding_rules", "model.dtype", "model.attention_impl", "model.pallas",
@@ -178,8 +179,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     records = [lambda: time_budget.record(workdir, plan)] if planned_now else []
     # Its checkpoints are the run's: it continues from the latest, whatever the decision
     # (a changed config allowed continues too: PRETRAINING.override).
-    with lifecycle.session(workdir, config, program.state.abstract, program.init,
-                           t.keep_checkpoints, resume=True, records=records) as session:
+    keep = checkpoint_lib.Keep(t.keep_checkpoints, t.keep_period, tuple(t.keep_steps))
+    with lifecycle.session(workdir, config, program.state.abstract, program.init, keep,
+                           resume=True, records=records) as session:
         replanner = None
         if plan is not None:
             replanner = budget_lib.Replanner(
@@ -261,6 +263,8 @@ class Pretraining:
         self.program, self.eval_data = program, eval_data
         self.utilisation, self.unigram_accuracy = utilisation, unigram_accuracy
         self.replanner = replanner
+        self.keep = checkpoint_lib.Keep(self.t.keep_checkpoints, self.t.keep_period,
+                                        tuple(self.t.keep_steps))
         if replanner is not None:
             self.num_steps = replanner.end
             self.program = program.with_schedule(replanner.schedule)
@@ -295,7 +299,7 @@ class Pretraining:
         # Also a fresh run's first step: a workdir where checkpoints cannot be written
         # shows at once, not checkpoint_every steps into the run.
         return (not self.saved or step == self.num_steps
-                or step % self.t.checkpoint_every == 0)
+                or step % self.t.checkpoint_every == 0 or self.keep.milestone(step))
 
     def log_line(self, step, means, steps, seconds):
         rates = _throughput(steps, seconds, step, self.t.batch_size * self.seq_len,

@@ -1,6 +1,6 @@
 """Orbax checkpoints: the train state (model, optimiser, step, RNG) and a JSON record of
 the loop's progress, saved asynchronously at the steps the training loop chooses, keeping
-the last K.
+the last K and milestones kept for good (`Keep`: every N steps, chosen steps).
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
 checkpoint interrupted by a crash is never listed as the latest. A complete checkpoint can
@@ -22,6 +22,7 @@ process killed during it leaves part of the step under each name; what is left u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
@@ -46,17 +47,41 @@ class CheckpointError(errors.UserError):
     """A checkpoint that could not be written (full or read-only disk, ...)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    """Which checkpoints the rotation keeps: the `latest` N, and milestones kept for good,
+    every `period` steps (0: none) and at each of `steps`. A milestone is never rotated
+    out (orbax's preservation policies: any of them keeps a step)."""
+
+    latest: int
+    period: int = 0
+    steps: tuple[int, ...] = ()
+
+    def milestone(self, step: int) -> bool:
+        return (self.period > 0 and step % self.period == 0) or step in self.steps
+
+    def policy(self) -> Any:
+        kept = [ocp.checkpoint_managers.LatestN(self.latest)]
+        if self.period:
+            kept.append(ocp.checkpoint_managers.EveryNSteps(self.period))
+        if self.steps:
+            kept.append(ocp.checkpoint_managers.CustomSteps(list(self.steps)))
+        return ocp.checkpoint_managers.AnyPreservationPolicy(kept)
+
+
 class Checkpointer:
-    def __init__(self, directory: paths.PathLike, keep: int, async_save: bool = True):
+    def __init__(self, directory: paths.PathLike, keep: int | Keep, async_save: bool = True):
+        """`keep`: the latest N checkpoints, or a `Keep` with milestones."""
         # Absolute, and a bucket's URI unchanged (orbax reads nothing from a relative path).
         self.directory = paths.resolve(directory, "checkpoint directory")
+        self.keep = keep if isinstance(keep, Keep) else Keep(keep)
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 # The loop decides when to save (every save is forced); orbax's own
                 # policy would also save at a run's first step.
                 save_interval_steps=None,
-                max_to_keep=keep,
+                preservation_policy=self.keep.policy(),
                 create=True,
                 enable_async_checkpointing=async_save,
             ),

@@ -22,7 +22,8 @@ Every mode's run goes through its workdir in one order:
     (FINISHED)          found: the mode reports its record and trains nothing
     the mode's inputs   read and checked (a mode may cache prepared inputs in the
                         workdir, whole or not at all); a refusal leaves the workdir as it was
-    session(...)        process 0 makes way for the run (the mode's `make_way`); the
+    session(...)        process 0 makes way for the run (the mode's `make_way`); every
+                        process's stacks go to stacks/ on SIGUSR1 (infra/stacks.py); the
                         latest checkpoint is restored (or the state initialised); process
                         0 writes config.json and the mode's own records (a run whose
                         checkpoints cannot restore leaves them as they were); the metrics
@@ -40,10 +41,11 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
 import ml_collections
 from absl import logging
 
-from maelm_jax.infra import distributed, paths
+from maelm_jax.infra import distributed, paths, stacks
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import engine
 from maelm_jax.training import metrics as metrics_lib
@@ -187,12 +189,13 @@ class Session:
 
 @contextlib.contextmanager
 def session(workdir: paths.Path, config: ml_collections.ConfigDict, target: Any,
-            init: Callable[[], Any], keep: int, resume: bool,
+            init: Callable[[], Any], keep: int | checkpoint_lib.Keep, resume: bool,
             make_way: Callable[[], None] | None = None,
             records: Sequence[Callable[[], None]] = ()) -> Iterator[Session]:
     """Opens the run of `config` in `workdir`, in the one order of every mode (above):
     process 0, while the others wait, calls `make_way()` (what a new run must not find);
-    the latest checkpoint of workdir/checkpoints (keeping `keep`) is restored into
+    the latest checkpoint of workdir/checkpoints (keeping `keep`: the latest N, or
+    a checkpoint_lib.Keep with milestones) is restored into
     `target`'s shapes and shardings when `resume`, else `init()` is the state at step 0;
     process 0 writes config.json and calls each of `records` (the mode's own files); the
     metrics writer opens at the start step. However the block ends, the checkpointer (its
@@ -202,6 +205,8 @@ def session(workdir: paths.Path, config: ml_collections.ConfigDict, target: Any,
             paths.make_dirs(workdir)
             if make_way is not None:
                 make_way()
+    dump = stacks.on_signal(workdir / layout.STACKS_DIR, jax.process_index())
+    logging.info("%s", stacks.describe(dump))
     with contextlib.closing(checkpoint_lib.Checkpointer(workdir / layout.CHECKPOINTS,
                                                         keep)) as ckpt:
         start, state, progress = restore_or_init(ckpt, target, init, resume)

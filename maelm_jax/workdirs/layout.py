@@ -33,6 +33,13 @@ META_ITEM = "meta"  # checkpoints/<step>/meta: the loop's JSON record (a final h
 DATA_DIR = "data"  # <fingerprint>/: blocks prepared in the job (unless data.cache_dir)
 PLAN_FILE = "plan.json"  # a run to a time budget: its planned steps (training/budget.py)
 FILL_MASK_FILE = "fill_mask.md"  # fill-mask examples after the run (train.fill_mask_examples)
+# Every process's stacks on SIGUSR1 (infra/stacks.py): process_<i>.txt; pretraining and
+# fine-tuning.
+STACKS_DIR = "stacks"
+PROFILE_DIR = "profile"  # a jax.profiler trace of train.profile_steps (training/profiler.py)
+# The experiment trackers' own files (training/trackers.py): W&B's run and its id, kept so
+# that a resumed run continues the same W&B run.
+TRACKERS_DIR = "trackers"
 # Fine-tuning.
 # Where fine-tuning kept its resume checkpoints before they moved into checkpoints/: an
 # unfinished run of that layout is refused with the one command that converts it.
@@ -82,11 +89,11 @@ class Kind:
 KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TENSORBOARD_DIR + "/",
                       CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE, STUDY_TIMES_FILE,
-                      PLAN_FILE)),
+                      PLAN_FILE, STACKS_DIR + "/", PROFILE_DIR + "/", TRACKERS_DIR + "/")),
     Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
     Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESULTS_FILE,
                       PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
-                      TOKENIZER_FILE, GROUP_FILE)),
+                      TOKENIZER_FILE, GROUP_FILE, STACKS_DIR + "/")),
     Kind("sweep", (CONFIG_FILE, SWEEP_SUMMARY_FILE, SWEEP_TABLE_FILE, SWEEP_RUNS_DIR + "/",
                    STUDY_TIMES_FILE)),
     Kind("rank", (RANK_JSON_FILE, RANK_MARKDOWN_FILE, RANK_LAYERS_PLOT, RANK_MASK_PLOT,
