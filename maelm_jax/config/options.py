@@ -67,6 +67,9 @@ DECODER_KINDS = ("self", "cross", "causal_cross", "cross_only")
 # The learning-rate schedule's shape after its warmup (config.train.lr_schedule of
 # pretraining): training/optimizer.py computes each, its index in the schedule's data.
 LR_SCHEDULES = ("linear", "cosine", "wsd", "constant", "inv_sqrt")
+# The experiment trackers a pretraining run may write to besides metrics.jsonl
+# (config.train.trackers, comma-separated; training/metrics.py: TRACKERS).
+TRACKERS = ("tensorboard", "wandb")
 
 # ------------------------------------------------------------------ the Pallas kernel's
 

@@ -156,6 +156,10 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # path, <workdir>/checkpoints/<step>.
     c.train.keep_period = 0
     c.train.keep_steps = ()
+    # Where the metrics go besides stdout and metrics.jsonl (always written, the record):
+    # a comma-separated list of options.TRACKERS, "" for none. "wandb" needs
+    # requirements-trackers.txt and reads W&B's environment (WANDB_MODE=offline, ...).
+    c.train.trackers = "tensorboard"
     # After the last step, fill-mask on this many held-out blocks, logged and written to
     # <workdir>/fill_mask.md (0: none).
     c.train.fill_mask_examples = 0
@@ -234,6 +238,9 @@ FIELDS: dict[str, schema.Field] = {
     "train.checkpoint_every": schema.integer(1),
     "train.keep_checkpoints": schema.integer(1),
     "train.keep_period": schema.integer(0),
+    "train.trackers": schema.Field(
+        (str,), f"a comma-separated list of {', '.join(options.TRACKERS)} (or empty)",
+        lambda v: all(n.strip() in options.TRACKERS for n in v.split(",") if n.strip())),
     "train.keep_steps": schema.sequence_of(schema.integer(1), words="a tuple of steps (ints >= 1)"),
     "train.fill_mask_examples": schema.integer(0),
 }

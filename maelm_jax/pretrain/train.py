@@ -52,7 +52,7 @@ PRETRAINING = lifecycle.Policy(
         "train.num_steps", "train.time_budget_minutes", "train.time_budget_margin",
         "train.log_every", "train.eval_every", "train.eval_batches",
         "train.checkpoint_every", "train.resume_saves", "train.keep_checkpoints",
-        "train.keep_period", "train.keep_steps",
+        "train.keep_period", "train.keep_steps", "train.trackers",
         "train.nonfinite", "train.peak_tflops_per_device", "data.prefetch",
         "data.prepared_cache_gb", "data.cache_dir", "data.encoding_errors", "mesh",
         "sharding_rules", "model.dtype", "model.attention_impl", "model.pallas",
@@ -68,6 +68,17 @@ def _last_step(workdir: paths.Path, config: ml_collections.ConfigDict) -> int:
     """The step the run in `workdir` ends at: its time budget's plan's, else num_steps."""
     plan = budget_lib.read(workdir)
     return plan.end if plan else config.train.num_steps
+
+
+def _plan_cap(workdir: paths.Path, plan: budget_lib.Plan,
+              train: ml_collections.ConfigDict) -> int:
+    """The train.num_steps `plan` was made under: its own record, or for a plan of an
+    earlier version the one config.json recorded (read before this session rewrites it)."""
+    if plan.cap is not None:
+        return plan.cap
+    recorded = (layout.recorded_config(workdir) or {}).get("train") or {}
+    cap = recorded.get("num_steps")
+    return cap if isinstance(cap, int) and cap > 0 else train.num_steps
 
 
 def _tokenizer_and_blocks(config: ml_collections.ConfigDict, workdir: paths.Path):
@@ -111,6 +122,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     """
     started = budget_lib.clock() if started is None else started
     pretrain_config.validate(config)
+    trackers = metrics_lib.check_trackers(config.train.trackers)  # installed, before anything
     # Every path absolute, once: relative ones mean the current directory (orbax and
     # resumed runs started elsewhere would otherwise read other files).
     config = pretrain_config.resolve_paths(config)
@@ -165,7 +177,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 workdir_lib.restore(workdir, before)
             raise
         run_config = config.copy_and_resolve_references()
-        budget_lib.scale_schedule(run_config.train, plan.steps)
+        # The warmup's share is of the cap the plan was made under, whatever this command's.
+        budget_lib.scale_schedule(run_config.train, plan.steps, _plan_cap(workdir, plan, t))
         program = program.with_steps(run_config)
     utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size,
                                   jax.devices()[0].device_kind)
@@ -180,8 +193,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     # Its checkpoints are the run's: it continues from the latest, whatever the decision
     # (a changed config allowed continues too: PRETRAINING.override).
     keep = checkpoint_lib.Keep(t.keep_checkpoints, t.keep_period, tuple(t.keep_steps))
+    tracked = ({"config": config.to_dict(),
+                "data_fingerprint": run_data.data_fingerprint(config, tok)}
+               if set(trackers) - {"tensorboard"} else None)  # what W&B is told
     with lifecycle.session(workdir, config, program.state.abstract, program.init, keep,
-                           resume=True, records=records) as session:
+                           resume=True, records=records, trackers=trackers,
+                           tracked=tracked) as session:
         replanner = None
         if plan is not None:
             replanner = budget_lib.Replanner(

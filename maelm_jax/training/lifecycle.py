@@ -191,15 +191,18 @@ class Session:
 def session(workdir: paths.Path, config: ml_collections.ConfigDict, target: Any,
             init: Callable[[], Any], keep: int | checkpoint_lib.Keep, resume: bool,
             make_way: Callable[[], None] | None = None,
-            records: Sequence[Callable[[], None]] = ()) -> Iterator[Session]:
+            records: Sequence[Callable[[], None]] = (),
+            trackers: tuple[str, ...] = ("tensorboard",),
+            tracked: dict | None = None) -> Iterator[Session]:
     """Opens the run of `config` in `workdir`, in the one order of every mode (above):
     process 0, while the others wait, calls `make_way()` (what a new run must not find);
     the latest checkpoint of workdir/checkpoints (keeping `keep`: the latest N, or
     a checkpoint_lib.Keep with milestones) is restored into
     `target`'s shapes and shardings when `resume`, else `init()` is the state at step 0;
     process 0 writes config.json and calls each of `records` (the mode's own files); the
-    metrics writer opens at the start step. However the block ends, the checkpointer (its
-    pending saves) and the writer are closed."""
+    metrics writer opens at the start step, with `trackers` (metrics.TRACKERS' names)
+    told `tracked` (the run's config and data fingerprint). However the block ends, the
+    checkpointer (its pending saves) and the writer are closed."""
     with distributed.as_one("workdir made ready"):
         if distributed.is_leader():
             paths.make_dirs(workdir)
@@ -216,5 +219,6 @@ def session(workdir: paths.Path, config: ml_collections.ConfigDict, target: Any,
                 for record in records:
                     record()
         with contextlib.closing(metrics_lib.MetricWriter(
-                workdir, resume_step=start, enabled=distributed.is_leader())) as writer:
+                workdir, resume_step=start, enabled=distributed.is_leader(),
+                trackers=trackers, record=tracked)) as writer:
             yield Session(start, state, progress, ckpt, writer)
