@@ -7,8 +7,9 @@
 
 Variants: "v2" (default) or "v1" (SQuAD 1.1: no unanswerable questions), optionally
 followed by ",large" for the large++ learning rates. --config.data.source=tfds reads a
-prepared squad/v2.0 instead of the JSON files. Metrics are the official script's
-(exact, f1, HasAns_*, NoAns_*, best_exact, best_f1 and their no-answer thresholds).
+prepared squad/v2.0 instead of the JSON files. Metrics are the official script's of the
+version: v2.0's exact, f1, HasAns_*, NoAns_*, best_exact, best_f1 and their no-answer
+thresholds; v1.1's exact_match and f1.
 A single run uses one point of Table 6's grid; --config.sweep=True runs all of it.
 """
 

@@ -1,12 +1,12 @@
-"""GLUE metrics and the official SQuAD 2.0 evaluation on handmade cases, by hand."""
-
-import math
+"""GLUE metrics by hand and against scikit-learn / scipy (the GLUE scorer's own), on
+handmade cases and on real dev labels. (SQuAD's: test_finetune_squad_metrics.py.)"""
 
 import numpy as np
 import pytest
 
-from maelm_jax.finetune.tasks import squad
 from maelm_jax.finetune.tasks.glue import examples, metrics
+
+from conftest import require_shared_data
 
 pytestmark = pytest.mark.tier("unit")
 
@@ -41,6 +41,93 @@ def test_pearson_and_spearman_by_hand():
     assert metrics.pearson([1, 2, 3, 4], [1, 4, 9, 16]) < 0.99
     assert metrics.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert metrics.pearson([1, 2, 3], [2, 2, 2]) == 0.0  # constant: undefined -> 0
+
+
+def _sklearn_metrics():
+    return pytest.importorskip("sklearn.metrics",
+                               reason="scikit-learn (requirements-dev.txt) is not installed")
+
+
+def _dev_labels(task: str, column: int, header: bool) -> np.ndarray:
+    """A GLUE dev file's gold column, read as the GLUE scorer sees it."""
+    path = require_shared_data("glue", task, "dev.tsv")
+    rows = path.read_text(encoding="utf-8-sig").splitlines()[1 if header else 0:]
+    return np.array([float(r.split("\t")[column]) for r in rows if r.strip()])
+
+
+def _classifications(labels: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """Predictions of the kinds that corner a metric: right, wrong, constant, random,
+    mostly right, one class missing from the predictions."""
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    flip = rng.random(len(labels)) < 0.15
+    return {
+        "right": labels.copy(),
+        "wrong": np.where(labels == classes[0], classes[-1], classes[0]),
+        **{f"always_{c:g}": np.full_like(labels, c) for c in classes},
+        "random": rng.choice(classes, len(labels)),
+        "mostly_right": np.where(flip, rng.choice(classes, len(labels)), labels),
+        "no_last_class": np.where(labels == classes[-1], classes[0], labels),
+    }
+
+
+def _check_classification(labels: np.ndarray, predictions: np.ndarray) -> None:
+    sk = _sklearn_metrics()
+    close = dict(rel=1e-12, abs=1e-12)
+    assert metrics.accuracy(labels, predictions) == pytest.approx(
+        sk.accuracy_score(labels, predictions), **close)
+    assert metrics.matthews_corrcoef(labels, predictions) == pytest.approx(
+        sk.matthews_corrcoef(labels, predictions), **close)
+    if set(np.unique(labels)) <= {0, 1}:
+        assert metrics.f1_binary(labels, predictions) == pytest.approx(
+            sk.f1_score(labels, predictions, zero_division=0.0), **close)
+
+
+@pytest.mark.filterwarnings("ignore:A single label was found")  # sklearn, on one class
+@pytest.mark.parametrize("labels, predictions", [
+    (LABELS, PREDS),
+    ([0, 0, 0], [0, 0, 0]),  # one class everywhere: MCC and F1 undefined -> 0
+    ([1, 1, 1], [1, 1, 1]),
+    ([0, 1], [1, 0]),
+    ([0, 1, 2, 2, 1, 0, 2], [0, 2, 2, 2, 1, 1, 0]),  # MNLI's three classes
+    ([2, 2, 0, 1], [1, 1, 1, 1]),
+])
+def test_classification_metrics_equal_sklearn_on_corner_cases(labels, predictions):
+    _check_classification(np.array(labels), np.array(predictions))
+
+
+@pytest.mark.parametrize("task, column, header", [
+    ("CoLA", 1, False), ("SST-2", 1, True), ("MRPC", 0, True)])
+def test_classification_metrics_equal_sklearn_on_real_dev_labels(task, column, header):
+    labels = _dev_labels(task, column, header).astype(np.int64)
+    assert set(np.unique(labels)) == {0, 1}
+    for predictions in _classifications(labels, seed=len(labels)).values():
+        _check_classification(labels, predictions)
+    three = np.random.default_rng(3).integers(0, 3, len(labels))  # a multiclass MCC
+    _check_classification(three, _classifications(three, 4)["mostly_right"])
+
+
+def _check_correlations(labels: np.ndarray, predictions: np.ndarray) -> None:
+    import scipy.stats
+
+    for ours, theirs in ((metrics.pearson, scipy.stats.pearsonr),
+                         (metrics.spearman, scipy.stats.spearmanr)):
+        if np.ptp(predictions) == 0:  # scipy: nan (and a warning); ours: 0, documented
+            assert ours(labels, predictions) == 0.0
+        else:
+            assert ours(labels, predictions) == pytest.approx(
+                float(theirs(labels, predictions)[0]), rel=1e-12, abs=1e-12)
+
+
+def test_correlations_equal_scipy_on_real_sts_b_dev_scores():
+    labels = _dev_labels("STS-B", -1, True)
+    rng = np.random.default_rng(0)
+    noisy = labels + rng.normal(0.0, 1.0, len(labels))
+    for predictions in (labels, noisy, np.round(noisy),  # ties, ranked as scipy does
+                        np.exp(labels), -labels, rng.uniform(0, 5, len(labels)),
+                        np.full_like(labels, 2.5)):
+        _check_correlations(labels, predictions)
+    _check_correlations(np.array([1.0, 2.0, 2.0, 3.0]), np.array([2.0, 2.0, 1.0, 9.0]))
 
 
 def test_task_metrics_pick_the_glue_metrics_per_task():
@@ -94,68 +181,6 @@ def test_glue_average_leaderboard_convention_by_hand():
     assert metrics.glue_average(results, "leaderboard") == pytest.approx(expected)
     with pytest.raises(KeyError, match="RTE is missing"):
         metrics.glue_average({k: v for k, v in results.items() if k != "RTE"})
-
-
-# --- SQuAD 2.0 ---------------------------------------------------------------------------
-
-def test_answer_normalisation():
-    assert squad.metrics.normalize_answer("The  Cat, a dog!") == "cat dog"
-    assert squad.metrics.normalize_answer("An apple\tand THE theory") == "apple and theory"
-    assert squad.metrics.normalize_answer("the") == ""
-
-
-def test_exact_and_f1_by_hand():
-    assert squad.metrics.compute_exact("The Denver Broncos", "denver broncos!") == 1
-    # gold [cat, sat], prediction [cat, sat, down]: precision 2/3, recall 1 -> F1 0.8
-    assert squad.metrics.compute_f1("the cat sat", "cat sat down") == pytest.approx(0.8)
-    assert squad.metrics.compute_f1("cat", "dog") == 0.0
-    # No-answer: 1 only if both are empty (after normalisation).
-    assert squad.metrics.compute_f1("", "") == 1.0
-    assert squad.metrics.compute_f1("", "a cat") == 0.0
-    assert squad.metrics.compute_f1("cat", "") == 0.0
-    assert squad.metrics.compute_f1("", "the") == 1.0  # "the" normalises to nothing
-
-
-GOLD = {
-    "q1": ["Denver Broncos", "The Denver Broncos"],  # answerable
-    "q2": [],  # unanswerable
-    "q3": ["1990", "in 1990"],
-    "q4": [],
-}
-PREDICTIONS = {"q1": "Broncos", "q2": "", "q3": "around 1990", "q4": "something"}
-NA_PROBS = {"q1": 0.1, "q2": 0.9, "q3": 0.2, "q4": 0.8}
-
-
-def test_official_v2_scores_by_hand():
-    out = squad.metrics.evaluate(GOLD, PREDICTIONS)
-    # EM: q2 only. F1: q1 max(2/3, 2/3); q2 1; q3 max over golds: vs "1990" 2/3, vs
-    # "in 1990" 1/2 -> 2/3; q4 0.
-    assert out["exact"] == pytest.approx(25.0)
-    assert out["f1"] == pytest.approx(100 * (2 / 3 + 1 + 2 / 3 + 0) / 4)
-    assert out["total"] == 4
-    assert out["HasAns_exact"] == 0.0 and out["HasAns_f1"] == pytest.approx(100 * 2 / 3)
-    assert out["NoAns_exact"] == 50.0 and out["NoAns_f1"] == 50.0
-    assert "best_exact" not in out  # only with no-answer scores
-
-
-def test_official_best_thresholds_by_hand():
-    out = squad.metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS)
-    # Start from "everything null" (2 of 4 right), answer questions in order of na_prob:
-    # exact: q1 +0, q3 +0, q4 -1, q2 +0 -> never above 2: 50 % at threshold 0.
-    assert out["best_exact"] == pytest.approx(50.0) and out["best_exact_thresh"] == 0.0
-    # F1: q1 +2/3 (2.67, thresh 0.1), q3 +2/3 (3.33, thresh 0.2), q4 -1, q2 0.
-    assert out["best_f1"] == pytest.approx(100 * (2 + 4 / 3) / 4)
-    assert out["best_f1_thresh"] == 0.2
-    # The default threshold 1.0 changes nothing here; 0.5 turns q2 and q4 into "".
-    assert out["exact"] == pytest.approx(25.0)
-    strict = squad.metrics.evaluate(GOLD, PREDICTIONS, NA_PROBS, na_prob_thresh=0.5)
-    assert strict["exact"] == pytest.approx(50.0)
-
-
-def test_unanswerable_gold_with_only_empty_answers_counts_as_no_answer():
-    # Gold answers that normalise to "" are dropped; none left means "no answer".
-    out = squad.metrics.evaluate({"q": ["the", "."]}, {"q": ""})
-    assert out["exact"] == 100.0 and not math.isnan(out["f1"])
 
 
 def _write_tsv(path, header, rows):

@@ -1,6 +1,7 @@
 """SQuAD: windows and targets, post-processing on handmade logits, readers, a tiny run."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from maelm_jax.finetune import train
 from maelm_jax.finetune.tasks import squad
 from maelm_jax.text import tokenizer as tokenizer_lib
 
+import squad_official
 from conftest import require_shared_data
 
 pytestmark = pytest.mark.tier("integration")
@@ -66,7 +68,7 @@ def test_null_answer_wins_above_the_threshold_and_only_in_v2():
     start = [_logits(f.sequences[0], {1: 5.0}, null=6.0)]
     end = [_logits(f.sequences[0], {2: 4.0}, null=6.0)]
     p = squad.outputs.postprocess(EXAMPLE, f, start, end)
-    assert p.text["q"] == "" and p.best_span["q"] == "cat sat"
+    assert p.text["q"] == "" and p.nbest["q"][1]["text"] == "cat sat"  # below the null
     assert p.null_odds["q"] == pytest.approx(12.0 - 9.0)
     lenient = squad.outputs.postprocess(EXAMPLE, f, start, end, null_score_diff_threshold=5.0)
     assert lenient.text["q"] == "cat sat"
@@ -86,6 +88,27 @@ def test_spans_ending_before_their_start_or_too_long_are_rejected():
     assert squad.outputs.postprocess(EXAMPLE, f, start, end).text["q"] == "cat sat on the mat"
     short = squad.outputs.postprocess(EXAMPLE, f, start, end, max_answer_len=3)
     assert short.text["q"] == "cat sat"
+
+
+@pytest.mark.parametrize("version_2", [True, False])
+def test_a_question_without_any_valid_span_is_answered_empty(version_2):
+    f = _features([(0, 7)])
+    # The only start candidate (n_best 1) comes after the only end candidate: no span.
+    start = [_logits(f.sequences[0], {4: 5.0})]
+    end = [_logits(f.sequences[0], {1: 5.0})]
+    p = squad.outputs.postprocess(EXAMPLE, f, start, end, n_best=1, version_2=version_2)
+    assert p.text == {"q": ""}
+    assert p.null_odds["q"] == squad.outputs.NO_SPAN_NULL_ODDS
+    assert [e["text"] for e in p.nbest["q"]] == ([""] if version_2 else [])
+    # Every span too long for max_answer_len: the same.
+    start = [_logits(f.sequences[0], {0: 5.0})]
+    end = [_logits(f.sequences[0], {6: 5.0})]
+    p = squad.outputs.postprocess(EXAMPLE, f, start, end, n_best=1, max_answer_len=3,
+                                  version_2=version_2)
+    assert p.text == {"q": ""}
+    scored = (squad.metrics.evaluate_v2({"q": ["cat"]}, p.text, p.null_odds) if version_2
+              else squad.metrics.evaluate_v1({"q": ["cat"]}, p.text))
+    assert scored["f1"] == 0.0
 
 
 def test_a_start_counts_only_in_its_max_context_window():
@@ -209,4 +232,11 @@ def test_tiny_squad_v2_run_writes_official_metrics_and_predictions(tmp_path, tin
     predictions = json.loads((tmp_path / "predictions" / "predictions.json").read_text())
     null_odds = json.loads((tmp_path / "predictions" / "null_odds.json").read_text())
     assert len(predictions) == len(null_odds) == 65
+    # The files are the selected parameters' (train.select best), as is dev: the official
+    # script on them, with the run's threshold, gives every reported number.
+    dataset = json.loads(Path(path).read_text())["data"]
+    expected = squad_official.evaluate_v2(dataset, predictions, null_odds,
+                                          c.squad.null_score_diff_threshold)
+    assert {k: dev[k] for k in expected if k in dev} == {
+        k: v for k, v in expected.items() if "total" not in k}
     assert (tmp_path / "checkpoints").is_dir() and (tmp_path / "encoder.json").is_file()

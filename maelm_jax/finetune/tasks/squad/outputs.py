@@ -7,7 +7,11 @@ start + end logit; its text is the context between the first token's first chara
 and the last token's last character. The null ("no answer") score is start + end logit
 at position 0, the smallest over the windows. SQuAD 2.0 answers "" when
 null score - best span score > null_score_diff_threshold; that difference is also the
-question's no-answer score for the official best-threshold search.
+question's no-answer score (the official v2.0 script's --na-prob-file, and its
+best-threshold search). A question without any valid span (every candidate too long,
+ending before its start or outside its max-context window) is answered "" in both
+versions: SQuAD 1.1 has no null answer to fall back on, and "" is what the official
+scripts score as no answer.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ NO_SPAN_NULL_ODDS = 1e30
 @dataclasses.dataclass
 class Predictions:
     text: dict[str, str]  # qid -> predicted answer ("" = no answer)
-    best_span: dict[str, str]  # qid -> best non-null span text ("" if none)
     null_odds: dict[str, float]  # qid -> null score - best span score
     nbest: dict[str, list[dict]]  # qid -> [{"text", "score", "probability", ...}], best first
 
@@ -45,7 +48,7 @@ def postprocess(examples: Sequence[examples.SquadExample], features: examples.Sq
     by_example: dict[int, list[int]] = {}
     for f, e in enumerate(features.example_index):
         by_example.setdefault(int(e), []).append(f)
-    out = Predictions({}, {}, {}, {})
+    out = Predictions({}, {}, {})
     for e, example in enumerate(examples):
         candidates = []  # (score, start logit, end logit, char begin, char end)
         null_score = np.inf
@@ -87,9 +90,8 @@ def postprocess(examples: Sequence[examples.SquadExample], features: examples.Sq
             for entry, p in zip(entries, _softmax([x["score"] for x in entries]), strict=False):
                 entry["probability"] = float(p)
         odds = null_score - best["score"] if best and np.isfinite(null_score) else NO_SPAN_NULL_ODDS
-        out.best_span[example.qid] = best["text"] if best else ""
         out.null_odds[example.qid] = float(odds)
-        answer_null = version_2 and (best is None or odds > null_score_diff_threshold)
+        answer_null = best is None or (version_2 and odds > null_score_diff_threshold)
         out.text[example.qid] = "" if answer_null else best["text"]
         out.nbest[example.qid] = entries
     return out

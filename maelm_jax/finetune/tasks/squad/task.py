@@ -2,7 +2,13 @@
 
 config.task = "squad"; the kind's own fields are config.squad.* (the version, the JSON
 files, windowing and answer decoding). Its head is heads.SpanExtractor, its metrics the
-official script's (metrics.py), its outputs predictions.json and friends.
+official script of its version (metrics.py), its outputs predictions.json and friends.
+
+The reported numbers are the official script's on the files a run writes: SQuAD 2.0's
+are ``evaluate-v2.0.py dev.json predictions.json --na-prob-file null_odds.json
+--na-prob-thresh <squad.null_score_diff_threshold>`` (best_* included: the threshold
+search runs on the written predictions, as the script's does), SQuAD 1.1's
+``evaluate-v1.1.py dev.json predictions.json``.
 """
 
 from __future__ import annotations
@@ -125,7 +131,14 @@ class SquadTask(base.Task):
         train, dev = read_examples(config, "train"), read_examples(config, "validation")
         train = train[: d.max_train_examples or None]
         self.dev_examples = dev[: d.max_eval_examples or None]
+        self.dev_is_partial = len(self.dev_examples) < len(dev)
         self.gold = examples.gold_answers(self.dev_examples)
+        unanswerable = next((qid for qid, answers in self.gold.items() if not answers), None)
+        if not self.version_2 and unanswerable is not None:
+            raise examples.SquadDataError(
+                f"config.squad.version=1.1: dev question {unanswerable!r} has no answer, "
+                "which the SQuAD 1.1 script cannot score; a SQuAD 2.0 file needs "
+                "--config.squad.version=2.0")
         args = (tok, max_len, s.doc_stride, s.max_query_len)
         features = examples.make_features(train, *args, training=True)
         self.train = base.Split(features.sequences,
@@ -167,20 +180,25 @@ class SquadTask(base.Task):
             self.version_2, s.null_score_diff_threshold)
 
     def _evaluate(self, predictions: outputs.Predictions) -> dict:
-        out = metrics.evaluate(self.gold, predictions.text)
-        if self.version_2:
-            # The official best-threshold search ranks questions by their no-answer score;
-            # it needs each question's best span (not "" where the threshold chose null).
-            best = metrics.evaluate(self.gold, predictions.best_span, predictions.null_odds)
-            out.update({k: v for k, v in best.items() if k.startswith("best_")})
+        """The official script of the version on what write_outputs writes (the counts,
+        *total, left out). At the run's own threshold the script forces "" where the
+        prediction is "" already; it scores the two alike except on an answerable
+        question whose every gold answer normalises to "" (forced: wrong, predicted:
+        right), and the run reports what the script gives."""
+        if not self.version_2:
+            out = metrics.evaluate_v1(self.gold, predictions.text)
+        else:
+            out = metrics.evaluate_v2(self.gold, predictions.text, predictions.null_odds,
+                                      self.config.squad.null_score_diff_threshold)
         return {k: float(v) for k, v in out.items() if not k.endswith("total")}
 
     def score(self, run_eval: base.RunEval) -> dict:
         return self._evaluate(self._predict(run_eval))
 
     def write_outputs(self, workdir: paths.Path, run_eval: base.RunEval) -> list[str]:
-        """predictions.json (qid -> text), null_odds.json (the official script's
-        --na-prob-file) and nbest_predictions.json for the dev set."""
+        """predictions.json (qid -> text), null_odds.json (SQuAD 2.0: qid -> no-answer
+        score, the official script's --na-prob-file) and nbest_predictions.json for the dev
+        set. ASCII JSON: the official scripts read them in the locale's encoding."""
         predictions = self._predict(run_eval)
         directory = workdir / layout.PREDICTIONS_DIR
         paths.make_dirs(directory)
@@ -188,5 +206,22 @@ class SquadTask(base.Task):
         if self.version_2:
             files["null_odds.json"] = predictions.null_odds
         for name, content in files.items():
-            paths.write_text(directory / name, json.dumps(content, indent=1, ensure_ascii=False))
+            paths.write_text(directory / name, json.dumps(content, indent=1))
+        if self.dev_is_partial:
+            logging.info("SQuAD: scored on the first %d dev questions (data.max_eval_examples)"
+                         ", so the official script on the whole dev file differs",
+                         len(self.dev_examples))
+        else:
+            logging.info("SQuAD: the official script on these files gives the reported "
+                         "numbers: %s", self.official_command(directory))
         return [str(directory / name) for name in files]
+
+    def official_command(self, directory: paths.Path) -> str:
+        """The official evaluation's command line on the files in `directory`."""
+        s = self.config.squad
+        dev = s.dev_file or f"dev-v{s.version}.json"
+        if not self.version_2:
+            return f"python evaluate-v1.1.py {dev} {directory / 'predictions.json'}"
+        return (f"python evaluate-v2.0.py {dev} {directory / 'predictions.json'} "
+                f"--na-prob-file {directory / 'null_odds.json'} "
+                f"--na-prob-thresh {s.null_score_diff_threshold!r}")
