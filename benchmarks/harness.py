@@ -8,10 +8,6 @@ overrides), defaulting to its own file in configs/benchmark/.
 
 from __future__ import annotations
 
-import collections
-import gzip
-import json
-import pathlib
 import resource
 import statistics
 import time
@@ -28,6 +24,7 @@ from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.text import tokenizer
+from maelm_jax.training import profiler
 
 # The benchmarks' default config files.
 CONFIGS = REPO_ROOT / "configs" / "benchmark"
@@ -156,48 +153,9 @@ def round_ratios(slow: list[float], fast: list[float], steps: int) -> list[float
             / statistics.median(fast[r * steps:(r + 1) * steps]) for r in range(rounds)]
 
 
-def trace_op_seconds(trace_dir: pathlib.Path) -> dict[str, float]:
-    """Seconds spent in each XLA op (a fusion, kernel or thunk, by its HLO name) in the
-    trace that `jax.profiler.trace(trace_dir, create_perfetto_trace=True)` wrote.
-
-    Where the trace has a device process (a GPU's or TPU's "/device:..."), its ops are
-    read there: from its "XLA Ops" line where it has one (one event per HLO op), else
-    from all of its lines. A CPU has none: its ops are the events of the threads XLA ran
-    them on, not of Python's threads (those with Python frames, "$file:line"), without
-    the runtime's C++ functions ("Class::method", "end: ..."). On a CPU a loop's time
-    (`while`) holds its body's ops too."""
-    paths = sorted(pathlib.Path(trace_dir).rglob("perfetto_trace.json.gz"))
-    if not paths:
-        raise FileNotFoundError(f"{trace_dir}: no perfetto_trace.json.gz in the trace")
-    trace = json.loads(gzip.open(paths[-1]).read())
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    processes, threads = {}, {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            processes[e["pid"]] = e.get("args", {}).get("name", "")
-        elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
-    devices = {pid for pid, name in processes.items() if "/device:" in name}
-    if devices:
-        ops_lines = {key for key, name in threads.items()
-                     if key[0] in devices and name == "XLA Ops"}
-
-        def keep(e):
-            key = (e["pid"], e.get("tid"))
-            return key in ops_lines if ops_lines else e["pid"] in devices
-    else:
-        python = {(e["pid"], e.get("tid")) for e in events
-                  if e.get("ph") == "X" and e["name"].startswith("$")}
-
-        def keep(e):
-            name = e["name"]
-            return ((e["pid"], e.get("tid")) not in python
-                    and not name.startswith("end: ") and "::" not in name)
-    seconds = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and keep(e):
-            seconds[e["name"]] += e.get("dur", 0) / 1e6
-    return dict(seconds)
+# The per-op sum of a trace: the library's (training/profiler.py), which a run's
+# train.profile_steps window prints too.
+trace_op_seconds = profiler.op_seconds
 
 
 def device_line() -> str:

@@ -25,6 +25,7 @@ from maelm_jax.infra import errors
 from maelm_jax.pretrain import objectives
 from maelm_jax.text import masking
 from maelm_jax.text import tokenizer as tokenizer_lib
+from maelm_jax.training import profiler
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
 # bits on every backend and sharding, and the most work per random bit (it is computed
@@ -160,6 +161,11 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # a comma-separated list of options.TRACKERS, "" for none. "wandb" needs
     # requirements-trackers.txt and reads W&B's environment (WANDB_MODE=offline, ...).
     c.train.trackers = "tensorboard"
+    # "START,COUNT": a jax.profiler trace of steps START to START + COUNT - 1 into
+    # <workdir>/profile (TensorBoard's profile plugin, Perfetto), with the top ops by time
+    # in the log (training/profiler.py); "" for none. On process 0, or on every process.
+    c.train.profile_steps = ""
+    c.train.profile_all_processes = False
     # After the last step, fill-mask on this many held-out blocks, logged and written to
     # <workdir>/fill_mask.md (0: none).
     c.train.fill_mask_examples = 0
@@ -238,6 +244,9 @@ FIELDS: dict[str, schema.Field] = {
     "train.checkpoint_every": schema.integer(1),
     "train.keep_checkpoints": schema.integer(1),
     "train.keep_period": schema.integer(0),
+    "train.profile_steps": schema.Field(
+        (str,), 'a window "START,COUNT" of ints >= 1, or empty', profiler.valid_window),
+    "train.profile_all_processes": schema.boolean(),
     "train.trackers": schema.Field(
         (str,), f"a comma-separated list of {', '.join(options.TRACKERS)} (or empty)",
         lambda v: all(n.strip() in options.TRACKERS for n in v.split(",") if n.strip())),

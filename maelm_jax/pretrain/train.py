@@ -23,7 +23,7 @@ from maelm_jax.pretrain import evaluation, mfu, time_budget
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import engine, lifecycle
+from maelm_jax.training import engine, lifecycle, profiler
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.workdirs import guard as workdir_lib
 from maelm_jax.workdirs import layout
@@ -52,7 +52,8 @@ PRETRAINING = lifecycle.Policy(
         "train.num_steps", "train.time_budget_minutes", "train.time_budget_margin",
         "train.log_every", "train.eval_every", "train.eval_batches",
         "train.checkpoint_every", "train.resume_saves", "train.keep_checkpoints",
-        "train.keep_period", "train.keep_steps", "train.trackers",
+        "train.keep_period", "train.keep_steps", "train.trackers", "train.profile_steps",
+        "train.profile_all_processes",
         "train.nonfinite", "train.peak_tflops_per_device", "data.prefetch",
         "data.prepared_cache_gb", "data.cache_dir", "data.encoding_errors", "mesh",
         "sharding_rules", "model.dtype", "model.attention_impl", "model.pallas",
@@ -207,10 +208,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                 record=lambda plan: time_budget.record(workdir, plan))
         run = Pretraining(run_config, program, eval_data, utilisation, unigram_accuracy,
                           resumed=session.start > 0, replanner=replanner)
+        window = profiler.Window(workdir, t.profile_steps, session.start + 1,
+                                 t.profile_all_processes or jax.process_index() == 0)
         with sharding.activate(program.mesh, program.rules):
             _, progress, _ = engine.train(run, session.state, session.start,
                                           batches(session.start), session.ckpt,
-                                          session.writer, session.progress)
+                                          session.writer, session.progress, profile=window)
     _report(run_config, utilisation, session.start, run.num_steps,
             budget_lib.clock() - started, plan if replanner is None else replanner.plan)
     last = progress.evals[-1] if progress.evals else {}

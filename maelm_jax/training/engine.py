@@ -24,6 +24,7 @@ checkpoint holds. Everything else happens here, once, for both:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from absl import logging
 
 from maelm_jax.infra import compile_cache, distributed, errors
 from maelm_jax.training import checkpoint as checkpoint_lib
-from maelm_jax.training import preemption
+from maelm_jax.training import preemption, profiler
 
 
 class Loop:
@@ -197,12 +198,13 @@ class Run(Protocol):
 
 
 def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_lib.Checkpointer,
-          writer: Any, progress: Progress, best_params: Any = None
-          ) -> tuple[Any, Progress, Any]:
+          writer: Any, progress: Progress, best_params: Any = None,
+          profile: profiler.Window | None = None) -> tuple[Any, Progress, Any]:
     """Steps `start + 1` to `run.num_steps` with logs, evaluations, checkpoints and the
     non-finite and stop policies. Returns (state, progress, the best evaluation's
     parameters on the host, or None unless `run.keeps_best`). `progress` and `best_params`:
-    what the checkpoint at `start` carried (fresh ones at step 0).
+    what the checkpoint at `start` carried (fresh ones at step 0); `profile`: a window of
+    steps to trace (config.train.profile_steps).
 
     Between logging, evaluation and checkpoint steps nothing is read back from the device:
     the host dispatches step after step while the accelerator runs them. Step metrics pile
@@ -223,11 +225,15 @@ def train(run: Run, state: Any, start: int, batches: Iterator, ckpt: checkpoint_
         progress.window += [{k: float(v) for k, v in m.items()} for m in fetched]
         unchecked = []
 
-    with Loop(start, ckpt) as clock:
+    with Loop(start, ckpt) as clock, profile or contextlib.nullcontext():
         step = start
         while step < run.num_steps:  # which a run may move at a log step (Run.after_log)
             step += 1
+            if profile is not None:
+                profile.before(step, state)
             state, step_metrics = run.train_step(state, next(batches))
+            if profile is not None:
+                profile.after(step, state)
             unchecked.append((step, step_metrics))
             last = step == run.num_steps
             log = last or run.log_due(step)

@@ -1,5 +1,6 @@
 """The tools a long run is watched and shaped with, one at a time: milestone checkpoints
-(training/checkpoint.py: Keep), stack dumps on SIGUSR1 (infra/stacks.py). One tiny
+(training/checkpoint.py: Keep), stack dumps on SIGUSR1 (infra/stacks.py), the profiler's
+window (training/profiler.py). One tiny
 pretraining run with all of them on is tests/pretrain/test_watched_run.py."""
 
 import faulthandler
@@ -43,10 +44,14 @@ def test_milestones_outlive_the_rotation(tmp_path):
     assert checkpoint.finished_steps(tmp_path / "plain") == [3, 4]
 
 
-def test_milestone_fields_are_checked():
+def test_milestone_and_profile_fields_are_checked():
     c = tiny_config()
+    window = r'a window "START,COUNT" of ints >= 1, or empty'
     for field, value, words in (("keep_period", -1, "an int >= 0"),
-                                ("keep_steps", (10, 0), r"a tuple of steps \(ints >= 1\)")):
+                                ("keep_steps", (10, 0), r"a tuple of steps \(ints >= 1\)"),
+                                ("profile_steps", "3", window),
+                                ("profile_steps", "0,2", window),
+                                ("profile_steps", "2,x", window)):
         bad = c.copy_and_resolve_references()
         bad.train[field] = value
         with pytest.raises(pretrain_config.ConfigError,
@@ -94,3 +99,23 @@ def test_a_milestone_is_named_by_its_path(tmp_path):
     ckpt.close()
     assert runs.resolve_checkpoint(str(tmp_path / "checkpoints" / "3")) == (
         tmp_path, tmp_path / "checkpoints" / "3")
+
+
+def test_the_profile_window_opens_after_the_compiling_step():
+    """A window from step 1 of a fresh run starts at step 2; a resumed session past the
+    window traces nothing; a process that does not trace has no window."""
+    from maelm_jax.training import profiler
+
+    assert profiler.parse_window("") is None and profiler.parse_window("5,2") == (5, 2)
+    fresh = profiler.Window(paths_of("w"), "1,3", first=1, traced=True)
+    assert (fresh.start, fresh.end) == (2, 3)
+    assert profiler.Window(paths_of("w"), "10,3", first=1, traced=True).start == 10
+    assert profiler.Window(paths_of("w"), "1,3", first=5, traced=True).start is None
+    assert profiler.Window(paths_of("w"), "10,3", first=1, traced=False).start is None
+    assert profiler.summary({"dot": 0.003, "fusion": 0.001}, steps=2) == (
+        "2.00 ms of ops a step; top: dot 1.50 ms (75%), fusion 0.50 ms (25%)")
+
+
+def paths_of(name):
+    from maelm_jax.infra import paths
+    return paths.Path("/nonexistent") / name
