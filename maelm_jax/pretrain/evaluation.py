@@ -1,5 +1,6 @@
 """Pretraining's evaluation: the objective's masked-LM scores on fixed validation batches
-and masks, overall and per category of corruption."""
+and masks, overall and per category of corruption, and overall at a fixed mask ratio
+(train.eval_mask_ratio) that runs of every objective and ratio share."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str
                 of_category = scores(objectives.category(totals, c))
                 out.update({f"{name}_{k}": v for k, v in of_category.items()})
     return out
+
+
+FIXED = ("loss", "accuracy", "perplexity")  # reported at the fixed ratio as fixed_<name>
+
+
+def evaluate_program(program, params, batches: list[jax.Array], seed: int) -> dict[str, float]:
+    """`evaluate` at the run's own masking, and loss, accuracy and perplexity at
+    train.eval_mask_ratio as fixed_loss, fixed_accuracy and fixed_perplexity (the same
+    batches and keys; the run's own figures where the ratio is its own): what a
+    pretraining run's evaluations report (pretrain/setup.py's Program)."""
+    own = evaluate(program.eval_step, params, batches, seed)
+    fixed = (own if program.fixed_eval_step is None
+             else evaluate(program.fixed_eval_step, params, batches, seed))
+    return {**own, **{f"fixed_{name}": fixed[name] for name in FIXED}}
 
 
 def scores(sums) -> dict[str, float]:

@@ -58,6 +58,9 @@ class Program:
     step: Callable
     # eval_step(params, tokens [b, L] int32, key) -> masked-LM sums, replicated.
     eval_step: Callable
+    # The same at train.eval_mask_ratio (pretrain_config.fixed_mask_counts): a second static
+    # shape, compiled at its first call; None where that is the run's own mask_ratio.
+    fixed_eval_step: Callable | None = None
 
     def init(self) -> pretrain_steps.TrainState:
         """The initial train state, sharded on the mesh."""
@@ -207,5 +210,11 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     eval_step = steps.jit_eval_step(
         pretrain_steps.make_eval_step(model, model_cfg, objective, counts, vocab_size), state, mesh,
         replicated_args=1)
+    fixed_eval_step = None
+    if t.eval_mask_ratio != config.masking.mask_ratio:
+        fixed_eval_step = steps.jit_eval_step(
+            pretrain_steps.make_eval_step(model, model_cfg, objective,
+                                          pretrain_config.fixed_mask_counts(config),
+                                          vocab_size), state, mesh, replicated_args=1)
     return Program(config, vocab_size, mesh, rules, counts, model, tx,
-                   schedule_values(t), state, step, eval_step)
+                   schedule_values(t), state, step, eval_step, fixed_eval_step)

@@ -42,7 +42,7 @@ def measure(program: setup_lib.Program, config: ml_collections.ConfigDict,
         return metrics
 
     def evaluation():
-        return evaluation_lib.evaluate(program.eval_step, state[0].params, eval_data, config.seed)
+        return evaluation_lib.evaluate_program(program, state[0].params, eval_data, config.seed)
 
     with sharding.activate(program.mesh, program.rules):
         _, step_seconds = timer.timed(step, MEASURED_STEPS)
@@ -82,6 +82,11 @@ def plan_run(config: ml_collections.ConfigDict, workdir: paths.Path, program, me
     if plan is not None:
         logging.info("time budget: keeping the plan of this run: %s", budget_lib.describe(plan))
         return plan, False
+    recorded = layout.recorded_config(workdir) or {}
+    if resumed and (recorded.get("train") or {}).get("time_budget_minutes"):
+        raise budget_lib.BudgetError(  # planned, and its plan is gone
+            f"{budget_lib.FIELD}: {workdir / layout.PLAN_FILE}, the plan of this run, is "
+            f"missing; {budget_lib.lost_plan(workdir)}")
     if resumed:  # checkpoints of a run that was never planned: its steps are num_steps
         raise budget_lib.BudgetError(
             f"{budget_lib.FIELD}: {workdir} holds a run started without a time budget (no "

@@ -50,7 +50,7 @@ PRETRAINING = lifecycle.Policy(
     # A budgeted run keeps its plan (plan.json) whatever budget it is resumed with.
     harmless=(
         "train.num_steps", "train.time_budget_minutes", "train.time_budget_margin",
-        "train.log_every", "train.eval_every", "train.eval_batches",
+        "train.log_every", "train.eval_every", "train.eval_batches", "train.eval_mask_ratio",
         "train.checkpoint_every", "train.resume_saves", "train.keep_checkpoints",
         "train.keep_period", "train.keep_steps", "train.trackers", "train.profile_steps",
         "train.profile_all_processes",
@@ -329,8 +329,8 @@ class Pretraining:
 
     def evaluate(self, state, step: int) -> dict[str, float]:
         with self._paused(evaluation=True):
-            scores = evaluation.evaluate(self.program.eval_step, state.params,
-                                         self.eval_data, self.seed)
+            scores = evaluation.evaluate_program(self.program, state.params, self.eval_data,
+                                                 self.seed)
         return {**scores, "unigram_accuracy": self.unigram_accuracy}
 
     @contextlib.contextmanager

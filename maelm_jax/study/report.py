@@ -5,10 +5,11 @@
   that say which studies' parts can be merged; while the study is unfinished (a time
   limit or a preemption stopped it), "finished": false and the parts done and left.
 * ``study.md``: one row per model (pretraining eval loss and accuracy next to the unigram
-  baseline, last-layer rank_tau with and without [MASK], the GLUE medians and their
-  average, wall time, training FLOPs, MFU) and one for the from-scratch control; claim (c)
-  decided in this call by its fixed rules (study/claims.py), uncentred and centred; then
-  each task's per-seed scores.
+  baseline, and at the fixed mask ratio every objective is evaluated at, last-layer
+  rank_tau with and without [MASK], the GLUE medians and their average, wall time,
+  training FLOPs, MFU) and one for the from-scratch control; claim (c) decided in this
+  call by its fixed rules (study/claims.py), uncentred and centred; then each task's
+  per-seed scores.
 * ``loss_curves.png``: every model's train and eval loss against the step.
 * ``rank_layers.png``: the rank analysis's Fig. 1(a) plot (every model, with and without
   [MASK], uncentred and centred), copied next to the table.
@@ -45,7 +46,8 @@ def pretraining_record(workdir: paths.Path) -> dict:
     out = {"curves": {split: [[r["step"], r["loss"]] for r in rows if "loss" in r]
                       for split, rows in (("train", train), ("eval", evals))}}
     if evals:
-        keys = ("step", "loss", "accuracy", "mask_loss", "mask_accuracy", "unigram_accuracy")
+        keys = ("step", "loss", "accuracy", "mask_loss", "mask_accuracy", "unigram_accuracy",
+                "fixed_loss", "fixed_accuracy")
         out.update({f"eval_{k}" if k != "step" else k: evals[-1][k] for k in keys
                     if k in evals[-1]})
     mfus = [r["mfu"] for r in train if "mfu" in r]
@@ -86,8 +88,13 @@ def table(result: dict) -> list[str]:
     rank = {r["path"]: r["last_layer"] for r in result["rank"]["runs"]}
     centred = {r["path"]: r.get("centred", {}).get("last_layer", {})
                for r in result["rank"]["runs"]}
-    header = (["model", "[MASK] loss", "[MASK] acc. %", "unigram acc. %", "rank (no [MASK])",
-               "rank (with [MASK])", "centred rank (no [MASK])", "centred rank (with [MASK])"]
+    # Loss and accuracy at train.eval_mask_ratio, the same for every objective (records
+    # from before it have none, and keep their table).
+    fixed = any("eval_fixed_loss" in result["pretraining"][n] for n in names)
+    header = (["model", "[MASK] loss", "[MASK] acc. %", "unigram acc. %"]
+              + (["loss at the fixed ratio", "acc. % at the fixed ratio"] if fixed else [])
+              + ["rank (no [MASK])", "rank (with [MASK])", "centred rank (no [MASK])",
+                 "centred rank (with [MASK])"]
               + tasks + (["GLUE avg."] if tasks else [])
               + ["pretraining time", "training FLOPs", "MFU"])
     rows = []
@@ -99,8 +106,12 @@ def table(result: dict) -> list[str]:
                _fmt(None if p.get("eval_mask_accuracy") is None
                     else 100 * p["eval_mask_accuracy"], ".1f"),
                _fmt(None if p.get("eval_unigram_accuracy") is None
-                    else 100 * p["eval_unigram_accuracy"], ".1f"),
-               _fmt(r.get("without_mask"), "d"), _fmt(r.get("with_mask"), "d"),
+                    else 100 * p["eval_unigram_accuracy"], ".1f")]
+        if fixed:
+            row += [_fmt(p.get("eval_fixed_loss")),
+                    _fmt(None if p.get("eval_fixed_accuracy") is None
+                         else 100 * p["eval_fixed_accuracy"], ".1f")]
+        row += [_fmt(r.get("without_mask"), "d"), _fmt(r.get("with_mask"), "d"),
                _fmt(c.get("without_mask"), "d"), _fmt(c.get("with_mask"), "d")]
         row += [_fmt(s, ".1f") for s in scores]
         if tasks:
@@ -111,7 +122,7 @@ def table(result: dict) -> list[str]:
         rows.append(row)
     for n in result.get("controls", []):
         scores = [glue.get(n, {}).get(t, {}).get("median") for t in tasks]
-        row = [_name(n)] + ["—"] * 7 + [_fmt(s, ".1f") for s in scores]
+        row = [_name(n)] + ["—"] * (9 if fixed else 7) + [_fmt(s, ".1f") for s in scores]
         if tasks:
             row.append(_fmt(float(np.mean(scores)) if None not in scores else None, ".1f"))
         row += ["—", "—", "—"]

@@ -137,6 +137,21 @@ def test_eval_reports_each_category_of_80_10_10(objective):
     for n in names:
         assert abs(result[f"{n}_loss"] - np.log(TINY_VOCAB)) < 1.0
 
+    # The run's evaluations add loss, accuracy and perplexity at train.eval_mask_ratio
+    # (0.15: k = 5, 4 [MASK] and 1 random), a second program compiled once.
+    fixed = pretrain_config.fixed_mask_counts(c)
+    assert (fixed.k, fixed.k_mask, fixed.k_random, fixed.k_keep) == (5, 4, 1, 0)
+    for _ in range(2):
+        both = pretrain_evaluation.evaluate_program(program, state.params, batches, c.seed)
+    assert both == {**result, **{f"fixed_{m}": both[f"fixed_{m}"]
+                                 for m in ("loss", "accuracy", "perplexity")}}
+    assert both["fixed_loss"] != result["loss"] and program.fixed_eval_step._cache_size() == 1
+    assert both["fixed_perplexity"] == pytest.approx(np.exp(both["fixed_loss"]))
+    # At its own ratio a run's fixed figures are its own, with no second program.
+    c.masking.mask_ratio = c.train.eval_mask_ratio
+    own = setup_lib.build(c, TINY_VOCAB, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    assert own.fixed_eval_step is None
+
 
 def _read_metrics(workdir, split="train"):
     lines = (workdir / "metrics.jsonl").read_text().splitlines()

@@ -1,9 +1,11 @@
 """One tiny pretraining run with the tools a long run is watched and shaped with all on, beside
 the same run with none: a profiled window (training/profiler.py), milestones
 (checkpoint.Keep), the stack dump's file (infra/stacks.py) and metrics.jsonl alone as the
-record (train.trackers=""). The losses are the plain run's: watching changes nothing."""
+record (train.trackers=""), and the evaluations at the fixed mask ratio in both. The
+losses are the plain run's: watching changes nothing."""
 
 import logging
+import math
 import os
 import signal
 import time
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.tier("integration")
 def test_a_watched_run_trains_as_a_plain_one(tmp_path, tiny_tokenizer, caplog):
     plain = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, log_every=1,
                              eval_every=3, checkpoint_every=100)
+    plain.masking.mask_ratio = 0.3  # its evaluations also score 15 %, train.eval_mask_ratio
     pretrain_train.train_and_evaluate(plain, str(tmp_path / "plain"))
 
     watched = plain.copy_and_resolve_references()
@@ -34,6 +37,11 @@ def test_a_watched_run_trains_as_a_plain_one(tmp_path, tiny_tokenizer, caplog):
     assert sorted(ours) == sorted(theirs) == list(range(1, 7))
     for step in ours:
         assert ours[step]["loss"] == theirs[step]["loss"], step
+    evals = train_metrics(run, "eval")
+    assert sorted(evals) == [3, 6] and evals == train_metrics(tmp_path / "plain", "eval")
+    for row in evals.values():
+        assert row["fixed_loss"] != row["loss"] and 0 <= row["fixed_accuracy"] <= 1
+        assert row["fixed_perplexity"] == pytest.approx(math.exp(row["fixed_loss"]))
 
     # The window: step 1 compiles, so the trace holds steps 2-3, in both formats.
     assert list((run / "profile").rglob("*.xplane.pb"))

@@ -341,3 +341,32 @@ def test_a_pool_refused_leaves_nothing_behind(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
     pool.pool(c, str(tmp_path / "out"))  # the check is real: a good call writes
     assert (tmp_path / "out" / "pool.md").is_file()
+
+
+def test_the_call_report_shows_the_evaluations_at_the_fixed_ratio_when_recorded(tmp_path):
+    """A pretraining workdir's last eval at train.eval_mask_ratio (fixed_loss,
+    fixed_accuracy) goes into the record and the table; records from before it keep their
+    table."""
+    from maelm_jax.study import report
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"split": "eval", "step": 8, "loss": 5.0, "accuracy": 0.1, "fixed_loss": 4.25, '
+        '"fixed_accuracy": 0.125}\n')
+    assert report.pretraining_record(tmp_path) | {"curves": None} == {
+        "curves": None, "step": 8, "eval_loss": 5.0, "eval_accuracy": 0.1,
+        "eval_fixed_loss": 4.25, "eval_fixed_accuracy": 0.125}
+    record = _ranked(MLM_GROWING, {"w": [60, 50, 1, 1], "wo": [60, 50, 1, 1]})
+    for m, p in record["pretraining"].items():
+        p["workdir"] = f"/w/{m}"
+    for run in record["rank"]["runs"]:
+        run["path"], run["last_layer"] = f"/w/{run['label']}", {}
+    record.update(glue={}, controls=["scratch"])
+    before = report.table(record)
+    assert "fixed ratio" not in before[0] and len(before[-1].split("|")) == len(
+        before[0].split("|"))
+    for p in record["pretraining"].values():
+        p.update(eval_fixed_loss=4.25, eval_fixed_accuracy=0.125)
+    after = report.table(record)
+    assert "| loss at the fixed ratio | acc. % at the fixed ratio |" in after[0]
+    assert all("| 4.25 | 12.5 |" in row for row in after[2:-1])
+    assert len(after[-1].split("|")) == len(after[0].split("|"))  # the control's row too
