@@ -5,6 +5,7 @@ its configs and its entry (one signature for all), so no module of maelm_jax has
 its caller. Any config field can be overridden with --config.<field>=<value>.
 """
 
+import contextlib
 import dataclasses
 import logging
 import pathlib
@@ -22,13 +23,14 @@ from maelm_jax.export import run as export_run
 from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import sweep as finetune_sweep
 from maelm_jax.finetune import train as finetune_train
-from maelm_jax.infra import cli, compile_cache, distributed, errors, host_memory, stacks
+from maelm_jax.infra import cli, compile_cache, distributed, errors, host_memory, paths, stacks
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import merge as study_merge
 from maelm_jax.study import pool as study_pool
 from maelm_jax.study import run as study_run
 from maelm_jax.training import budget, preemption
+from maelm_jax.workdirs import lock
 
 FLAGS = flags.FLAGS
 # New fields are accepted while parsing, so `--config.data.sources.main.path=...` can
@@ -136,6 +138,8 @@ class Mode:
     configs: str
     does: str
     entry: Entry
+    # Whether it writes --workdir, and so holds it while it runs (workdirs/lock.py).
+    writes_workdir: bool = True
 
 
 def _pretrain(config: ml_collections.ConfigDict, workdir: str, allow_config_change: bool):
@@ -178,7 +182,7 @@ MODES: dict[str, Mode] = {
                  "by layer (the MAE-LM paper's Fig. 1, Table 3)",
                  _without_override(analysis_run.analyse)),
     "fill_mask": Mode("configs/fill_mask.py", "fill [MASK] in texts with a pretraining run",
-                      _without_override(fill_mask_run.run)),
+                      _without_override(fill_mask_run.run), writes_workdir=False),
     "study": Mode("configs/study/", "the objectives pretrained alike, their ranks and GLUE "
                   "against a from-scratch control", _without_override(study_run.run)),
     "study_merge": Mode("configs/study/merge.py", "merge a study's parts run apart",
@@ -194,7 +198,10 @@ def _run_mode(mode: str) -> None:
     """The entry of the config's mode (a config without `mode` is pretraining's; its
     validation refuses an unknown one)."""
     chosen = MODES.get(mode, MODES["pretrain"])
-    chosen.entry(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+    hold = (lock.held_by_leader(paths.resolve(FLAGS.workdir, "--workdir"))
+            if chosen.writes_workdir else contextlib.nullcontext())
+    with hold:  # one run per workdir: a second start is refused before it writes
+        chosen.entry(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from absl import logging
 from maelm_jax.data import shards
 from maelm_jax.infra import errors, paths
 from maelm_jax.text import tokenizer as tokenizer_lib
-from maelm_jax.workdirs import layout
+from maelm_jax.workdirs import layout, lock
 
 FORMAT_VERSION = 1  # of the blocks' content (in the fingerprint): not of their files
 _EARLIER_FORMAT_FILE = "meta.json"  # what in-job preparation wrote before it wrote shards
@@ -187,7 +187,22 @@ def pack_blocks(
     paths.make_dirs(cache_dir)
     # Packed beside the final directory, which one rename then completes; for a cache in a
     # bucket, on local disk and then uploaded.
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir if local else None))
+    if local:  # what a killed run left, and nobody writes any more
+        lock.remove_unowned(pathlib.Path(cache_dir))
+    with lock.scratch(pathlib.Path(cache_dir) if local
+                      else pathlib.Path(tempfile.gettempdir())) as tmp:
+        if _pack_into(tmp, final, sources, tok, seq_len,
+                      validation_fraction, fingerprint, read, blocks_per_shard, local):
+            logging.info("another run finished packing %s first: using its blocks", final)
+    return shards.load(final, weights, fingerprint, cache_bytes, field)
+
+
+def _pack_into(tmp: pathlib.Path, final: paths.Path, sources, tok,
+               seq_len: int, validation_fraction: float, fingerprint: str, read: dict,
+               blocks_per_shard: int, local: bool) -> bool:
+    """Packs into `tmp` and renames it to `final` (uploads it there, for a bucket); True
+    when another run sharing the cache finished `final` first (the same blocks: its
+    fingerprint names them), which is then used as it is, after the checks of loading."""
     try:
         entries = {}
         for name, documents in sources.items():
@@ -211,11 +226,18 @@ def pack_blocks(
         manifest = shards.manifest(fingerprint, token_dtype(tok.vocab_size).str, seq_len,
                                    validation_fraction, tok.model_path, tok.vocab_size, entries)
         (tmp / layout.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+        lock.unlocked(tmp)
         if local:
-            os.replace(tmp, final)
+            paths.as_created_in_place(tmp)
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                if not (final / layout.MANIFEST_FILE).exists():
+                    raise
+                return True
         else:  # the manifest last: a set without it is incomplete and is prepared again
             for file in sorted(tmp.iterdir(), key=lambda f: f.name == layout.MANIFEST_FILE):
                 paths.upload(file, final / file.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return shards.load(final, weights, fingerprint, cache_bytes, field)
+    return False

@@ -314,7 +314,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     out = paths.resolve(workdir, "--workdir")
     workdir_lib.claim(out, "prepare", "prepare")
     run_data.validate_sources(config)
-    fresh = not out.exists() or not any(out.iterdir())  # removed whole if this run fails
+    # Removed whole if this run fails (the hold of this preparation aside: workdirs/lock.py).
+    fresh = not out.exists() or all(p.name == layout.LOCK_FILE for p in out.iterdir())
     paths.make_dirs(out)
     tok = run_data.setup_tokenizer(config, out)
     if not (out / layout.TOKENIZER_FILE).exists():

@@ -78,7 +78,8 @@ def _check_output(out: paths.Path) -> None:
     """Refuses an output that is a file, or a directory holding anything but an export."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"--workdir: {out} is a file; give a new or empty directory")
-    if not out.exists() or not list(out.iterdir()):
+    entries = [p for p in out.iterdir() if p.name != layout.LOCK_FILE] if out.exists() else []
+    if not entries:  # new, or empty but for the hold of this export (workdirs/lock.py)
         return
     config = out / "config.json"
     try:
@@ -86,7 +87,7 @@ def _check_output(out: paths.Path) -> None:
     except (OSError, ValueError, AttributeError):
         earlier = False
     if not earlier:
-        found = sorted(p.name for p in out.iterdir())[0]
+        found = sorted(p.name for p in entries)[0]
         raise ExportError(f"--workdir: {out} holds other files (e.g. {found}); give a new or "
                           "empty directory, or an earlier export to replace")
 
@@ -285,12 +286,17 @@ def _publish(files: dict[str, Any], out: paths.Path) -> None:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=parent))
     try:
         _write(files, tmp)
+        paths.as_created_in_place(tmp)  # not mkdtemp's 0700: the team loads the export
         if not local:
             for file in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
                 paths.upload(file, out / file.name)
             return
         target = pathlib.Path(out)
         old = None
+        if (target / layout.LOCK_FILE).exists():
+            # The hold moves with its file (a flock is the file's, not its name's), so the
+            # published directory is still held until this export ends.
+            os.replace(target / layout.LOCK_FILE, tmp / layout.LOCK_FILE)
         if target.exists():
             old = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
             os.replace(target, old / "export")

@@ -170,6 +170,33 @@ def write_atomically(path: Path, data: bytes | str) -> None:
         raise
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (setting it to
+    read it back is not safe while other threads create files)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_created_in_place(tree: pathlib.Path) -> None:
+    """Gives a local tree built in a private temporary directory (`tempfile.mkdtemp` makes
+    it 0700, `mkstemp` files 0600) the modes the umask gives what is created in place,
+    before it is renamed into place: otherwise what a run publishes (an export, prepared
+    blocks) stays private by accident, and a team sharing the machine cannot read it."""
+    mask = umask()
+    for root, dirs, files in os.walk(tree):
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+    os.chmod(tree, 0o777 & ~mask)
+
+
 def _filesystem(uri: str):
     """(the fsspec file system of a bucket URI, the path within it, the scheme): for the
     listings epath has no call for."""

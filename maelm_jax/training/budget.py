@@ -133,11 +133,15 @@ def replan_steps(available: float, costs: Costs, step: int, eval_every: int,
                  step + 1, max(cap, step + 1))
 
 
-def scale_schedule(train: ml_collections.ConfigDict, steps: int) -> None:
+def scale_schedule(train: ml_collections.ConfigDict, steps: int,
+                   cap: int | None = None) -> None:
     """Sets `train` to run `steps` steps with the schedule's shape kept: the warmup the
-    same share of them as configured (of train.num_steps), the decay ending at the last
-    step; evaluations and checkpoints no rarer than one at the end."""
-    train.warmup_steps = round(train.warmup_steps * steps / train.num_steps)
+    same share of them as configured (of `cap`, the train.num_steps the plan was made
+    under: a resumed command's own is only a cap for plans not yet made, and must not move
+    the warmup of a plan made), the decay ending at the last step; evaluations and
+    checkpoints no rarer than one at the end."""
+    cap = train.num_steps if cap is None else cap
+    train.warmup_steps = round(train.warmup_steps * steps / cap)
     train.num_steps = steps
     train.eval_every = min(train.eval_every, steps)
     train.checkpoint_every = min(train.checkpoint_every, steps)
@@ -169,6 +173,9 @@ class Plan:
     tokens: int  # planned tokens (steps x batch x length)
     flops: float  # planned training FLOPs (model FLOPs, pretrain/flops.py)
     revisions: tuple[Revision, ...] = ()  # the re-plans made as the run went, in order
+    # train.num_steps when the plan was made (the warmup's share is of it); None in plans
+    # of earlier versions, whose run's config.json records it.
+    cap: int | None = None
 
     @property
     def end(self) -> int:
@@ -180,19 +187,75 @@ class Plan:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Plan:
-        revisions = tuple(Revision(**r) for r in record.get("revisions", ()))
-        return cls(**{**record, "costs": Costs(**record["costs"]), "revisions": revisions})
+        """The plan `record` holds; ValueError naming the first field of the wrong type."""
+        if not isinstance(record, dict):
+            raise ValueError(f"it holds {json.dumps(record)[:40]}, not an object")
+        plain = _typed(record, cls, "")
+        costs = record.get("costs")
+        costs = Costs(**_typed(costs if isinstance(costs, dict) else _not_object("costs"),
+                               Costs, "costs."))
+        revisions = tuple(Revision(**_typed(r, Revision, f"revisions[{i}].") if
+                                   isinstance(r, dict) else _not_object(f"revisions[{i}]"))
+                          for i, r in enumerate(_list(record.get("revisions", []))))
+        return cls(**plain, costs=costs, revisions=revisions)
+
+
+def _not_object(field: str):
+    raise ValueError(f"{field} is not an object")
+
+
+def _list(value: Any) -> list:
+    if not isinstance(value, list):
+        raise ValueError("revisions is not a list")
+    return value
+
+
+# What a plan's field may hold, by its annotation (a JSON number may be an int or not).
+_KINDS = {"int": (int,), "float": (int, float), "str": (str,)}
+
+
+def _typed(record: dict, cls: type, prefix: str) -> dict:
+    """`record`'s plain fields of `cls`, each checked against its annotation (None where
+    the field's default is None); ValueError naming the first that is missing or wrong."""
+    out = {}
+    for field in dataclasses.fields(cls):
+        name, kind = f"{prefix}{field.name}", str(field.type).split(" |")[0]
+        if field.name in ("costs", "revisions") or (
+                field.name not in record and field.default is not dataclasses.MISSING):
+            continue
+        if field.name not in record:
+            raise ValueError(f"{name} is missing")
+        value = record[field.name]
+        if not (value is None and field.default is None) and (
+                isinstance(value, bool) or not isinstance(value, _KINDS[kind])):
+            raise ValueError(f"{name} is {json.dumps(value)}, expected {kind}")
+        out[field.name] = value
+    return out
 
 
 def read(workdir: paths.Path) -> Plan | None:
+    """The workdir's plan; one line when plan.json is damaged or not a plan, whose advice
+    leads to this run again (its plan fixes the run's steps and schedule: another plan
+    made for checkpoints trained under this one would change them)."""
     path = workdir / layout.PLAN_FILE
     if not path.is_file():
         return None
     try:
         return Plan.from_dict(json.loads(paths.read_text(path)))
-    except (json.JSONDecodeError, TypeError, KeyError) as e:
-        raise BudgetError(f"{path}: not a plan this version reads ({e}); remove it to plan "
-                          "again, or use another --workdir") from None
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+        reason = (f"line {e.lineno} column {e.colno}: {e.msg}"
+                  if isinstance(e, json.JSONDecodeError) else str(e))
+        raise BudgetError(f"{path}: not a plan this version reads ({reason}); {lost_plan(workdir)}"
+                          ) from None
+
+
+def lost_plan(workdir: paths.Path) -> str:
+    """The way back to a run whose plan.json is lost or damaged: its plan fixes the steps
+    and the schedule its checkpoints were trained under, so put it back; without a copy,
+    the run can only start again, planned anew from the same budget."""
+    return (f"it fixes the steps and schedule of this run's checkpoints: put back a copy of "
+            f"it, or, without one, move {workdir / layout.CHECKPOINTS} out as well and run "
+            "the same command, which plans this run again from its time budget")
 
 
 def make(budget_seconds: float, margin: float, spent: float, costs: Costs,
@@ -217,7 +280,8 @@ def make(budget_seconds: float, margin: float, spent: float, costs: Costs,
                                 min(train.checkpoint_every, steps))
     return Plan(steps=steps, budget_seconds=budget_seconds, margin_seconds=margin_seconds,
                 spent_seconds=spent, costs=costs, predicted_seconds=predicted, device=device,
-                tokens=steps * tokens_per_step, flops=steps * flops_per_step)
+                tokens=steps * tokens_per_step, flops=steps * flops_per_step,
+                cap=train.num_steps)
 
 
 def describe(plan: Plan) -> str:

@@ -296,11 +296,23 @@ def check_digests(step_dir: paths.Path) -> None:
     problem = ""
     if distributed.is_leader() and (step_dir / DIGEST_FILE).is_file():
         try:
-            problem = _digest_mismatch(step_dir)
+            problem = _unmerged(step_dir) or _digest_mismatch(step_dir)
         except Exception as e:  # noqa: BLE001 - whatever it is, the others must hear of it
             problem = f"its {DIGEST_FILE} cannot be checked ({type(e).__name__}: {e})"
     if not distributed.leader_says_ok(not problem):
         raise ValueError(problem or "process 0 found a file that differs from what was written")
+
+
+def _unmerged(step_dir: paths.Path) -> str:
+    """Why a step's state, committed, cannot be intact: orbax merges its per-process
+    stores into one (manifest.ocdbt) at commit, and a merge that found nothing (its glob
+    missed them) only warns, so the digests of what was written would pass."""
+    state = step_dir / layout.STATE_ITEM
+    names = {p.name for p in state.iterdir()} if state.is_dir() else set()
+    if any(n.startswith("ocdbt.process_") for n in names) and "manifest.ocdbt" not in names:
+        return (f"{layout.STATE_ITEM}/ was committed without its metadata (manifest.ocdbt: "
+                "its per-process stores were never merged)")
+    return ""
 
 
 def _digest_mismatch(step_dir: paths.Path) -> str:

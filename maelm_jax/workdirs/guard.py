@@ -5,6 +5,8 @@ all-or-nothing. (What a workdir's recorded run means for the next one: lifecycle
 from __future__ import annotations
 
 import contextlib
+import glob
+import os
 
 from maelm_jax.infra import paths
 from maelm_jax.workdirs import layout
@@ -12,7 +14,9 @@ from maelm_jax.workdirs import layout
 
 def check_directory(workdir: paths.Path) -> None:
     """Refuses a workdir path that is, or lies under, something other than a directory,
-    and one in a bucket that does not exist (nothing here creates buckets)."""
+    one in a bucket that does not exist (nothing here creates buckets), and one that reads
+    as a glob pattern (`check_name`)."""
+    check_name(workdir)
     for path in paths.lineage(workdir):
         if path.exists():
             if not path.is_dir():
@@ -23,6 +27,25 @@ def check_directory(workdir: paths.Path) -> None:
     raise layout.WorkdirError(
         f"--workdir {workdir}: the bucket {paths.lineage(workdir)[-1]} does not exist or "
         "cannot be read; create it, or check the name and your credentials")
+
+
+def check_name(workdir: paths.Path) -> None:
+    """Refuses a workdir whose path holds a glob's special characters (``[`` ``]`` ``*``
+    ``?``), before anything is written. Orbax finds a checkpoint's per-process stores, to
+    merge them at commit, with a glob of the checkpoint's path: ``sweep[lr=3e-3]`` is a
+    character class there, nothing matches, and every checkpoint commits without its
+    metadata (intact to its digests, yet not restorable); ``*`` and ``?`` could match a
+    neighbour's stores. Reading such a path (fill-mask, export, init_from) is not refused:
+    only a commit globs."""
+    text = os.fspath(workdir)
+    if glob.escape(text) != text:
+        suggested = os.path.basename(text.rstrip("/"))
+        for char in "[]*?":
+            suggested = suggested.replace(char, "_")
+        raise layout.WorkdirError(
+            f"--workdir {workdir}: its path holds a glob character ([ ] * ?), which the "
+            "checkpoint library reads as a pattern (its checkpoints would not restore); "
+            f"name it without them, e.g. {suggested.strip('_') or 'run'}")
 
 
 def claim(workdir: paths.Path, kind: str, noun: str) -> None:

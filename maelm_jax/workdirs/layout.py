@@ -74,6 +74,8 @@ STUDY_FINETUNE_DIR = "finetune"  # <model>/<task>/: a sweep
 STUDY_GROUPS_DIR = "groups"  # under finetune/: <task>/<models>/seeds_<a>_...: a task's programs
 # Mode "prepare": the shards' manifest (written last) and tokenizer, beside the shards.
 MANIFEST_FILE = "manifest.json"
+# Held by the run that writes the workdir, and removed when it ends (workdirs/lock.py).
+LOCK_FILE = ".lock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +123,8 @@ def unexpected_entries(workdir: paths.Path, kind: str) -> list[str]:
     k = KINDS[kind]
     out = []
     for entry in sorted(workdir.iterdir(), key=lambda p: p.name):
+        if entry.name == LOCK_FILE:  # the hold of the run writing it now
+            continue
         name = entry.name + ("/" if entry.is_dir() else "")
         if name not in k.writes and not any(entry.match(p) for p in k.patterns):
             out.append(name)

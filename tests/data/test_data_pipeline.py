@@ -187,3 +187,37 @@ def test_unigram_baseline_is_the_top_piece_share_weighted_by_source():
     assert loader.unigram_baseline(data, 10) == (5, 0.5)
     # Subsampled to at most max_tokens tokens: every other block of "a".
     assert loader.unigram_baseline(data, 10, max_tokens=4) == (5, 0.75)
+
+
+def test_a_set_another_run_finished_first_is_used_and_sets_get_umask_modes(
+        tmp_path, tiny_tokenizer, monkeypatch, caplog):
+    """Two runs sharing data.cache_dir pack the same set at once: the one that finishes
+    second uses the first one's (the same blocks: the fingerprint names them) instead of
+    failing on its rename. What packing publishes has the umask's modes (not mkdtemp's
+    0700), and a scratch directory a killed packer left is removed."""
+    _write_corpus(tmp_path / "corpus.txt")
+    c = _config(tmp_path, tiny_tokenizer)
+    cache = tmp_path / "data"
+    (cache / ".tmp-killed").mkdir(parents=True)
+    (cache / ".tmp-killed" / ".lock").write_text("")  # its owner's flock died with it
+    pack_source, rivals = packing.pack_source, []
+
+    def pack_source_while_a_rival_finishes(*args, **kwargs):
+        if not rivals:  # the other run: it packs the same set and renames it first
+            rivals.append(None)
+            rivals[0] = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
+        return pack_source(*args, **kwargs)
+
+    monkeypatch.setattr(packing, "pack_source", pack_source_while_a_rival_finishes)
+    old = os.umask(0o027)
+    try:
+        with caplog.at_level(logging.INFO):
+            data = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
+    finally:
+        os.umask(old)
+    assert data.directory == rivals[0].directory
+    assert "another run finished packing" in caplog.text
+    assert [p.name for p in cache.iterdir()] == [data.directory.name]  # no scratch left
+    assert os.stat(data.directory).st_mode & 0o777 == 0o750
+    assert {os.stat(p).st_mode & 0o777 for p in pathlib.Path(data.directory).iterdir()} == {
+        0o640}

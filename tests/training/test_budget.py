@@ -156,7 +156,7 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
                                                                    monkeypatch):
     """10 minutes at an injected 30 s a step: the plan's steps (num_steps is the cap),
     the warmup its share of them, the decay ending at the planned last step. Stopped
-    mid-way and resumed with another budget, the run keeps its plan (nothing measured
+    mid-way and resumed with another budget and cap, the run keeps its plan (nothing measured
     again) and ends as a run configured with the planned steps does. The planned run's
     step is the measured one's program (the schedule is data): built and compiled once."""
     measured = _costs(monkeypatch)
@@ -179,6 +179,7 @@ def test_a_budgeted_run_trains_its_plan_and_keeps_it_when_resumed(tmp_path, tiny
     assert recorded["train"]["num_steps"] == 100  # the config as given; the plan beside it
 
     c.train.time_budget_minutes = 1.0  # harmless: the plan is kept
+    c.train.num_steps = 57  # and so is the cap the warmup's share is of (100)
     pretrain_train.train_and_evaluate(c, str(run))
     assert len(measured) == 1 and budget.read(run) == plan
     assert max(train_metrics(run)) == plan.steps and set(train_metrics(run, "eval")) == {
@@ -258,3 +259,46 @@ def test_the_costs_are_measured_on_the_run_s_own_programs(tmp_path, tiny_tokeniz
     assert max(train_metrics(tmp_path / "run")) == 6
     assert "time budget: 6 steps" in caplog.text and "the run should end about" in caplog.text
     assert "trained steps 1-6 in" in caplog.text and "of a 3600 s budget" in caplog.text
+
+
+@pytest.mark.tier("unit")
+@pytest.mark.parametrize("text, reason", [
+    ('{"steps": 19, "budg', "line 1 column 15"),
+    ("null", "it holds null, not an object"),
+    ('{"steps": "19"}', 'steps is "19", expected int'),
+])
+def test_a_damaged_plan_is_one_line_whose_advice_leads_to_the_same_run(tmp_path, text,
+                                                                       reason):
+    """The plan fixes the steps and schedule of the checkpoints trained under it: the
+    advice is to put it back, or to start the run again from its budget, never to go on
+    without it (which would train toward the cap, with the cap's warmup)."""
+    (tmp_path / layout.PLAN_FILE).write_text(text)
+    with pytest.raises(budget.BudgetError) as e:
+        budget.read(paths.Path(tmp_path))
+    line = str(e.value)
+    assert "\n" not in line and reason in line and "put back a copy of it" in line
+    assert f"move {tmp_path / layout.CHECKPOINTS} out as well and run the same command" in line
+
+
+@pytest.mark.tier("unit")
+def test_a_planned_run_whose_plan_is_gone_is_not_taken_for_one_never_planned(tmp_path):
+    c = tiny_config("maelm")
+    c.train.time_budget_minutes = 10.0
+    layout.write_config(paths.Path(tmp_path), c)
+    with pytest.raises(budget.BudgetError, match=r"plan.json, the plan of this run, is "
+                                                 r"missing; .*put back a copy of it"):
+        time_budget.plan_run(c, paths.Path(tmp_path), None, None, None, [], 0, 0.0,
+                             resumed=True)
+
+
+@pytest.mark.tier("unit")
+def test_a_plan_records_its_cap_and_one_of_an_earlier_version_reads_without(tmp_path):
+    plan = budget.make(600.0, 0.05, 0.0, COSTS, tiny_config("maelm").train, "cpu", 1, 1.0)
+    assert plan.cap == tiny_config("maelm").train.num_steps
+    record = json.loads(plan.to_json())
+    del record["cap"]
+    assert budget.Plan.from_dict(record).cap is None
+    train = tiny_config("maelm").train
+    train.num_steps, train.warmup_steps = 57, 20
+    budget.scale_schedule(train, 19, cap=100)
+    assert (train.num_steps, train.warmup_steps) == (19, 4)

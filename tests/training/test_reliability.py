@@ -5,6 +5,7 @@ import builtins
 import gc
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -116,6 +117,8 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
     for extra, message in (
         (["--config.masking.mask_ration=0.2"], "mask_ration"),
         (["--config.masking.mask_ratio=2"], "config.masking.mask_ratio"),
+        # A glob's character class to orbax, whose checkpoints would not restore.
+        ([f"--workdir={tmp_path / 'w' / 'sweep[lr=3e-3]'}"], "name it without them"),
     ):
         result = subprocess.run(base + extra, cwd=REPO_ROOT, env=subprocess_env(),
                                 capture_output=True, text=True)
@@ -283,8 +286,10 @@ def test_failed_save_is_reported_and_the_previous_checkpoint_survives(
 def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, tiny_tokenizer):
     """main.py as a scheduler runs it: SIGTERM saves the step the run is on and exits 143
     with no post-training work (no fill-mask examples); the same command continues and
-    ends as the run that was never stopped."""
-    run = tmp_path / "run"
+    ends as the run that was never stopped. The workdir is named like a sweep's cell
+    (brackets are refused: test_cli_errors_are_one_line_without_traceback), and the same
+    command started while the run runs is refused: one run per workdir."""
+    run = tmp_path / "sweep lr=3e-3,#1%"
     cmd = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
            f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
            "--config.train.num_steps=100", "--config.train.checkpoint_every=1000",
@@ -295,6 +300,15 @@ def test_sigterm_saves_the_current_step_and_the_same_command_finishes(tmp_path, 
     while not ((run / "metrics.jsonl").exists() and len(train_metrics(run)) >= 5):
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
+    proc.send_signal(signal.SIGSTOP)  # paused, whatever the machine's speed: still running
+    written = snapshot(run)
+    second = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(1), capture_output=True,
+                            text=True, timeout=HANG_SECONDS)
+    assert second.returncode == 1, second.stderr[-2000:]
+    assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
+    assert f"is in use by process {proc.pid} on {socket.gethostname()} since" in second.stderr
+    assert snapshot(run) == written  # the second start wrote nothing
+    proc.send_signal(signal.SIGCONT)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=HANG_SECONDS)
     assert proc.returncode == 143, stderr[-2000:]  # preempted: schedulers run it again
