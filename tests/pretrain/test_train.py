@@ -179,7 +179,10 @@ def test_short_wikipedia_run_lowers_the_loss(tmp_path, tiny_tokenizer):
     assert evals[60]["loss"] < evals[30]["loss"]
     # MAE-LM's masking has only [MASK]s: their figures are the overall ones.
     assert set(result) == {"loss", "accuracy", "perplexity", "mask_loss", "mask_accuracy",
-                           "mask_perplexity", "unigram_accuracy"}
+                           "mask_perplexity", "unigram_accuracy", "fixed_loss",
+                           "fixed_accuracy", "fixed_perplexity"}
+    # Trained at train.eval_mask_ratio: its figures at the fixed ratio are its own.
+    assert result["fixed_loss"] == result["loss"]
     assert result["mask_loss"] == pytest.approx(result["loss"])
     # The constant predictor of the most frequent piece: logged with every eval.
     assert 0.01 < evals[30]["unigram_accuracy"] == result["unigram_accuracy"] < 0.5
