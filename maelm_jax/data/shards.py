@@ -223,6 +223,13 @@ def check_run(config) -> dict:
             raise PreparedDataError(
                 f"{field}: {ours}, but config.data.prepared {directory} was prepared with "
                 f"{theirs}; set {theirs}, or prepare again with {ours}")
+    if not any(s.get("blocks") for source in manifest["sources"].values()
+               for s in source["valid"]["shards"]):
+        # A run evaluates (at its last step at least): over no block it would log loss 0.
+        raise PreparedDataError(
+            f"config.data.prepared: {directory / layout.MANIFEST_FILE} records no validation "
+            "block, and a run evaluates on them; prepare it again (a larger "
+            "data.validation_fraction or more text)")
     tokenizer = directory / layout.TOKENIZER_FILE
     if "tokenizer_sha256" in manifest and (
             not tokenizer.is_file() or file_digest(tokenizer)[1] != manifest["tokenizer_sha256"]):

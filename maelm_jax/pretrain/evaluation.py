@@ -7,6 +7,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from maelm_jax.infra import errors
 from maelm_jax.pretrain import objectives
 from maelm_jax.text import masking
 from maelm_jax.training import metrics as metrics_lib
@@ -25,8 +26,11 @@ def evaluate(eval_step, params, batches: list[jax.Array], seed: int) -> dict[str
         sums = jax.device_get(eval_step(params, tokens, key))
         for name, value in sums.items():
             totals[name] = totals.get(name, 0.0) + np.asarray(value, np.float64)
-    if not totals:
-        return scores({"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0})
+    if not totals or not float(np.sum(totals["count"])):
+        # Scores of nothing would read loss 0, accuracy 0, perplexity 1: a result that
+        # is none.
+        raise errors.UserError("config.data.validation_fraction: the evaluation has no "
+                               "validation token to score; raise it, or add text")
     out = scores(totals)
     if "category_count" in totals:
         for c, name in enumerate(masking.CATEGORY_NAMES):

@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax.data import loader, run_data, shards
-from maelm_jax.infra import distributed, paths, sharding
+from maelm_jax.infra import distributed, errors, paths, sharding
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import evaluation, mfu, time_budget
@@ -158,6 +158,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         for b in loader.eval_batches(data, t.batch_size, t.eval_batches)
         if len(b) >= dp
     ]
+    if not eval_data:  # refused now, not at the first evaluation; the workdir as it was
+        if distributed.is_leader():
+            workdir_lib.restore(workdir, before)
+        raise errors.UserError(
+            f"config.data.validation_fraction: the validation split holds fewer blocks than "
+            f"the {dp} data-parallel devices each need one of; raise it, or add text")
     program = setup_lib.build(config, tok.vocab_size, mesh, rules)
     # The config the run trains with: the given one, or with a time budget, scaled to its
     # plan (config.json records the given one; plan.json the plan).

@@ -221,3 +221,28 @@ def test_a_set_another_run_finished_first_is_used_and_sets_get_umask_modes(
     assert os.stat(data.directory).st_mode & 0o777 == 0o750
     assert {os.stat(p).st_mode & 0o777 for p in pathlib.Path(data.directory).iterdir()} == {
         0o640}
+
+
+def test_a_set_without_validation_blocks_is_refused_and_nothing_is_scored_as_loss_0(
+        tmp_path, tiny_tokenizer):
+    """What a preparation cut short leaves can be self-consistent: a manifest recording
+    no validation block. A run evaluates (at its last step at least) and would log loss
+    0, accuracy 0, perplexity 1: the set is refused, and an evaluation over no token is
+    an error, never a score."""
+    from maelm_jax.infra import errors
+    from maelm_jax.pretrain import evaluation
+
+    _write_corpus(tmp_path / "corpus.txt")
+    c = _config(tmp_path, tiny_tokenizer)
+    data = run_data.build_blocks(c, tmp_path, tiny_tokenizer)
+    manifest_file = pathlib.Path(data.directory) / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["sources"]["main"]["valid"]["shards"] = []
+    manifest_file.write_text(json.dumps(manifest))
+    c.data.prepared = str(data.directory)
+    with pytest.raises(shards.PreparedDataError, match=r"manifest.json records no validation "
+                                                       r"block, and a run evaluates on them"):
+        shards.check_run(c)
+    with pytest.raises(errors.UserError, match="config.data.validation_fraction: the "
+                                               "evaluation has no validation token"):
+        evaluation.evaluate(lambda *args: {}, None, [], 0)
