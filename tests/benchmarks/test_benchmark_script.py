@@ -142,7 +142,7 @@ def test_compile_cache_script_measures_cold_and_cached():
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("(defaults)")]
     assert len(rows) == 1 and len(rows[0]) == 5
     cold, cached = float(rows[0][1]), float(rows[0][2])
-    assert cold > 0 and cached > 0
+    assert cold >= 0 and cached >= 0  # printed rounded: a fast machine's may read 0
 
 
 def test_gpu_suite_runs_tiny_and_writes_its_results(tmp_path):
@@ -361,7 +361,9 @@ def test_finetune_seeds_script_times_runs_alone_and_grouped(tmp_path):
     assert "GFLOP/s" in out and "a group of 3 runs" in out
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out.splitlines()
             if line.startswith(("alone ", "group "))}
-    assert set(rows) == {"alone", "group"} and all(v > 0 for r in rows.values() for v in r)
+    # Printed with two decimals, a figure of a fast machine may read 0.00: only the
+    # record's unrounded figures must be positive (no test depends on the machine's speed).
+    assert set(rows) == {"alone", "group"} and all(v >= 0 for r in rows.values() for v in r)
     # Per run, a group's step costs its step over the runs.
     assert rows["group"][1] == pytest.approx(rows["group"][0] / 3, abs=0.01)
     assert "speedup per run: train steps" in out and "one run of 4 steps" in out
@@ -369,6 +371,7 @@ def test_finetune_seeds_script_times_runs_alone_and_grouped(tmp_path):
     record = json.loads(path.read_text())
     assert record["runs"] == 3 and record["step_ms"]["alone"] == pytest.approx(
         rows["alone"][0], abs=0.01)
+    assert all(v > 0 for v in record["step_ms"].values())
     for flag, named in (("--runs=1", "--runs"),
                         ("--config.finetune.batch_size=0", "config.finetune.batch_size")):
         bad = subprocess.run([sys.executable, script, tiny, flag, "--record_dir="],
@@ -402,7 +405,7 @@ def test_finetune_parts_script_times_a_task_per_model_and_as_one_program(tmp_pat
     rows = {" ".join(line.split()[:2]): [float(x) for x in line.split()[2:]]
             for line in result.stdout.splitlines() if line.startswith(("per model", "one program"))}
     assert rows["per model"][:2] == [3, 5] and rows["one program"][:2] == [1, 15]
-    assert all(v > 0 for r in rows.values() for v in r[2:])
+    assert all(v >= 0 for r in rows.values() for v in r[2:])  # rounded: 0 on a fast machine
     [path] = (tmp_path / "finetune_parts").glob("*.json")
     record = json.loads(path.read_text())
     assert record["models"] == ["mlm", "maelm", "scratch"]
