@@ -22,9 +22,12 @@ command with room to copy the results) lasts:
    implementation (--impls: einsum and pallas with the config's attention dropout, cudnn
    without attention dropout, the only way its fused call runs in training; pallas with
    the fastest options part 1 found) and Hugging Face's RobertaForMaskedLM (eager and
-   torch.compile, the faster counts; benchmarks/peer_hf.py), timed in rotation in one
-   process: ms/step, tokens/s, the ratio to the peer, MFU (6 N T and the papers' FLOPs)
-   against a bf16 8192^3 matmul measured in the same process, and each objective's time
+   torch.compile, the faster counts, and eager at our work: its LM head and loss at the
+   masked positions only; benchmarks/roberta_peer.py), timed in rotation in one process:
+   ms/step, tokens/s, the ratio to the stock peer and to the equal-work peer, MFU (6 N T,
+   and the model FLOPs, forward + backward = 3 x forward, for every side, the peers
+   credited with MLM's) against a bf16 8192^3 matmul measured in the same process, and
+   each objective's time
    ratio to MLM against its FLOPs ratio. MLM of the first kernel is built first, then the
    peer, then the rest while --timing_reserve_seconds would still be left to time them
    before the part's share of the budget ends: a short lease still gets figures (at 12
@@ -272,20 +275,35 @@ def part_throughput(out: pathlib.Path) -> dict:
             side["mfu_flops"] = side["flops"] / s / 1e12 / peak
         _log(f"  {name:28s} {1e3 * s:9.2f} ms/step {tokens_per_step / s:12.0f} tokens/s "
              f"MFU {side['mfu_6nt']:.1%}")
+    # The stock peer (the faster of eager and compiled) and the peer at our work (its LM
+    # head at the masked positions only): every side against both, and every side's MFU by
+    # one count, MLM's model FLOPs for the peers (the work both do).
     peer_names = [n for n in benches if sides[n]["objective"] == "peer"]
-    peer = min(peer_names, key=lambda n: sides[n]["ms"]) if peer_names else None
+    stock = [n for n in peer_names if not sides[n]["masked_head"]]
+    peer = min(stock, key=lambda n: sides[n]["ms"]) if stock else None
+    equal_work = next((n for n in peer_names if sides[n]["masked_head"]), None)
+    mlm_flops = next((sides[n]["flops"] for n in benches if sides[n]["objective"] == "mlm"),
+                     None)
+    for name in peer_names:
+        if mlm_flops:
+            s = statistics.median(benches[name].wall)
+            sides[name].update(flops=mlm_flops, mfu_flops=mlm_flops / s / 1e12 / peak)
     for name, b in benches.items():
         side = sides[name]
-        if peer and side["objective"] != "peer":
-            ratios = harness.round_ratios(benches[peer].wall, b.wall, FLAGS.steps)
-            side["vs_peer"] = statistics.median(ratios)
+        if side["objective"] == "peer":
+            continue
+        for key, other in (("vs_peer", peer), ("vs_equal_work_peer", equal_work)):
+            if other:
+                side[key] = statistics.median(
+                    harness.round_ratios(benches[other].wall, b.wall, FLAGS.steps))
         mlm = f"mlm / {side['impl']}"
         if side["objective"] not in ("peer", "mlm") and mlm in benches:
             side["time_ratio_to_mlm"] = statistics.median(
                 harness.round_ratios(b.wall, benches[mlm].wall, FLAGS.steps))
             side["flops_ratio_to_mlm"] = side["flops"] / sides[mlm]["flops"]
     return {"device": harness.device_line(), "peak_tflops": peak, "peak_measured_by": what,
-            "tokens_per_step": tokens_per_step, "peer": peer, "pallas_options": fastest,
+            "tokens_per_step": tokens_per_step, "peer": peer, "equal_work_peer": equal_work,
+            "flops_count": harness.FLOPS_COUNT, "pallas_options": fastest,
             "sides": sides}
 
 
@@ -301,7 +319,7 @@ def _add_peers(config, tokens, benches: dict, sides: dict) -> None:
         _log(f"  peer: not timed ({type(e).__name__}: {str(e).splitlines()[0][:300]})")
     for name, b in peers.items():
         benches[name] = b
-        sides[name] = {"objective": "peer", "impl": b.attention,
+        sides[name] = {"objective": "peer", "impl": b.attention, "masked_head": b.masked_head,
                        "num_params": b.num_params, "build_s": b.build_seconds}
 
 
@@ -313,8 +331,11 @@ def _peers(config, tokens) -> dict:
     device = "cuda" if records.on_accelerator() and torch.cuda.is_available() else "cpu"
     mlm = harness.objective_config(config, "mlm")
     out = {}
-    for compiled in ((False, True) if device == "cuda" else (False,)):
-        b = roberta_peer.PeerBench(mlm, tokens, device, compiled)
+    # The stock model (eager, and compiled on a GPU) and the one at our step's work (its LM
+    # head at the masked positions only).
+    kinds = [(False, False), (False, True)] + ([(True, False)] if device == "cuda" else [])
+    for compiled, masked_head in kinds:
+        b = roberta_peer.PeerBench(mlm, tokens, device, compiled, masked_head)
         out[b.name] = b
         _log(f"  {b.name}: built in {b.build_seconds:.1f} s ({b.attention})")
     return out

@@ -21,6 +21,7 @@ from absl import flags
 from benchmarks import REPO_ROOT, recording
 from maelm_jax.infra import cli, host_memory, sharding
 from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import mfu
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.text import tokenizer
@@ -61,6 +62,12 @@ def objective_configs(config: ml_collections.ConfigDict,
         cli.fail(str(e), cli.program())
 
 
+# How the records' FLOPs ("flops", "gflop") count a step: the model's, forward + backward
+# = 3 x forward. Records without the field (before 2026-12) hold 3ML Appendix D's count,
+# forward + backward = 2 x forward: tables.py rescales them.
+FLOPS_COUNT = "3 x forward"
+
+
 class Timed:
     """Per-step records of a side being timed: wall seconds, process CPU seconds (all
     threads) and minor page faults (fresh memory the kernel had to map and zero)."""
@@ -94,7 +101,7 @@ class Timed:
 
 
 class Bench(Timed):
-    """One objective's compiled train step, its state and its FLOPs per step.
+    """One objective's compiled train step, its state and its model FLOPs per step.
 
     Built by `training.setup.build`, as the training loop builds it: state and step
     sharded over a mesh (here one device, whatever config.mesh says), the state donated,
@@ -105,7 +112,10 @@ class Bench(Timed):
         super().__init__()
         vocab_size = config.tokenizer.vocab_size
         self.counts = pretrain_config.mask_counts(config)
-        self.flops = setup_lib.step_flops(config, vocab_size)
+        # Model FLOPs (forward + backward = 3 x forward, pretrain/mfu.py), as the train logs
+        # count them; 3ML Appendix D's count (backward = forward) only where the papers'
+        # ratios are reproduced (speedup_table.py): the ratios are the same in either.
+        self.flops = mfu.model_flops_per_step(config, vocab_size)
         program = setup_lib.build(config, vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
         self.num_params = program.num_params

@@ -43,7 +43,6 @@ from absl import app, flags
 
 from benchmarks import harness, recording
 from maelm_jax.infra import cli, records
-from maelm_jax.pretrain import mfu
 
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
 
@@ -97,7 +96,7 @@ def main(argv) -> None:
         print(f"{objective:9s} {b.counts.n_enc:5d} {1e3 * s:9.1f} {1e3 * min(b.wall):9.1f} "
               f"{1e3 * cpu[objective]:9.1f} {1 / s:8.3f} {tokens_per_step / s:9.0f} "
               f"{b.flops / 1e9:10.2f} {b.flops / 1e9 / s:8.1f} "
-              f"{mfu.model_flops(b.flops) / s / 1e12 / peak:6.1%}")
+              f"{b.flops / s / 1e12 / peak:6.1%}")
 
     print()
     ratios = {}
@@ -112,15 +111,17 @@ def main(argv) -> None:
         print(f"{objective} / mlm ratio: time {time_ratio:.3f}, FLOPs {flops_ratio:.3f}, "
               f"relative difference {gap:+.1%} (target within {TARGET:.0%}: {verdict}; "
               f"process CPU time {cpu_gap:+.1%})")
-    print("FLOPs as in 3ML App. D: fwd+bwd = 2 x fwd; biases, norms, softmax, dropout, "
-          "gathers/scatters and the optimiser update not counted. MFU: the same model FLOPs "
-          f"counted fwd+bwd = 3 x fwd (as the training logs do), against the {what}.")
+    print("Model FLOPs: fwd+bwd = 3 x fwd (as the training logs count them; 3ML App. D's "
+          "fwd+bwd = 2 x fwd gives the same ratios); biases, norms, softmax, dropout, "
+          "gathers/scatters and the optimiser update not counted. MFU: those FLOPs against "
+          f"the {what}.")
     steps = {objective: {"ms": 1e3 * wall[objective], "min_ms": 1e3 * min(b.wall),
                          "cpu_ms": 1e3 * cpu[objective], "gflop": b.flops / 1e9,
                          "n_enc": b.counts.n_enc}
              for objective, b in benches.items()}
     recording.save("step_time", {
         "sizes": harness.sizes(config), "repeats": FLAGS.repeats, "steps": FLAGS.steps,
+        "flops_count": harness.FLOPS_COUNT,
         "host_memory_kept": kept, "objectives": steps, "ratios": ratios}, (what, peak))
 
 

@@ -125,22 +125,26 @@ def time_budget(found: list[dict]) -> str:
 def tokens_per_hour(found: list[dict]) -> str:
     """What an hour of training buys, from the step times of the GPU suite's throughput
     part (BERT-base shapes against the PyTorch peer) and of step_time.py: tokens and model
-    FLOPs per hour of steps alone (evaluations and checkpoints not counted)."""
+    FLOPs (forward + backward = 3 x forward) per hour of steps alone (evaluations and
+    checkpoints not counted). Records without a "flops_count" hold 3ML Appendix D's
+    count, 2 x forward: rescaled."""
     rows = []
     for r in found:
         if r["benchmark"] == "gpu_suite":
             t = r["parts"].get("throughput") or {}
+            scale = 1.0 if t.get("flops_count") else 1.5
             for name, side in t.get("sides", {}).items():
-                if side.get("ms") and "flops" in side:
+                if side.get("ms") and "flops" in side and side.get("objective") != "peer":
                     rows.append((r, "BERT-base, L 512, batch 32", name, side["ms"],
-                                 t["tokens_per_step"], side["flops"]))
+                                 t["tokens_per_step"], side["flops"] * scale))
         else:
             z = r["sizes"]
             shape = (f"{z['num_layers']} x {z['d_model']}, L {z['seq_len']}, "
                      f"batch {z['batch_size']}")
+            scale = 1.0 if r.get("flops_count") else 1.5
             for name, o in r["objectives"].items():
                 rows.append((r, shape, name, o["ms"], z["seq_len"] * z["batch_size"],
-                             o["gflop"] * 1e9))
+                             o["gflop"] * 1e9 * scale))
 
     def cells(row):
         _, shape, name, ms, tokens, flops = row

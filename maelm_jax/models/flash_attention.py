@@ -17,10 +17,12 @@ explicitly by compiler params (a `pallas_call` without them goes to Mosaic GPU o
 
 * forward, one program per (query block, batch, head): the key blocks stream through an
   online softmax; o = sum_k dropout(p_k) v_k / rowsum(p), with p = exp(s - running max)
-  and s = scale q.k + bias, masked keys at MASKED. Dropout multiplies the normalised
-  probabilities, so it applies to the numerator only. It also writes each row's max and
-  log row sum (kept apart: a fully masked row has max MASKED, and MASKED + log m rounds
-  back to MASKED in float32, which would make the backward recompute p = 1, not 1/m).
+  and s = scale q.k + bias, masked keys at MASKED (computed in base 2: exp2 of s / ln 2,
+  the scale folded into one multiply, as FlashAttention-2's Triton kernels do). Dropout
+  multiplies the normalised probabilities, so it applies to the numerator only. It also
+  writes each row's max and log row sum (kept apart: a fully masked row has max MASKED,
+  and MASKED + log m rounds back to MASKED in float32, which would make the backward
+  recompute p = 1, not 1/m).
 * backward, two kernels: per key block, dK, dV and the bias gradient; per query block,
   dQ. Both recompute p from the row statistics and the keep mask from the hash, with
   dS = P * (dropout'(dO V^T) - rowsum(dO * O)), zero at masked keys; the bias gradient
@@ -76,6 +78,8 @@ from maelm_jax.models.dropout_hash import (  # noqa: F401 (re-exported: the kern
 
 # The score of a masked key: large and finite, so a fully masked row has no NaN.
 MASKED = -1e30
+# Scores in base 2 (exp(x) = 2^(x log2 e)): _scores.
+LOG2_E = 1.4426950408889634
 # The name of the kernel's output and row statistics, for remat policies (models/stack.py).
 RESIDUALS_NAME = "attention_kernel"
 _DEFAULT_OPTIONS = KernelOptions()
@@ -92,11 +96,14 @@ def _compiler_params(tile: Tile) -> plgpu.CompilerParams:
 
 
 def _scores(q, k, bias, valid, scale):
-    """[block_q, block_k] float32 scores of one tile: scale q.k + bias, masked keys low.
+    """[block_q, block_k] float32 scores of one tile in base 2: (scale q.k + bias) / ln 2,
+    masked keys low, so that exp2 of them (one instruction on NVIDIA GPUs, where exp is
+    a multiply and exp2) gives the softmax's numerators: the softmax's scale folded into
+    the dot's and the bias's single multiply. The row statistics are in base 2 too.
     bias: the tile [block_q, block_k] or None; valid: the keys' [block_k] int or None."""
-    s = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * scale
+    s = plgpu.dot(q, k, trans_b=True).astype(jnp.float32) * (scale * LOG2_E)
     if bias is not None:
-        s = s + bias.astype(jnp.float32)
+        s = s + bias.astype(jnp.float32) * LOG2_E
     if valid is not None:
         s = jnp.where(valid[None, :] != 0, s, MASKED)
     return s
@@ -135,8 +142,8 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref,
         s = _scores(q, k_ref[keys, :], bias, None if valid_ref is None else valid_ref[keys],
                     scale)
         new_max = jnp.maximum(row_max, s.max(axis=1))
-        p = jnp.exp(s - new_max[:, None])
-        correction = jnp.exp(row_max - new_max)
+        p = jnp.exp2(s - new_max[:, None])
+        correction = jnp.exp2(row_max - new_max)
         row_sum = correction * row_sum + p.sum(axis=1)
         if rate:
             p = _dropout(p, keep(stream, queries, j * block_k, block_k, key_stride, rate,
@@ -150,13 +157,14 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref,
     acc, row_max, row_sum = jax.lax.fori_loop(0, num_keys // block_k, body, init)
     o_ref[...] = (acc / row_sum[:, None]).astype(o_ref.dtype)
     max_ref[...] = row_max
-    logsum_ref[...] = jnp.log(row_sum)
+    logsum_ref[...] = jnp.log2(row_sum)
 
 
 def _probabilities(s, row_max, logsum):
-    """p = exp(s - max - log sum) [block_q, block_k]: the softmax from the forward's row
-    statistics (max and log sum apart, exact for fully masked rows)."""
-    return jnp.exp((s - row_max[:, None]) - logsum[:, None])
+    """p = 2^(s - max - log2 sum) [block_q, block_k]: the softmax from the forward's row
+    statistics (base 2, as the scores; max and log sum apart, exact for fully masked
+    rows)."""
+    return jnp.exp2((s - row_max[:, None]) - logsum[:, None])
 
 
 def _score_grad(p, dp, delta, valid):

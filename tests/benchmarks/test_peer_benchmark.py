@@ -94,3 +94,30 @@ def test_round_ratios_pair_the_sides_round_by_round():
     assert harness.round_ratios(peer, ours, 3) == [1.5, 1.5]
     # The ratio of overall medians mixes rounds: 6.0 / 3.0 = 2.0.
     assert harness.round_ratios(peer, ours[:4], 3) == [1.5]  # only complete rounds
+
+
+@pytest.mark.tier("unit")
+def test_the_equal_work_peer_computes_the_stock_peers_loss():
+    """The peer at our work (its LM head and loss at the masked positions only) gives the
+    stock RobertaForMaskedLM's loss on the same batch and weights, without dropout."""
+    pytest.importorskip("torch", reason="torch is optional: pip install -r requirements-bench.txt")
+    pytest.importorskip("transformers",
+                        reason="transformers is optional: pip install -r requirements-bench.txt")
+    import numpy as np
+
+    from benchmarks import harness, roberta_peer
+    from configs.benchmark import peer
+
+    c = harness.objective_config(peer.get_config("layers=1"), "mlm")
+    c.model.d_model, c.model.num_heads, c.model.d_ff = 32, 2, 64
+    c.model.dropout = c.model.attention_dropout = 0.0
+    c.tokenizer.vocab_size, c.data.seq_len = 128, 16
+    tokens = np.random.default_rng(0).integers(5, 128, (4, 16))
+    stock = roberta_peer.PeerBench(c, tokens, "cpu", compiled=False)
+    equal = roberta_peer.PeerBench(c, tokens, "cpu", compiled=False, masked_head=True)
+    assert equal.name == "peer (masked head)"
+    ids, labels = stock.mask()
+    assert 0 < int((labels != -100).sum()) < labels.numel()
+    # The same initial weights (torch.manual_seed(0) in each).
+    a, b = float(stock.loss(ids, labels)), float(equal.loss(ids, labels))
+    assert abs(a - b) <= 1e-5 * abs(a) and a > 1.0

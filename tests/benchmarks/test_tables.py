@@ -313,12 +313,14 @@ def test_the_tokens_per_hour_table_reads_the_gpu_suite_and_step_time_records(tmp
         "objectives": {"mlm": {"ms": 1000.0, "gflop": 100.0}}, "ratios": {}},
         tmp_path, MACHINE)
     records.write("gpu_suite", {"command": "", "targets": {}, "parts": {"throughput": {
-        "tokens_per_step": 16384, "sides": {
+        "tokens_per_step": 16384, "flops_count": "3 x forward", "sides": {
             "maelm / pallas": {"ms": 50.0, "flops": 6e12},
-            "peer": {"ms": 49.0}}}}}, tmp_path, {**MACHINE, "device": "NVIDIA H200"})
+            "peer": {"ms": 49.0, "flops": 5e12, "objective": "peer"}}}}}, tmp_path,
+        {**MACHINE, "device": "NVIDIA H200"})
     rows = [line for line in tables.render("tokens_per_hour", tmp_path).splitlines()
             if line.startswith("| 20")]
-    assert len(rows) == 2  # the peer has no FLOPs count: not a side of ours
+    assert len(rows) == 2  # the peer, credited with MLM's FLOPs, is not a side of ours
     text = "\n".join(rows)
     assert "| maelm / pallas | 50.0 | 1,179.6M | 4.32e+17 |" in text  # 72,000 steps
-    assert "| mlm | 1,000.0 | 14.7M | 3.60e+14 |" in text  # 4 x 256, L 128, batch 32
+    # A record from before the one count (3ML Appendix D's, 2 x forward) rescaled to 3 x:
+    assert "| mlm | 1,000.0 | 14.7M | 5.40e+14 |" in text  # 4 x 256, L 128, batch 32

@@ -42,7 +42,8 @@ def test_plan_memory_compiles_for_a_tpu_slice(tmp_path):
     assert "8 devices on v5e:2x4 x 1 slices (TPU v5 lite)" in out, out
     assert "compute bfloat16" in out  # "auto" as a TPU resolves it
     assert "HBM per device               16.02 GiB" in out
-    assert "remat_policy=auto (dots_attention), 2 sequences per device per micro-batch: fits:" in out
+    assert ("remat_policy=auto (dots_attention), 2 sequences per device per micro-batch: "
+            "fits:") in out
 
 
 @pytest.mark.parametrize("flags, message", [
