@@ -75,8 +75,10 @@ TRACKERS = ("tensorboard", "wandb")
 
 # The masked-LM output layer's dot: float32, or the compute dtype with float32 accumulation.
 OUTPUT_DTYPES = ("float32", "compute")
-# How a bias shared by the batch gets its gradient (models/flash_attention.py).
-BIAS_GRADS = ("batch", "rows")
+# How a bias shared by the batch gets its gradient (models/flash_attention.py): summed
+# inside the dK/dV kernel ("batch"), per row summed by XLA ("rows"), or by a kernel of its
+# own that sums rows in registers ("kernel": no read-modify-write in the dK/dV loop).
+BIAS_GRADS = ("batch", "rows", "kernel")
 # Elements that share one 32-bit hash of the dropout bits.
 HASH_ELEMENTS = (1, 2, 4)
 _TILE = re.compile(r"^(\d+)x(\d+):(\d+):(\d+)$")

@@ -240,6 +240,39 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, val
     jax.lax.fori_loop(0, rows, row, 0)
 
 
+def _dbias_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, max_ref,
+                  logsum_ref, delta_ref, dbias_ref, *, scale, rate, num_heads, key_stride,
+                  elements):
+    """Grid (query block, key block, head, batch group) over R = B / groups rows each: the
+    gradient of a bias shared by the batch (KernelOptions.bias_grad "kernel"), summed over
+    the group's rows in registers and written once, so the dK/dV kernel neither computes
+    it nor reads back and rewrites a tile of memory per row behind a barrier; the price is
+    the two matmuls of P and dP again.
+
+    q and do [R, block_q, D]; k and v [R, block_k, D]; the bias tile [block_q, block_k];
+    valid [R, block_k]; max, logsum, delta [R, block_q]; dbias [block_q, block_k] float32.
+    """
+    rows, block_q, _ = q_ref.shape
+    block_k = k_ref.shape[1]
+    i, j, head, group = (pl.program_id(axis) for axis in range(4))
+    queries = i * block_q + jnp.arange(block_q)
+    bias = bias_ref[...]
+
+    def row(r, total):
+        stream = shard_row_stream(seed_ref, group * rows + r, head, num_heads)
+        valid = None if valid_ref is None else valid_ref[r]
+        p = _probabilities(_scores(q_ref[r], k_ref[r], bias, valid, scale), max_ref[r],
+                           logsum_ref[r])
+        dp = plgpu.dot(do_ref[r], v_ref[r], trans_b=True).astype(jnp.float32)
+        if rate:
+            dp = _dropout(dp, keep(stream, queries, j * block_k, block_k, key_stride, rate,
+                                   elements), rate, elements)
+        return total + _score_grad(p, dp, delta_ref[r], valid)
+
+    dbias_ref[...] = jax.lax.fori_loop(0, rows, row,
+                                       jnp.zeros((block_q, block_k), jnp.float32))
+
+
 def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, valid_ref,
                do_ref, max_ref, logsum_ref, delta_ref, dq_ref, *, scale, rate, num_heads,
                key_stride, elements, block_k):
@@ -355,10 +388,17 @@ def _forward(q, k, v, bias, qpos, kpos, valid, seed, scale, rate, key_stride, nu
 
 def bias_grad_groups(batch: int, bias_batch: int | None, options: KernelOptions) -> int:
     """Programs over the batch in the dkv kernel: one per row, unless a bias shared by the
-    batch has its gradient summed inside ("batch"): then the largest divisor of the batch
-    that is at most options.bias_grad_groups."""
-    if bias_batch is None or bias_batch == batch or options.bias_grad == "rows":
+    batch has its gradient summed inside ("batch"): then `row_groups`."""
+    if (bias_batch is None or bias_batch == batch
+            or options.bias_grad in ("rows", "kernel")):
         return batch
+    return row_groups(batch, options)
+
+
+def row_groups(batch: int, options: KernelOptions) -> int:
+    """The groups of rows a shared bias's gradient is summed in (by the dkv kernel, or by
+    the dbias kernel of "kernel"): the largest divisor of the batch that is at most
+    options.bias_grad_groups; XLA adds the groups' float32 partial sums."""
     return max(g for g in range(1, min(batch, options.bias_grad_groups) + 1)
                if batch % g == 0)
 
@@ -374,7 +414,9 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
                               options)
     R = B // groups
     shared = bias is not None and not on_grid and bias.shape[0] == 1 and B > 1
-    accumulate = shared and R > 1
+    # "kernel": a kernel of its own sums the shared bias's gradient (_dbias below).
+    separate = shared and options.bias_grad == "kernel"
+    accumulate = shared and R > 1 and not separate
     per_row = lambda j, h, g: (g, 0, h, 0)  # noqa: E731
     key_rows = lambda j, h, g: (g, j, h, 0)  # noqa: E731
     stats = pl.BlockSpec((R, None, n), lambda j, h, g: (g, h, 0))
@@ -399,7 +441,7 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
                 pl.BlockSpec((R, n, None, D), per_row), stats, stats, stats]
     out_specs = [pl.BlockSpec((R, bk, None, D), key_rows)] * 2
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    if bias is not None:
+    if bias is not None and not separate:
         if accumulate:  # one float32 column per group, summed over its rows
             out_specs.append(pl.BlockSpec((None, None, n, bk), lambda j, h, g: (g, h, 0, j)))
             out_shape.append(jax.ShapeDtypeStruct((groups, H, n, m), jnp.float32))
@@ -416,7 +458,10 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
     )(*args)
     dk, dv = grads[0], grads[1]
     dbias = None
-    if on_grid:  # dS of every row gathered back to the grid (by_position: no scatter)
+    if separate:
+        dbias = _dbias(args, shapes, scale, rate, key_stride, num_heads, options,
+                       interpret).astype(bias.dtype)
+    elif on_grid:  # dS of every row gathered back to the grid (by_position: no scatter)
         dbias = by_position.grid_gradient(grads[2], qpos, kpos, bias.shape[1]).astype(
             bias.dtype)
     elif bias is not None:
@@ -425,6 +470,33 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
             dbias = dbias.sum(axis=0, keepdims=True)
         dbias = dbias.astype(bias.dtype)
     return dk, dv, dbias
+
+
+def _dbias(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
+    """The gradient [1, H, n, m] of a bias shared by the batch, by _dbias_kernel on the dQ
+    kernel's tile: float32 per group of rows, the groups summed by XLA."""
+    seed, q, k, v, bias, qpos, kpos, valid, d_out, row_max, logsum, delta = args
+    B, n, H, D = shapes
+    m = k.shape[1]
+    tile = options.dq
+    bq, bk = tile.block_q, tile.block_k
+    groups = row_groups(B, options)
+    R = B // groups
+    queries = pl.BlockSpec((R, bq, None, D), lambda i, j, h, g: (g, i, h, 0))
+    keys = pl.BlockSpec((R, bk, None, D), lambda i, j, h, g: (g, j, h, 0))
+    stats = pl.BlockSpec((R, None, bq), lambda i, j, h, g: (g, h, i))
+    in_specs = [pl.BlockSpec((4,), lambda i, j, h, g: (0,)), queries, keys, keys,
+                pl.BlockSpec((None, None, bq, bk), lambda i, j, h, g: (0, h, i, j)),
+                None if valid is None else pl.BlockSpec((R, bk), lambda i, j, h, g: (g, j)),
+                queries, stats, stats, stats]
+    partial = _call(
+        _dbias_kernel, tile, (n // bq, m // bk, H, groups), in_specs,
+        pl.BlockSpec((None, None, bq, bk), lambda i, j, h, g: (g, h, i, j)),
+        jax.ShapeDtypeStruct((groups, H, n, m), jnp.float32), "flash_attention_dbias",
+        interpret, scale=scale, rate=rate, num_heads=num_heads, key_stride=key_stride,
+        elements=options.hash_elements,
+    )(seed, q, k, v, bias, valid, d_out, row_max, logsum, delta)
+    return partial.sum(axis=0, keepdims=True)
 
 
 def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret):

@@ -104,6 +104,9 @@ VARIANTS = {
     "bias_grad rows": fa.KernelOptions(bias_grad="rows"),
     "bias_grad batch, 1 group": fa.KernelOptions(bias_grad="batch", bias_grad_groups=1),
     "bias_grad batch, 2 groups": fa.KernelOptions(bias_grad="batch", bias_grad_groups=2),
+    # Its own kernel, summing 2 rows a program in registers, on other tiles than dK/dV's.
+    "bias_grad kernel, 2 groups": fa.KernelOptions(bias_grad="kernel", bias_grad_groups=2,
+                                                   dq=fa.Tile(16, 32)),
     "2 elements per hash": fa.KernelOptions(hash_elements=2),
     "4 elements per hash, other tiles": fa.KernelOptions(
         forward=fa.Tile(32, 64), dkv=fa.Tile(16, 32, 2, 3), dq=fa.Tile(64, 16, 8, 1),
@@ -143,6 +146,9 @@ def test_bias_gradient_groups():
     assert fa.bias_grad_groups(32, 32, opts) == 32
     assert fa.bias_grad_groups(32, None, opts) == 32
     assert fa.bias_grad_groups(32, 1, fa.KernelOptions(bias_grad="rows")) == 32
+    # "kernel": the dK/dV kernel runs a program per row; the dbias kernel sums groups.
+    kernel = fa.KernelOptions(bias_grad="kernel", bias_grad_groups=4)
+    assert fa.bias_grad_groups(32, 1, kernel) == 32 and fa.row_groups(6, kernel) == 3
 
 
 @pytest.mark.parametrize("elements", fa.HASH_ELEMENTS)
