@@ -103,7 +103,8 @@ ENCODER = Section({
     # The Pallas kernels' tiles ("block_qxblock_k:warps:stages" for the GPU's forward, dK/dV
     # and dQ kernels; "block_qxblock_k" for the TPU's), how a bias shared by the batch gets
     # its gradient ("batch": summed inside the kernel by bias_grad_groups groups of rows;
-    # "rows": per row, summed by XLA) and the dropout elements per 32-bit hash.
+    # "rows": per row, summed by XLA; "kernel": by a kernel of its own, bias_grad_groups
+    # groups of rows summed in registers) and the dropout elements per 32-bit hash.
     **{f"pallas.{name}": (value, _PALLAS_FIELDS[name])
        for name, value in options.KernelOptions().fields().items()},
 })
