@@ -4,6 +4,8 @@ clear one-line error (with the workdir left untouched) for each kind of bad inpu
 import builtins
 import gc
 import json
+import logging
+import os
 import signal
 import socket
 import subprocess
@@ -157,24 +159,61 @@ def test_nonfinite_skip_drops_the_update_and_counts_it(tmp_path, tiny_tokenizer,
     assert np.isfinite(m[6]["loss"])
 
 
-def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, monkeypatch):
+def test_a_resumed_run_counts_on_from_its_checkpoint(tmp_path, tiny_tokenizer, monkeypatch,
+                                                     caplog):
     """The skipped updates and the steps since the last log line before a stop are carried
     by its checkpoint: the resumed run logs what the uninterrupted run logs (here the line
     of step 6 averages steps 4-6, the stop being at step 4). The schedule is WSD with its
-    decay over steps 4-6 (the rate after 3, 4 and 5 updates): the stop is mid-decay."""
+    decay over steps 4-6 (the rate after 3, 4 and 5 updates): the stop is mid-decay.
+
+    The resumed run is also watched with every tool that changes nothing it computes: a
+    profiled window (training/profiler.py), milestones (checkpoint.Keep), the stack dump's
+    file (infra/stacks.py) and metrics.jsonl alone as the record (train.trackers=""); both
+    evaluate at the fixed mask ratio too (train.eval_mask_ratio, 15 %, the run's being 30 %)."""
+    from maelm_jax.training import profiler
+
     _poison_from([1, 2], monkeypatch)
     c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=6, nonfinite="skip", log_every=3,
                          lr_schedule="wsd", decay_fraction=0.5)
+    c.masking.mask_ratio = 0.3
     pretrain_train.train_and_evaluate(c, str(tmp_path / "whole"))
-    preempt_at(monkeypatch, c, tmp_path / "resumed", 4)
-    pretrain_train.train_and_evaluate(c, str(tmp_path / "resumed"))
-    whole, resumed = train_metrics(tmp_path / "whole"), train_metrics(tmp_path / "resumed")
+    watched = c.copy_and_resolve_references()
+    watched.train.update(profile_steps="2,2", keep_checkpoints=1, keep_period=3,
+                         keep_steps=(2,), trackers="")
+    caplog.set_level(logging.INFO)
+    run = tmp_path / "resumed"
+    preempt_at(monkeypatch, watched, run, 4)
+    pretrain_train.train_and_evaluate(watched, str(run))
+    whole, resumed = train_metrics(tmp_path / "whole"), train_metrics(run)
     assert sorted(whole) == sorted(resumed) == [3, 6]
     assert [resumed[s]["skipped_updates"] for s in (3, 6)] == [2, 2]
     for key in ("skipped_updates", "loss", "accuracy", "grad_norm", "learning_rate"):
         assert resumed[6][key] == pytest.approx(whole[6][key], rel=1e-6), key
     peak = c.train.learning_rate
     assert resumed[6]["learning_rate"] == pytest.approx(peak * (1 + 2 / 3 + 1 / 3) / 3)
+
+    [evaluated] = train_metrics(run, "eval").values()
+    assert evaluated == pytest.approx(train_metrics(tmp_path / "whole", "eval")[6], rel=1e-6)
+    assert evaluated["fixed_loss"] != evaluated["loss"]
+    assert evaluated["fixed_perplexity"] == pytest.approx(np.exp(evaluated["fixed_loss"]))
+    # The window: steps 2-3, in both formats, summed in one line.
+    assert list((run / "profile").rglob("*.xplane.pb"))
+    assert profiler.op_seconds(run / "profile")
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("profile of")]
+    assert line.startswith(f"profile of steps 2-3 in {run / 'profile'} (open it with "
+                           f"`tensorboard --logdir {run / 'profile'}`")
+    assert "ms of ops a step; top: " in line
+    # Milestones at step 2 and every 3 steps outlive the rotation that keeps one (step 1's
+    # save and step 4's, which the run resumed from, are rotated out).
+    assert checkpoint.finished_steps(run / "checkpoints") == [2, 3, 6]
+    assert not (run / "tensorboard").exists() and (tmp_path / "whole" / "tensorboard").exists()
+    # This process's stacks on SIGUSR1.
+    stacks_file = run / "stacks" / "process_0.txt"
+    os.kill(os.getpid(), signal.SIGUSR1)
+    deadline = time.monotonic() + 20
+    while "Current thread" not in stacks_file.read_text():
+        assert time.monotonic() < deadline, "no stacks written"
+        time.sleep(0.05)
 
 
 class _Watched:

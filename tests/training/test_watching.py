@@ -1,7 +1,7 @@
 """The tools a long run is watched and shaped with, one at a time: milestone checkpoints
 (training/checkpoint.py: Keep), stack dumps on SIGUSR1 (infra/stacks.py), the profiler's
-window (training/profiler.py). One tiny
-pretraining run with all of them on is tests/pretrain/test_watched_run.py."""
+window (training/profiler.py). A tiny resumed pretraining run with all of them on is
+tests/training/test_reliability.py's test_a_resumed_run_counts_on_from_its_checkpoint."""
 
 import faulthandler
 import os
