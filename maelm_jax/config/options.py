@@ -71,6 +71,25 @@ LR_SCHEDULES = ("linear", "cosine", "wsd", "constant", "inv_sqrt")
 # (config.train.trackers, comma-separated; training/metrics.py: TRACKERS).
 TRACKERS = ("tensorboard", "wandb")
 
+
+def profile_window(spec: str) -> tuple[int, int] | None:
+    """config.train.profile_steps ("START,COUNT"; "" for none) as (start, count)
+    (training/profiler.py); ValueError for anything else."""
+    if not spec.strip():
+        return None
+    start, count = (int(part) for part in spec.split(","))
+    if start < 1 or count < 1:
+        raise ValueError(spec)
+    return start, count
+
+
+def valid_profile_window(spec: Any) -> bool:
+    """Whether `spec` is "" or "START,COUNT" with START >= 1 and COUNT >= 1."""
+    try:
+        return isinstance(spec, str) and (profile_window(spec) or True)
+    except ValueError:
+        return False
+
 # ------------------------------------------------------------------ the Pallas kernel's
 
 # The masked-LM output layer's dot: float32, or the compute dtype with float32 accumulation.

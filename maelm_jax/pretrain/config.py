@@ -25,7 +25,6 @@ from maelm_jax.infra import errors
 from maelm_jax.pretrain import objectives
 from maelm_jax.text import masking
 from maelm_jax.text import tokenizer as tokenizer_lib
-from maelm_jax.training import profiler
 
 # JAX's PRNG implementations for masks and dropout. threefry2x32: JAX's default, the same
 # bits on every backend and sharding, and the most work per random bit (it is computed
@@ -252,7 +251,8 @@ FIELDS: dict[str, schema.Field] = {
     "train.keep_checkpoints": schema.integer(1),
     "train.keep_period": schema.integer(0),
     "train.profile_steps": schema.Field(
-        (str,), 'a window "START,COUNT" of ints >= 1, or empty', profiler.valid_window),
+        (str,), 'a window "START,COUNT" of ints >= 1, or empty',
+        options.valid_profile_window),
     "train.profile_all_processes": schema.boolean(),
     "train.trackers": schema.Field(
         (str,), f"a comma-separated list of {', '.join(options.TRACKERS)} (or empty)",

@@ -21,29 +21,11 @@ from typing import Any
 import jax
 from absl import logging
 
+from maelm_jax.config import options
 from maelm_jax.infra import paths
 from maelm_jax.workdirs import layout
 
 TOP_OPS = 5  # ops named in the summary line
-
-
-def parse_window(spec: str) -> tuple[int, int] | None:
-    """config.train.profile_steps ("START,COUNT"; "" for none) as (start, count)."""
-    if not spec.strip():
-        return None
-    start, count = (int(part) for part in spec.split(","))
-    return start, count
-
-
-def valid_window(spec: Any) -> bool:
-    """Whether `spec` is "" or "START,COUNT" with START >= 1 and COUNT >= 1."""
-    if not isinstance(spec, str):
-        return False
-    try:
-        window = parse_window(spec)
-    except ValueError:
-        return False
-    return window is None or (window[0] >= 1 and window[1] >= 1)
 
 
 def op_seconds(trace_dir: pathlib.Path) -> dict[str, float]:
@@ -108,7 +90,7 @@ class Window:
         """`spec`: train.profile_steps; `first`: the session's first step (it compiles);
         `traced`: whether this process traces (train.profile_all_processes, or process
         0)."""
-        window = parse_window(spec)
+        window = options.profile_window(spec)
         self.start = self.end = None
         self._mirror = self._active = None
         self._last = first

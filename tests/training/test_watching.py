@@ -104,9 +104,10 @@ def test_a_milestone_is_named_by_its_path(tmp_path):
 def test_the_profile_window_opens_after_the_compiling_step():
     """A window from step 1 of a fresh run starts at step 2; a resumed session past the
     window traces nothing; a process that does not trace has no window."""
+    from maelm_jax.config import options
     from maelm_jax.training import profiler
 
-    assert profiler.parse_window("") is None and profiler.parse_window("5,2") == (5, 2)
+    assert options.profile_window("") is None and options.profile_window("5,2") == (5, 2)
     fresh = profiler.Window(paths_of("w"), "1,3", first=1, traced=True)
     assert (fresh.start, fresh.end) == (2, 3)
     assert profiler.Window(paths_of("w"), "10,3", first=1, traced=True).start == 10
