@@ -435,3 +435,29 @@ def test_the_study_refuses_another_modes_workdir_before_writing(tmp_path):
         study_run.run(c, str(run))
     assert (run / "config.json").read_text() == '{"objective": "maelm"}'
     assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
+def test_a_resume_on_other_data_is_refused_unless_allowed(tmp_path, tiny_tokenizer,
+                                                          monkeypatch, caplog):
+    """The same source path with more documents between a stop and a resume: the run
+    recorded the data it trains on (data.json), and its checkpoints do not continue on
+    another block stream and evaluation set unless --allow_config_change says so."""
+    from support import plain_documents, preempt_at
+
+    c = tiny_pretraining(tmp_path, tiny_tokenizer, num_steps=3)
+    run = tmp_path / "run"
+    preempt_at(monkeypatch, c, run, 1)
+    recorded = json.loads((run / "data.json").read_text())
+    assert recorded["sources"]["main"]["train"]["documents"] > 0
+    (tmp_path / "corpus.txt").write_text(plain_documents(260))
+    before = snapshot(run)
+    with pytest.raises(errors.UserError, match=r"holds a run trained on other data \(source "
+                       r"main: \d+ training documents then, \d+ now \(fingerprint \w+ then, "
+                       r"\w+ now\)\); .*--allow_config_change") as refused:
+        pretrain_train.train_and_evaluate(c, str(run))
+    assert "\n" not in str(refused.value)
+    assert snapshot(run) == before  # the other data's blocks are not left in data/
+    with caplog.at_level(logging.WARNING):
+        pretrain_train.train_and_evaluate(c, str(run), allow_config_change=True)
+    assert "continuing" in caplog.text and "on other data" in caplog.text
+    assert json.loads((run / "data.json").read_text())["fingerprint"] != recorded["fingerprint"]

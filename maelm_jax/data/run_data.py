@@ -1,11 +1,13 @@
 """A pretraining run's data, from its config's corpus sources: the sources checked, the
 tokenizer (trained or read), the fingerprints and weights of the sources, and the blocks
 packed in the job (`build_blocks`: a cache in the workdir) or the tokenizer of block
-shards written by mode "prepare" (`shards_tokenizer`)."""
+shards written by mode "prepare" (`shards_tokenizer`); the record of the data a run trains
+on, which its resumption must find again (`check_resumed_data`)."""
 
 from __future__ import annotations
 
 import itertools
+import json
 
 import ml_collections
 from absl import logging
@@ -147,3 +149,58 @@ def build_blocks(
             replaced,
         )
     return data
+
+
+def data_record(data: shards.PreparedData) -> dict:
+    """What a run records of the data it trains on (<workdir>/data.json): the set's
+    fingerprint (sources' content, tokenizer, seq_len, validation fraction) and, to say
+    what changed, each source's documents and tokens per split."""
+    manifest = shards.read_manifest(data.directory)
+    return {"fingerprint": manifest["fingerprint"],
+            "sources": {name: {split: {k: entry[split].get(k) for k in ("documents", "tokens")}
+                               for split in shards.SPLITS}
+                        for name, entry in sorted(manifest["sources"].items())}}
+
+
+def data_changes(recorded: dict, now: dict) -> str:
+    """The difference between two `data_record`s in words."""
+    was, is_ = recorded.get("sources") or {}, now["sources"]
+    said = [f"source {name} {'added' if name not in was else 'removed'}"
+            for name in sorted(set(was) ^ set(is_))]
+    for name in sorted(set(was) & set(is_)):
+        if was[name] != is_[name]:
+            old, new = was[name].get("train") or {}, is_[name]["train"]
+            said.append(f"source {name}: {old.get('documents')} training documents then, "
+                        f"{new['documents']} now")
+    said = said or ["the sources hold as many documents, with other content or tokenizer"]
+    return (f"{'; '.join(said)} (fingerprint {recorded.get('fingerprint')} then, "
+            f"{now['fingerprint']} now)")
+
+
+def check_resumed_data(workdir: paths.Path, record: dict, resumed: bool,
+                       allow_config_change: bool) -> None:
+    """Refuses (one line) to continue a run's checkpoints on data other than the data it
+    recorded: the same source path with more documents would otherwise give another block
+    stream and another evaluation set, silently. With `allow_config_change` it says what
+    changed and goes on."""
+    path = workdir / layout.DATA_RECORD_FILE
+    if not resumed or not path.is_file():
+        return
+    try:
+        recorded = json.loads(paths.read_text(path))
+        fingerprint = recorded["fingerprint"]
+    except (ValueError, KeyError, TypeError):
+        raise layout.WorkdirError(
+            f"{path} is not a data record this version reads; it records the data this "
+            "run trained on: repair it, or use another --workdir") from None
+    if fingerprint == record["fingerprint"]:
+        return
+    changed = data_changes(recorded, record)
+    if not allow_config_change:
+        raise layout.WorkdirError(
+            f"{workdir} holds a run trained on other data ({changed}); its checkpoints "
+            "would continue on other blocks and another evaluation set: give it its data "
+            "again, use another --workdir, or pass --allow_config_change to continue on "
+            "this data anyway")
+    logging.warning("continuing %s on other data than it trained on, as "
+                    "--allow_config_change asks: %s", workdir, changed)

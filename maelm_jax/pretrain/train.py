@@ -8,6 +8,7 @@ the latest checkpoint restored if any -> steps with periodic logs, evals and che
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 
 import jax
@@ -143,12 +144,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     # A budget too small for the run is found after the data is prepared: the workdir is
     # then left as it was found.
     before = workdir_lib.snapshot(workdir)
+    data_before = workdir_lib.snapshot(workdir / layout.DATA_DIR)
     mesh = sharding.make_mesh(config.mesh.shape, dcn_shape=config.mesh.dcn_shape)
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
     if not config.data.prepared:  # else the corpus need not be on this machine at all
         run_data.validate_sources(config)
     tok, data = _tokenizer_and_blocks(config, workdir)
+    data_record = run_data.data_record(data)
+    with distributed.as_one("data of the run"):
+        if distributed.is_leader():
+            try:  # a resumed run must train on the data its checkpoints were trained on
+                run_data.check_resumed_data(
+                    workdir, data_record,
+                    bool(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)),
+                    allow_config_change)
+            except errors.UserError:
+                workdir_lib.restore(workdir / layout.DATA_DIR, data_before)
+                workdir_lib.restore(workdir, before)
+                raise
     logging.info("mesh %s over %d devices in %d processes", dict(mesh.shape), mesh.size,
                  jax.process_count())
 
@@ -197,6 +211,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
     # A plan made now is recorded with the config; a plan read back is there already.
     records = [lambda: time_budget.record(workdir, plan)] if planned_now else []
+    records.append(lambda: paths.write_text(workdir / layout.DATA_RECORD_FILE,
+                                            json.dumps(data_record, indent=2)))
     # Its checkpoints are the run's: it continues from the latest, whatever the decision
     # (a changed config allowed continues too: PRETRAINING.override).
     keep = checkpoint_lib.Keep(t.keep_checkpoints, t.keep_period, tuple(t.keep_steps))

@@ -31,6 +31,7 @@ STATE_ITEM = "state"  # checkpoints/<step>/state: the arrays
 META_ITEM = "meta"  # checkpoints/<step>/meta: the loop's JSON record (a final has none)
 # Pretraining.
 DATA_DIR = "data"  # <fingerprint>/: blocks prepared in the job (unless data.cache_dir)
+DATA_RECORD_FILE = "data.json"  # the data the run trains on: fingerprint, sources (run_data)
 PLAN_FILE = "plan.json"  # a run to a time budget: its planned steps (training/budget.py)
 FILL_MASK_FILE = "fill_mask.md"  # fill-mask examples after the run (train.fill_mask_examples)
 # Every process's stacks on SIGUSR1 (infra/stacks.py): process_<i>.txt; pretraining and
@@ -91,7 +92,8 @@ class Kind:
 KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TENSORBOARD_DIR + "/",
                       CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE, STUDY_TIMES_FILE,
-                      PLAN_FILE, STACKS_DIR + "/", PROFILE_DIR + "/", TRACKERS_DIR + "/")),
+                      PLAN_FILE, STACKS_DIR + "/", PROFILE_DIR + "/", TRACKERS_DIR + "/",
+                      DATA_RECORD_FILE)),
     Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
     Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESULTS_FILE,
                       PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
