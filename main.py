@@ -10,10 +10,12 @@ import dataclasses
 import logging
 import pathlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import ml_collections
 from absl import app, flags
 from absl import logging as absl_logging
@@ -104,6 +106,8 @@ def main(argv):
     try:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
         stacks.on_signal()  # kill -USR1: every thread's stack to stderr (docs/scaling.md)
+        if jax.process_count() == 1:  # else JAX's preemption service owns SIGTERM
+            preemption.raise_on_sigterm()
         with preemption.time_limit(60 * FLAGS.time_limit_minutes):
             _run_mode(FLAGS.config.get("mode", "pretrain"))
     except preemption.TimeLimit as e:  # a checkpoint is saved; the same command continues
@@ -119,12 +123,28 @@ def main(argv):
         if FLAGS.debug:
             raise
         cli.fail(cli.one_line(e))
-    except KeyboardInterrupt:  # Ctrl-C outside a training loop, or a second one inside
-        if FLAGS.debug:
+    except (KeyboardInterrupt, errors.Terminated) as e:
+        # Ctrl-C or SIGTERM outside a training loop, or a second Ctrl-C inside one.
+        _stopped(e)
+    except Exception as e:
+        if errors.interrupted(e) is None or FLAGS.debug:
             raise
-        print("interrupted (Ctrl-C): the work since the last checkpoint is lost; the same "
-              "command starts again or continues from it", file=sys.stderr)
-        sys.exit(INTERRUPTED_STATUS)
+        _stopped(errors.interrupted(e))  # a library that wrapped the interrupt
+
+
+def _stopped(signal: BaseException) -> None:
+    """One line and the status of the signal, whatever library threads are still at work
+    (an orbax save being finalised would print its own traceback on the way out)."""
+    if FLAGS.debug:
+        raise signal
+    threading.excepthook = lambda args: None
+    logging.getLogger().setLevel(logging.CRITICAL)
+    absl_logging.set_verbosity(absl_logging.FATAL)
+    how = "Ctrl-C" if isinstance(signal, KeyboardInterrupt) else "SIGTERM"
+    print(f"{'interrupted' if how == 'Ctrl-C' else 'terminated'} ({how}): the work since "
+          "the last checkpoint is lost; the same command starts again or continues from it",
+          file=sys.stderr)
+    sys.exit(INTERRUPTED_STATUS if how == "Ctrl-C" else PREEMPTED_STATUS)
 
 
 Entry = Callable[[ml_collections.ConfigDict, str, bool], Any]

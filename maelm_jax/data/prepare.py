@@ -52,7 +52,7 @@ from absl import logging
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from maelm_jax.data import packing, run_data, shards, sources
-from maelm_jax.infra import paths
+from maelm_jax.infra import errors, paths
 from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.workdirs import guard as workdir_lib
 from maelm_jax.workdirs import layout
@@ -317,9 +317,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # Removed whole if this run fails (the hold of this preparation aside: workdirs/lock.py).
     fresh = not out.exists() or all(p.name == layout.LOCK_FILE for p in out.iterdir())
     paths.make_dirs(out)
-    tok = run_data.setup_tokenizer(config, out)
-    if not (out / layout.TOKENIZER_FILE).exists():
-        paths.Path(tok.model_path).copy(out / layout.TOKENIZER_FILE)
+    try:  # tokenizer training, interrupted or failed, leaves no directory it made
+        tok = run_data.setup_tokenizer(config, out)
+        if not (out / layout.TOKENIZER_FILE).exists():
+            paths.Path(tok.model_path).copy(out / layout.TOKENIZER_FILE)
+    except BaseException:
+        if fresh:
+            paths.remove(out)
+        raise
     fingerprint = run_data.data_fingerprint(config, tok)
     if (out / layout.MANIFEST_FILE).is_file():
         manifest = shards.read_manifest(out)
@@ -331,7 +336,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             f"{manifest['fingerprint']}); prepare into another directory")
     notes = out / NOTES
     _clean(out)  # an interrupted preparation's
-    paths.make_dirs(notes)
     dtype = packing.token_dtype(tok.vocab_size).str
     items = work_items(config)
     start = time.monotonic()
@@ -340,6 +344,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     level = beam_logs.level
     beam_logs.setLevel(stdlib_logging.CRITICAL)
     try:
+        paths.make_dirs(notes)
         with _workers_output() as workers:
             try:
                 options = pipeline_options(config)
@@ -349,11 +354,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    config, str(out), str(notes), dtype)
             except Exception as e:
                 error = _user_error(e)
-                # One line of ours says it all; anything else keeps the workers' account.
-                workers.keep = not isinstance(error, shards.PreparedDataError)
+                # One line of ours says it all, as does an interrupt (the workers print
+                # theirs of it); anything else keeps the workers' account.
+                workers.keep = not (isinstance(error, shards.PreparedDataError)
+                                    or errors.interrupted(e))
                 raise error from None
-    except Exception:
-        _clean(out)  # no shard of a failed preparation stays
+            except BaseException:  # Ctrl-C or SIGTERM: main.py says it in one line
+                workers.keep = False
+                raise
+    except BaseException:
+        _clean(out)  # no shard of a failed or interrupted preparation stays
         if fresh:
             paths.remove(out)
         raise

@@ -97,7 +97,15 @@ def _records(blocks: np.ndarray) -> np.ndarray:
 
 def write_shard(path: pathlib.Path, blocks: np.ndarray) -> None:
     """One local shard file: a record per block [L] (tokens and their CRC-32), in order."""
-    _records(blocks).tofile(path)
+    with open(path, "wb") as f:
+        _write(f, _records(blocks))
+
+
+def _write(f, records: np.ndarray) -> None:
+    """Writes `records`' bytes through Python's file object, not numpy's `tofile`: a
+    Ctrl-C arriving in tofile's C code comes out of it as a TypeError (exit 1, a
+    traceback), through a write as the KeyboardInterrupt it is."""
+    f.write(records.view(np.uint8).data)
 
 
 class ShardWriter:
@@ -120,7 +128,7 @@ class ShardWriter:
             room = self.per_shard - self.blocks % self.per_shard
             if self.blocks % self.per_shard == 0:
                 self._next_shard()
-            _records(blocks[:room]).tofile(self._open[1])
+            _write(self._open[1], _records(blocks[:room]))
             self.blocks += len(blocks[:room])
             blocks = blocks[room:]
 

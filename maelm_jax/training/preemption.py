@@ -29,6 +29,8 @@ from typing import Any
 
 from absl import logging
 
+from maelm_jax.infra import errors
+
 # The monotonic time at which a time limit ends (None: no limit).
 _deadline: float | None = None
 
@@ -106,6 +108,20 @@ def _in_finaliser(frame) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def raise_on_sigterm() -> None:
+    """Makes SIGTERM raise errors.Terminated in the main thread (main.py, on one process: in a
+    job of several, JAX's preemption service owns SIGTERM). A training loop's StopRequest
+    takes SIGTERM over within the loop, and gives it back after."""
+    signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum, frame):
+    if _in_finaliser(frame):  # as for Ctrl-C: an exception raised there would be dropped
+        threading.Timer(0.05, _thread.interrupt_main, args=(signal.SIGTERM,)).start()
+        return
+    raise errors.Terminated
 
 
 class Preempted(Exception):

@@ -4,9 +4,12 @@ rows), resumes exactly, and reads them from a bucket."""
 
 import gzip
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -375,3 +378,38 @@ def test_prepare_refuses_a_pretraining_runs_workdir(prepared, tmp_path):
     assert run.stderr.strip().splitlines()[-1] == (
         f"error: --workdir {run_dir} holds a pretrain run; prepare into another directory")
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "config.json"]
+
+
+def test_a_second_preparation_is_refused_and_a_ctrl_c_leaves_nothing(prepared, tmp_path):
+    """Through main.py, a preparation with two Beam worker processes: the same command
+    started while it runs is refused in one line naming it (one writer per prepared set),
+    and a Ctrl-C at the terminal (to the whole process group, the workers too) ends it with
+    status 130, one line and no traceback (the workers' held back), and no directory."""
+    root, _, _, _ = prepared
+    out = tmp_path / "out"
+    cmd = [sys.executable, "main.py", "--config=tests/tiny_config.py", "--config.mode=prepare",
+           f"--workdir={out}", "--config.data.sources.main.kind=text",
+           f"--config.data.sources.main.path={root / 'text'}",
+           "--config.prepare.num_workers=2",
+           f"--config.tokenizer.model_path={root / 'shards' / layout.TOKENIZER_FILE}"]
+    first = subprocess.Popen(cmd, cwd=REPO_ROOT, env=subprocess_env(1), text=True,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + HANG_SECONDS
+    while not (out / "notes").exists():  # its Beam pipeline is starting
+        assert first.poll() is None and time.monotonic() < deadline, "finished or hung"
+        time.sleep(0.01)
+    os.killpg(first.pid, signal.SIGSTOP)  # still running, whatever the machine's speed
+    try:
+        second = subprocess.run(cmd, cwd=REPO_ROOT, env=subprocess_env(1), text=True,
+                                capture_output=True, timeout=HANG_SECONDS)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    assert second.returncode == 1, second.stderr[-3000:]
+    assert second.stderr.count("\n") == 1, second.stderr[-3000:]
+    assert f"is in use by process {first.pid} on " in second.stderr
+    os.killpg(first.pid, signal.SIGINT)  # Ctrl-C
+    _, stderr = first.communicate(timeout=HANG_SECONDS)
+    assert first.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("interrupted (Ctrl-C)")
+    assert not out.exists()

@@ -401,6 +401,33 @@ def test_a_first_ctrl_c_asks_for_a_stop_and_a_second_interrupts():
         signal.signal(signal.SIGINT, before)
 
 
+def test_sigterm_outside_a_loop_raises_and_a_wrapped_interrupt_is_recognised():
+    """Outside a training loop SIGTERM raises errors.Terminated in the main thread (the
+    clean-ups of what is being written run, main.py says it in one line, status 143); a
+    loop's StopRequest takes it over and gives it back. An interrupt a library wrapped
+    (numpy's tofile turns one into a TypeError) is still found for main.py."""
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        preemption.raise_on_sigterm()
+        with pytest.raises(errors.Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        with preemption.StopRequest() as stop:
+            signal.raise_signal(signal.SIGTERM)
+            assert stop.received
+        with pytest.raises(errors.Terminated):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise TypeError("a library's own error") from None
+    except TypeError as wrapped:
+        assert isinstance(errors.interrupted(wrapped), KeyboardInterrupt)
+    assert errors.interrupted(ValueError("x")) is None
+
+
 def test_a_ctrl_c_during_garbage_collection_is_not_lost():
     """A SIGINT whose handler Python runs inside a gc callback (as while the built-in
     corpus is parsed: JAX registers one) would be printed and dropped; raise_on_ctrl_c
