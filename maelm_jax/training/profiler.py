@@ -36,7 +36,9 @@ def op_seconds(trace_dir: pathlib.Path) -> dict[str, float]:
     read there: from its "XLA Ops" line where it has one (one event per HLO op), else
     from all of its lines. A CPU has none: its ops are the events of the threads XLA ran
     them on, not of Python's threads (those with Python frames, "$file:line"), without
-    the runtime's C++ functions ("Class::method", "end: ..."). On a CPU a loop's time
+    the runtime's C++ functions and events ("Class::method", "end: ...", "MutexLock": an
+    HLO name starts with a lower-case letter), nor a plugin's "/device:CUSTOM:..."
+    process (libtpu's, on a host without a TPU). On a CPU a loop's time
     (`while`) holds its body's ops too."""
     found = sorted(pathlib.Path(trace_dir).rglob("perfetto_trace.json.gz"))
     if not found:
@@ -49,7 +51,10 @@ def op_seconds(trace_dir: pathlib.Path) -> dict[str, float]:
             processes[e["pid"]] = e.get("args", {}).get("name", "")
         elif e.get("ph") == "M" and e.get("name") == "thread_name":
             threads[(e["pid"], e.get("tid"))] = e.get("args", {}).get("name", "")
-    devices = {pid for pid, name in processes.items() if "/device:" in name}
+    # A GPU's or TPU's process; not a "/device:CUSTOM:..." line a plugin adds (libtpu's
+    # on a host without a TPU), which holds no ops.
+    devices = {pid for pid, name in processes.items()
+               if "/device:" in name and "/device:CUSTOM" not in name}
     if devices:
         ops_lines = {key for key, name in threads.items()
                      if key[0] in devices and name == "XLA Ops"}
@@ -60,11 +65,13 @@ def op_seconds(trace_dir: pathlib.Path) -> dict[str, float]:
     else:
         python = {(e["pid"], e.get("tid")) for e in events
                   if e.get("ph") == "X" and e["name"].startswith("$")}
+        custom = {pid for pid, name in processes.items() if "/device:CUSTOM" in name}
 
         def keep(e):
             name = e["name"]
-            return ((e["pid"], e.get("tid")) not in python
-                    and not name.startswith("end: ") and "::" not in name)
+            return ((e["pid"], e.get("tid")) not in python and e["pid"] not in custom
+                    and name[:1].islower() and not name.startswith("end: ")
+                    and "::" not in name)
     seconds = collections.Counter()
     for e in events:
         if e.get("ph") == "X" and keep(e):

@@ -325,7 +325,8 @@ def test_trace_op_seconds_reads_the_device_ops_line_or_the_cpu_op_threads(tmp_pa
         meta("process_name", 1, "/host:CPU"), meta("thread_name", 1, "python", 10),
         op("$profiler.py:307 trace", 1, 10, 900), op("PjitFunction(step)", 1, 10, 800),
         op("ynn_fusion.1", 1, 11, 300), op("SlinkyThreadPool::Await", 1, 11, 50),
-        op("end: ynn_fusion.1", 1, 11, 5), op("dot.3", 1, 12, 200)])
+        op("end: ynn_fusion.1", 1, 11, 5), op("dot.3", 1, 12, 200), op("MutexLock", 1, 13, 70),
+        meta("process_name", 3, "/device:CUSTOM:Megascale Trace")])
     assert harness.trace_op_seconds(cpu) == pytest.approx({"ynn_fusion.1": 3e-4, "dot.3": 2e-4})
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no perfetto_trace"):
