@@ -8,6 +8,7 @@ its caller. Any config field can be overridden with --config.<field>=<value>.
 import contextlib
 import dataclasses
 import logging
+import os
 import pathlib
 import sys
 import threading
@@ -91,11 +92,22 @@ class _ProjectInfoOnly(logging.Filter):
         )
 
 
+class _NoInterruptTracebacks(logging.Filter):
+    """A library that logs the exception it was interrupted in (orbax's wait for a save's
+    finalize thread, at a second Ctrl-C during the save) would print the interrupt's
+    traceback before main.py's one line about it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.exc_info[1] is not None
+                    and errors.interrupted(record.exc_info[1]))
+
+
 def main(argv):
     del argv  # cli.parse_flags refuses stray arguments
     if FLAGS.keep_host_memory:
         host_memory.keep_freed_memory()  # before JAX's backend starts its threads
     absl_logging.set_verbosity(absl_logging.INFO)
+    absl_logging.get_absl_handler().addFilter(_NoInterruptTracebacks())
     if not FLAGS.library_logs:
         absl_logging.get_absl_handler().addFilter(_ProjectInfoOnly())
     if FLAGS.compilation_cache:
@@ -144,7 +156,13 @@ def _stopped(signal: BaseException) -> None:
     print(f"{'interrupted' if how == 'Ctrl-C' else 'terminated'} ({how}): the work since "
           "the last checkpoint is lost; the same command starts again or continues from it",
           file=sys.stderr)
-    sys.exit(INTERRUPTED_STATUS if how == "Ctrl-C" else PREEMPTED_STATUS)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: the interpreter's teardown while a library's thread is still in C++
+    # (an orbax save being finalised) can abort the process (status -6, "terminate
+    # called") after the line. Everything of ours was closed on the way here; a save cut
+    # short is a temporary directory that is never taken for a checkpoint.
+    os._exit(INTERRUPTED_STATUS if how == "Ctrl-C" else PREEMPTED_STATUS)
 
 
 Entry = Callable[[ml_collections.ConfigDict, str, bool], Any]

@@ -457,7 +457,8 @@ def test_ctrl_c_saves_the_current_step_and_outside_the_loop_is_one_line(tmp_path
                                                                       tiny_tokenizer):
     """main.py at a terminal: Ctrl-C during training saves the step the run is on and exits
     130 with the message a preemption gives; Ctrl-C anywhere else (before the loop, or a
-    second one) is one line and status 130, no traceback."""
+    second one) is one line and status 130, SIGTERM there one line and 143, no
+    traceback."""
     run = tmp_path / "run"
     cmd = [sys.executable, "main.py", "--config=tests/tiny_config.py", f"--workdir={run}",
            f"--config.tokenizer.model_path={tiny_tokenizer.model_path}",
@@ -477,6 +478,16 @@ def test_ctrl_c_saves_the_current_step_and_outside_the_loop_is_one_line(tmp_path
     assert outside.returncode == 130, outside.stderr[-2000:]
     assert outside.stderr.strip().splitlines()[-1].startswith(
         "interrupted (Ctrl-C): the work since the last checkpoint is lost")
+    assert "Traceback" not in outside.stderr
+    # SIGTERM outside the loop (a scheduler's notice while a mode prepares or exports):
+    # one line, status 143, and what was being written cleaned up on the way out.
+    sigterm = script.replace("raise KeyboardInterrupt", "import os, signal, time; "
+                             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)")
+    outside = subprocess.run([sys.executable, "-c", sigterm, *cmd[1:]], cwd=REPO_ROOT,
+                             env=subprocess_env(1), capture_output=True, text=True,
+                             timeout=HANG_SECONDS)
+    assert outside.returncode == 143, outside.stderr[-2000:]
+    assert outside.stderr.strip().splitlines()[-1].startswith("terminated (SIGTERM)")
     assert "Traceback" not in outside.stderr
 
 
