@@ -95,7 +95,7 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
     with sharding.activate(program.mesh, program.rules):
         compile_train, step_seconds = timer.timed(step, repeats)
         start = time.perf_counter()
-        pretrain_evaluation.evaluate(program.eval_step, state[0].params, evals[:1], c.seed)
+        pretrain_evaluation.evaluate_program(program, state[0].params, evals[:1], c.seed)
         compile_eval = time.perf_counter() - start
     # A part again: build, its programs (found in the cache), a step, its evaluation and
     # its checkpoint.
@@ -103,7 +103,7 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
     with sharding.activate(program.mesh, program.rules), tempfile.TemporaryDirectory() as d:
         start = time.perf_counter()
         jax.block_until_ready(step())
-        pretrain_evaluation.evaluate(program.eval_step, state[0].params, evals, c.seed)
+        pretrain_evaluation.evaluate_program(program, state[0].params, evals, c.seed)
         ckpt = checkpoint_lib.Checkpointer(d, 1)
         ckpt.save(1, state[0], {"step": 1})
         ckpt.wait()
