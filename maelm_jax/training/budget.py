@@ -318,7 +318,7 @@ class Replanner:
     def __init__(self, plan: Plan, schedule: tuple[float, ...], start: int, started: float,
                  train: ml_collections.ConfigDict, cap: int, replans: bool,
                  record: Callable[[Plan], None]):
-        """`schedule`: the first plan's (optimizer.learning_rate_at's 5 values); `start`:
+        """`schedule`: the first plan's (optimizer.learning_rate_at's full form); `start`:
         the step the loop resumes after; `started`: the `clock()` the budget counts from;
         `train`: the run's cadence; `cap`: the given train.num_steps; `record(plan)`
         writes plan.json (process 0)."""
