@@ -118,7 +118,8 @@ class WandB:
         directory.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(id=known.get("id"), resume="allow", dir=str(directory),
                               name=known.get("name") or paths.Path(workdir).name,
-                              project=os.environ.get("WANDB_PROJECT", "maelm_jax"),
+                              project=(known.get("project")
+                                       or os.environ.get("WANDB_PROJECT", "maelm_jax")),
                               config=record)
         (directory / WANDB_RUN_FILE).write_text(json.dumps(
             {"id": self.run.id, "name": self.run.name, "project": self.run.project}),
