@@ -151,8 +151,10 @@ def make_train_step(
         grads = jax.tree.map(lambda g: g / count, grads)
         loss = sums["loss_sum"] / count
         learning_rate = optimizer_lib.learning_rate_at(state.step, schedule)
-        params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
-            tx, grads, state.opt_state, state.params, loss, learning_rate=learning_rate)
+        # Named, so that a profile can sum the update's ops (benchmarks/gpu_probe.py).
+        with jax.named_scope("optimizer"):
+            params, opt_state, grad_norm, nonfinite = optimizer_lib.finite_update(
+                tx, grads, state.opt_state, state.params, loss, learning_rate=learning_rate)
         metrics = {
             **objectives.per_token(sums),  # loss, accuracy and any other sum, per token
             "grad_norm": grad_norm,
