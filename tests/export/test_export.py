@@ -8,6 +8,7 @@ Needs PyTorch and transformers (requirements-hf.txt, which .ci/run installs).
 import ast
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -526,10 +527,17 @@ def test_a_failed_write_leaves_the_earlier_export(exports, tmp_path, monkeypatch
         export_run.run(c, str(target))
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
-    # And a good export replaces an earlier one.
+    # And a good export replaces an earlier one, with the modes the umask gives (not those
+    # of the private temporary directory it was written in: the team loads it).
     monkeypatch.undo()
-    export_run.run(c, str(target))
+    umask = os.umask(0o027)
+    try:
+        export_run.run(c, str(target))
+    finally:
+        os.umask(umask)
     assert (target / "model.safetensors").read_bytes() == before["model.safetensors"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o750
+    assert {stat.S_IMODE(p.stat().st_mode) for p in target.iterdir()} == {0o640}
 
 
 GOLDEN_RUN = REPO_ROOT / "tests" / "golden" / "maelm_run_2026_11"
