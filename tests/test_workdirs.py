@@ -154,3 +154,22 @@ def test_a_checkpoint_committed_without_its_metadata_is_not_intact(tmp_path):
         checkpoint.check_digests(paths.Path(step))
     (step / "state" / "manifest.ocdbt").write_bytes(b"")
     checkpoint.check_digests(paths.Path(step))
+
+
+def test_every_mode_but_fill_mask_holds_its_workdir():
+    """main.py holds --workdir (lock.held_by_leader, which refuses a glob-pattern name
+    first) for every mode that writes it: all but fill_mask, which reads a run. Read from
+    main.py's source, as tests/test_docs.py reads MODES (importing main defines flags)."""
+    import ast
+
+    from conftest import REPO_ROOT
+
+    tree = ast.parse((REPO_ROOT / "main.py").read_text())
+    [modes] = [n.value for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)
+               and getattr(n.target, "id", None) == "MODES"]
+    writes = {}
+    for key, call in zip(modes.keys, modes.values, strict=True):
+        flag = [k.value for k in call.keywords if k.arg == "writes_workdir"]
+        writes[key.value] = ast.literal_eval(flag[0]) if flag else True
+    assert {mode for mode, w in writes.items() if not w} == {"fill_mask"}
+    assert {"pretrain", "prepare", "finetune", "rank", "study", "export"} <= set(writes)
