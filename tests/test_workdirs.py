@@ -173,3 +173,23 @@ def test_every_mode_but_fill_mask_holds_its_workdir():
         writes[key.value] = ast.literal_eval(flag[0]) if flag else True
     assert {mode for mode, w in writes.items() if not w} == {"fill_mask"}
     assert {"pretrain", "prepare", "finetune", "rank", "study", "export"} <= set(writes)
+
+
+def test_a_lease_whose_holder_ended_on_this_machine_is_taken_over_at_once(bucket):
+    """A run in a bucket killed and started again on its machine: no wait for the lease
+    to expire (a holder on another machine must be waited for, or its lease removed)."""
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    record = {"host": socket.gethostname(), "pid": int(ended.stdout), "since": time.time(),
+              "heartbeat": time.time(), "token": "killed"}
+    (bucket / "run").mkdir()
+    (bucket / "run" / layout.LOCK_FILE).write_text(json.dumps(record))
+    with lock.held(paths.Path("gs://bucket/run")):
+        pass
+    (bucket / "run" / layout.LOCK_FILE).write_text(json.dumps({**record, "host": "other"}))
+    with pytest.raises(lock.WorkdirBusy, match="in use by process"):
+        with lock.held(paths.Path("gs://bucket/run")):
+            pass

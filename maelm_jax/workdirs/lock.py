@@ -16,10 +16,11 @@ releases by itself:
 * in a bucket, which has no locks, a lease: the object workdir/.lock records the holder
   and a heartbeat its thread renews every `HEARTBEAT_S`; a lease whose heartbeat is older
   than `LEASE_S` is stale (its holder died or lost its machine) and the next start takes
-  it over. The refusal says when a live-looking lease expires, and that removing the
-  object takes it over at once. The bucket cannot make "read, then write" atomic for us,
-  so a start writes its lease and reads it back after `SETTLE_S`: of two starts at the
-  same instant, the one whose lease was overwritten gives way.
+  it over, as it does at once a lease whose holder ran on its own machine and has
+  ended. The refusal says when a live-looking lease expires, and that removing the object
+  takes it over at once. The bucket cannot make "read, then write" atomic for us, so a
+  start writes its lease and reads it back after `SETTLE_S`: of two starts at the same
+  instant, the one whose lease was overwritten gives way.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ from maelm_jax.workdirs import guard, layout
 LOCK_FILE = layout.LOCK_FILE
 # A bucket's lease: renewed every HEARTBEAT_S, stale once its heartbeat is LEASE_S old
 # (several heartbeats, so a slow request does not lose it), and read back after SETTLE_S.
-HEARTBEAT_S = 30.0
-LEASE_S = 180.0
+HEARTBEAT_S = 20.0
+LEASE_S = 90.0
 SETTLE_S = 2.0
 
 
@@ -193,10 +194,11 @@ def _lease(workdir: paths.Path) -> Iterator[None]:
     path = workdir / LOCK_FILE
     current = _read_lease(path)
     if path.exists():
-        if current is not None and _fresh(current):
+        if current is not None and _fresh(current) and not _ended_here(current):
             raise _busy(path, current)
-        logging.warning("%s: taking over the hold of %s, whose lease expired (no heartbeat "
-                        "for %.0f s or more)", workdir, describe(current), LEASE_S)
+        logging.warning("%s: taking over the hold of %s, which ended without releasing it "
+                        "(it ran on this machine) or whose lease expired (no heartbeat for "
+                        "%.0f s)", workdir, describe(current), LEASE_S)
     mine = _holder()
     paths.write_atomically(path, json.dumps(mine))
     time.sleep(SETTLE_S)
@@ -215,6 +217,20 @@ def _lease(workdir: paths.Path) -> Iterator[None]:
         with contextlib.suppress(Exception):  # a bucket's own error types
             if (_read_lease(path) or {}).get("token") == mine["token"]:
                 path.unlink()
+
+
+def _ended_here(record: dict) -> bool:
+    """Whether the lease's holder ran on this machine and has ended (killed, say): the
+    same command run again there need not wait for the lease to expire."""
+    try:
+        if record["host"] != socket.gethostname():
+            return False
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        return False
+    return False
 
 
 def _fresh(record: dict) -> bool:
