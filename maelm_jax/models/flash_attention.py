@@ -28,12 +28,19 @@ explicitly by compiler params (a `pallas_call` without them goes to Mosaic GPU o
   dS = P * (dropout'(dO V^T) - rowsum(dO * O)), zero at masked keys; the bias gradient
   is dS itself.
 
-The bias is [1 or B, heads, n, m]. Its gradient (KernelOptions.bias_grad): a per-example
-bias gets dS per row in the bias's own dtype; a bias shared by the batch ([1, ...], the
-relative position bias of a full-length encoder) either has dS summed over the batch
+The bias is [1 or B, heads, n, m], or a by_position.GridBias: a per-example bias read
+by position from its grid [heads, P, P] (MAE-LM's relative bias at each row's kept
+positions), or where the grid is relative from its row of diagonals [heads, W] by
+distance (a few KB a head). Its gradient (KernelOptions.bias_grad): a dense per-example
+bias gets dS per row in the bias's own dtype; a GridBias's grid gets its gradient from a
+kernel of its own over the grid's tiles (_grid_dbias_kernel: each row's queries and keys
+at the tile's positions gathered, P and dP formed again, summed over the batch in
+registers), so no per-example dS is ever in memory; a bias shared by the batch ([1, ...],
+the relative position bias of a full-length encoder) either has dS summed over the batch
 inside the dkv kernel ("batch": each program loops over a group of rows and accumulates
 its [n, block_k] column; `bias_grad_groups` groups, summed by XLA, deterministic, no
-atomics) or written per row in float32 and summed by XLA ("rows", the [B, heads, n, m]
+atomics), by a kernel of its own in registers ("kernel": no read-modify-write in the dkv
+loop), or written per row in float32 and summed by XLA ("rows", the [B, heads, n, m]
 round trip, kept to measure against).
 
 Dropout bits (KernelOptions.hash_elements): models/dropout_hash.py, shared with the TPU
@@ -71,6 +78,7 @@ from maelm_jax.models import by_position, flash_attention_tpu
 from maelm_jax.models.dropout_hash import (  # noqa: F401 (re-exported: the kernel's bits)
     dropped_fraction,
     keep,
+    keep_elements,
     keep_mask,
     row_stream,
     shard_row_stream,
@@ -116,17 +124,22 @@ def _dropout(x, kept, rate, elements):
     return jnp.where(kept, x * (1.0 / (1.0 - dropped_fraction(rate, elements))), 0.0)
 
 
-def _grid_tile(grid_ref, q_positions, k_positions):
-    """A bias tile [block_q, block_k] read from the grid [P, P] at the tile's positions."""
-    return grid_ref[q_positions[:, None], k_positions[None, :]]
+def _position_tile(table_ref, q_positions, k_positions, reach: int):
+    """A per-example bias tile [block_q, block_k] read at the tile's positions: from a
+    relative grid's row of diagonals [W] by distance (`reach` > 0: a few KB a head, which
+    stays in L1), else from the grid [P, P] itself."""
+    if reach:
+        distance = k_positions[None, :] - q_positions[:, None]
+        return table_ref[jnp.clip(distance, -reach, reach) + reach]
+    return table_ref[q_positions[:, None], k_positions[None, :]]
 
 
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, valid_ref,
                     o_ref, max_ref, logsum_ref, *, scale, rate, num_heads, key_stride,
-                    elements, block_k):
+                    elements, block_k, reach):
     """Grid (query block, batch, head). q [block_q, D], k and v [m, D], valid [m]; the bias
-    [block_q, m], or the grid [P, P] with qpos [block_q] and kpos [m]; o [block_q, D], max
-    and logsum [block_q]."""
+    [block_q, m], or its grid [P, P] (its row of diagonals [W] where `reach`) with qpos
+    [block_q] and kpos [m]; o [block_q, D], max and logsum [block_q]."""
     block_q, head_dim = q_ref.shape
     num_keys = k_ref.shape[0]
     stream = shard_row_stream(seed_ref, pl.program_id(1), pl.program_id(2), num_heads)
@@ -138,7 +151,7 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref,
         acc, row_max, row_sum = carry
         keys = pl.ds(j * block_k, block_k)
         bias = (None if bias_ref is None else bias_ref[:, keys] if qpos_ref is None
-                else _grid_tile(bias_ref, q_positions, kpos_ref[keys]))
+                else _position_tile(bias_ref, q_positions, kpos_ref[keys], reach))
         s = _scores(q, k_ref[keys, :], bias, None if valid_ref is None else valid_ref[keys],
                     scale)
         new_max = jnp.maximum(row_max, s.max(axis=1))
@@ -177,14 +190,15 @@ def _score_grad(p, dp, delta, valid):
 def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, valid_ref,
                 do_ref, max_ref, logsum_ref, delta_ref, dk_ref, dv_ref, *dbias_refs, scale,
                 rate, num_heads, key_stride, elements, block_q, shared_bias, accumulate,
-                barrier):
+                barrier, reach):
     """Grid (key block, head, batch group) over R = B / groups rows each.
 
     q and do [R, n, D]; k, v, dk, dv [R, block_k, D]; valid [R, block_k]; max, logsum,
     delta [R, n]; bias [R, n, block_k], or [n, block_k] when shared by the batch, or the
-    grid [P, P] with qpos [R, n] and kpos [R, block_k]; dbias (dbias_refs: its one output
-    when there is a bias): [n, block_k] accumulated over the R rows when `accumulate`,
-    else [R, n, block_k] per row.
+    grid [P, P] (its row of diagonals [W] where `reach`) with qpos [R, n] and kpos
+    [R, block_k]; dbias (dbias_refs: its one output for a dense bias whose gradient this
+    kernel forms): [n, block_k] accumulated over the R rows when `accumulate`, else
+    [R, n, block_k] per row.
     """
     dbias_ref = dbias_refs[0] if dbias_refs else None
     rows, block_k, head_dim = k_ref.shape
@@ -202,7 +216,7 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, val
             q, do = q_ref[r, queries, :], do_ref[r, queries, :]
             bias = None
             if qpos_ref is not None:
-                bias = _grid_tile(bias_ref, qpos_ref[r, queries], kpos_ref[r])
+                bias = _position_tile(bias_ref, qpos_ref[r, queries], kpos_ref[r], reach)
             elif bias_ref is not None:
                 bias = bias_ref[queries, :] if shared_bias else bias_ref[r, queries, :]
             p = _probabilities(_scores(q, k, bias, valid, scale), max_ref[r, queries],
@@ -273,9 +287,51 @@ def _dbias_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, valid_ref, do_ref, ma
                                        jnp.zeros((block_q, block_k), jnp.float32))
 
 
+def _grid_dbias_kernel(seed_ref, q_ref, k_ref, v_ref, grid_ref, qrow_ref, krow_ref,
+                       valid_ref, do_ref, max_ref, logsum_ref, delta_ref, dgrid_ref, *, scale,
+                       rate, num_heads, key_stride, elements):
+    """Grid (query position block, key position block, head): the gradient of a per-example
+    bias read from its grid by position (MAE-LM's relative bias at each row's kept
+    positions), summed over the batch in registers and written once per tile of the grid,
+    so that no per-example dS [B, heads, n, m] is ever in memory. Each row's queries and
+    keys at the tile's positions are gathered (qrow, krow: the row's query and key at
+    each position, -1 where it has none) and P and dP formed again from them.
+
+    q and do [B, n, D]; k and v [B, m, D]; the grid tile [block_p, block_r]; qrow
+    [B, block_p]; krow [B, block_r]; valid [B, m]; max, logsum, delta [B, n]; dgrid
+    [block_p, block_r] float32.
+    """
+    rows, _, head_dim = q_ref.shape
+    head = pl.program_id(2)
+    bias = grid_ref[...]
+    dims = jnp.arange(head_dim)[None, :]
+
+    def row(r, total):
+        stream = shard_row_stream(seed_ref, r, head, num_heads)
+        qi, ki = qrow_ref[r], krow_ref[r]
+        here = (qi >= 0)[:, None] & (ki >= 0)[None, :]
+        qi, ki = jnp.maximum(qi, 0), jnp.maximum(ki, 0)
+        if valid_ref is not None:
+            here = here & (valid_ref[r, ki] != 0)[None, :]
+        valid = here.astype(jnp.int32)
+        q, d_out = q_ref[r, qi[:, None], dims], do_ref[r, qi[:, None], dims]
+        k, v = k_ref[r, ki[:, None], dims], v_ref[r, ki[:, None], dims]
+        s = _scores(q, k, bias, None, scale)
+        s = jnp.where(valid != 0, s, MASKED)
+        p = _probabilities(s, max_ref[r, qi], logsum_ref[r, qi])
+        dp = plgpu.dot(d_out, v, trans_b=True).astype(jnp.float32)
+        if rate:
+            kept = keep_elements(stream, qi[:, None], ki[None, :], key_stride, rate, elements)
+            dp = _dropout(dp, kept, rate, elements)
+        ds = p * (dp - delta_ref[r, qi][:, None])
+        return total + jnp.where(valid != 0, ds, 0.0)
+
+    dgrid_ref[...] = jax.lax.fori_loop(0, rows, row, jnp.zeros(bias.shape, jnp.float32))
+
+
 def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, valid_ref,
                do_ref, max_ref, logsum_ref, delta_ref, dq_ref, *, scale, rate, num_heads,
-               key_stride, elements, block_k):
+               key_stride, elements, block_k, reach):
     """Grid (query block, batch, head). q, do, dq [block_q, D]; k, v [m, D]; bias
     [block_q, m], or the grid [P, P] with qpos [block_q] and kpos [m]; valid [m]; max,
     logsum, delta [block_q]."""
@@ -292,7 +348,7 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, bias_ref, qpos_ref, kpos_ref, vali
         k, v = k_ref[keys, :], v_ref[keys, :]
         valid = None if valid_ref is None else valid_ref[keys]
         bias = (None if bias_ref is None else bias_ref[:, keys] if qpos_ref is None
-                else _grid_tile(bias_ref, q_positions, kpos_ref[keys]))
+                else _position_tile(bias_ref, q_positions, kpos_ref[keys], reach))
         s = _scores(q, k, bias, valid, scale)
         p = _probabilities(s, row_max, logsum)
         dp = plgpu.dot(do, v, trans_b=True).astype(jnp.float32)
@@ -338,19 +394,40 @@ def _by_platform(kind: str, interpret: bool | None, static: tuple, *args):
         default=branch(functools.partial(gpu, False)))
 
 
-def _parts(bias):
-    """(the dense bias or the grid, query positions, key positions) of a call's bias."""
-    if isinstance(bias, by_position.GridBias):
-        return bias.grid, bias.q_pos, bias.k_pos
-    return bias, None, None
+def _parts(bias) -> tuple:
+    """(what the kernels read the bias from, query positions, key positions, reach) of a
+    call's bias: a dense bias as it is; a GridBias's grid [H, P, P], or where it is
+    relative its row of diagonals [H, W] (`_diagonals`) with its reach."""
+    if not isinstance(bias, by_position.GridBias):
+        return bias, None, None, 0
+    reach = min(bias.reach, bias.grid.shape[1] - 1)
+    if reach:
+        return _diagonals(bias.grid, reach), bias.q_pos, bias.k_pos, reach
+    return bias.grid, bias.q_pos, bias.k_pos, 0
+
+
+def _diagonals(grid: jax.Array, reach: int) -> jax.Array:
+    """A relative grid [H, P, P] (a function of r - p, constant beyond +-reach) as its
+    diagonals -reach .. reach: [H, W] float32, diagonal d at d + reach, W the next power of
+    two (Triton's blocks; the rest repeats the last diagonal, never read)."""
+    above = grid[:, 0, :reach + 1]  # distances 0 .. reach: row 0
+    below = grid[:, reach:0:-1, 0]  # distances -reach .. -1: column 0
+    row = jnp.concatenate([below, above], axis=1).astype(jnp.float32)
+    width = 1 << (2 * reach).bit_length()
+    return jnp.pad(row, ((0, 0), (0, width - row.shape[1])), mode="edge")
+
+
+def _table_spec(table, index_map) -> pl.BlockSpec:
+    """A head's grid [P, P] or row of diagonals [W], whole, at `index_map`'s head."""
+    return pl.BlockSpec((None, *table.shape[1:]),
+                        lambda *ids: (index_map(*ids), *(0,) * (table.ndim - 1)))
 
 
 def _query_bias_specs(bias, qpos, bq: int, m: int) -> list:
-    """The forward's and dQ's BlockSpecs of the bias (or grid) and the positions, over the
-    grid (query block, batch, head)."""
+    """The forward's and dQ's BlockSpecs of the bias (or its grid or row of diagonals) and
+    the positions, over the grid (query block, batch, head)."""
     if qpos is not None:
-        P = bias.shape[1]
-        return [pl.BlockSpec((None, P, P), lambda i, b, h: (h, 0, 0)),
+        return [_table_spec(bias, lambda i, b, h: h),
                 pl.BlockSpec((None, bq), lambda i, b, h: (b, i)),
                 pl.BlockSpec((None, m), lambda i, b, h: (b, 0))]
     if bias is None:
@@ -360,8 +437,8 @@ def _query_bias_specs(bias, qpos, bq: int, m: int) -> list:
             None, None]
 
 
-def _forward(q, k, v, bias, qpos, kpos, valid, seed, scale, rate, key_stride, num_heads,
-             options, interpret):
+def _forward(q, k, v, bias, qpos, kpos, reach, valid, seed, scale, rate, key_stride,
+             num_heads, options, interpret):
     B, n, H, D = q.shape
     m = k.shape[1]
     tile = options.forward
@@ -383,6 +460,7 @@ def _forward(q, k, v, bias, qpos, kpos, valid, seed, scale, rate, key_stride, nu
          jax.ShapeDtypeStruct((B, H, n), jnp.float32)],
         "flash_attention_forward", interpret, scale=scale, rate=rate, num_heads=num_heads,
         key_stride=key_stride, elements=options.hash_elements, block_k=tile.block_k,
+        reach=reach,
     )(seed, q, k, v, bias, qpos, kpos, valid)
 
 
@@ -403,7 +481,9 @@ def row_groups(batch: int, options: KernelOptions) -> int:
                if batch % g == 0)
 
 
-def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
+def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret, reach):
+    """dK, dV and a dense bias's gradient (None for a bias read by position: `_grid_dbias`
+    forms its grid's)."""
     seed, q, k, v, bias, qpos, kpos, valid, d_out, row_max, logsum, delta = args
     B, n, H, D = shapes
     m = k.shape[1]
@@ -424,8 +504,7 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
     if bias is None:
         bias_spec = None
     elif on_grid:
-        P = bias.shape[1]
-        bias_spec = pl.BlockSpec((None, P, P), lambda j, h, g: (h, 0, 0))
+        bias_spec = _table_spec(bias, lambda j, h, g: h)
         position_specs = [pl.BlockSpec((R, n), lambda j, h, g: (g, 0)),
                           pl.BlockSpec((R, bk), lambda j, h, g: (g, j))]
     elif shared:
@@ -441,30 +520,26 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
                 pl.BlockSpec((R, n, None, D), per_row), stats, stats, stats]
     out_specs = [pl.BlockSpec((R, bk, None, D), key_rows)] * 2
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-    if bias is not None and not separate:
+    if bias is not None and not separate and not on_grid:
         if accumulate:  # one float32 column per group, summed over its rows
             out_specs.append(pl.BlockSpec((None, None, n, bk), lambda j, h, g: (g, h, 0, j)))
             out_shape.append(jax.ShapeDtypeStruct((groups, H, n, m), jnp.float32))
-        else:  # per row: in the bias's dtype for a per-example bias (the compute dtype for
-            # one read from a grid), else float32 to sum
+        else:  # per row: in the bias's dtype for a per-example bias, else float32 to sum
             out_specs.append(pl.BlockSpec((R, None, n, bk), lambda j, h, g: (g, h, 0, j)))
             out_shape.append(jax.ShapeDtypeStruct(
-                (B, H, n, m), jnp.float32 if shared else q.dtype if on_grid else bias.dtype))
+                (B, H, n, m), jnp.float32 if shared else bias.dtype))
     grads = _call(
         _dkv_kernel, tile, (m // bk, H, groups), in_specs, out_specs, out_shape,
         "flash_attention_dkv", interpret, scale=scale, rate=rate, num_heads=num_heads,
         key_stride=key_stride, elements=options.hash_elements, block_q=tile.block_q,
-        shared_bias=shared, accumulate=accumulate, barrier=True,
+        shared_bias=shared, accumulate=accumulate, barrier=True, reach=reach,
     )(*args)
     dk, dv = grads[0], grads[1]
     dbias = None
     if separate:
         dbias = _dbias(args, shapes, scale, rate, key_stride, num_heads, options,
                        interpret).astype(bias.dtype)
-    elif on_grid:  # dS of every row gathered back to the grid (by_position: no scatter)
-        dbias = by_position.grid_gradient(grads[2], qpos, kpos, bias.shape[1]).astype(
-            bias.dtype)
-    elif bias is not None:
+    elif bias is not None and not on_grid:
         dbias = grads[2]
         if dbias.shape[0] != bias.shape[0]:
             dbias = dbias.sum(axis=0, keepdims=True)
@@ -472,7 +547,7 @@ def _dkv(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
     return dk, dv, dbias
 
 
-def _dbias(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
+def _dbias(args, shapes, scale, rate, key_stride, num_heads, options, interpret, reach=0):
     """The gradient [1, H, n, m] of a bias shared by the batch, by _dbias_kernel on the dQ
     kernel's tile: float32 per group of rows, the groups summed by XLA."""
     seed, q, k, v, bias, qpos, kpos, valid, d_out, row_max, logsum, delta = args
@@ -499,7 +574,48 @@ def _dbias(args, shapes, scale, rate, key_stride, num_heads, options, interpret)
     return partial.sum(axis=0, keepdims=True)
 
 
-def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
+def _position_rows(positions: jax.Array, size: int) -> jax.Array:
+    """[B, size] int32: each row's index at each position of `positions` [B, n] (its first
+    occurrence: padding repeats position 0 after a real 0), -1 where the row has none."""
+    B, n = positions.shape
+    first = jnp.full((B, size), n, jnp.int32).at[
+        jnp.arange(B)[:, None], positions].min(jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32),
+                                                               (B, n)))
+    return jnp.where(first == n, -1, first)
+
+
+def _grid_dbias(bias: by_position.GridBias, args, shapes, scale, rate, key_stride, num_heads,
+                options, interpret):
+    """A GridBias's grid's gradient [H, P, P] by _grid_dbias_kernel on the dQ kernel's tile
+    (the grid padded to it), with no per-example dS in memory."""
+    seed, q, k, v, _, qpos, kpos, valid, d_out, row_max, logsum, delta = args
+    B, n, H, D = shapes
+    m = k.shape[1]
+    grid = bias.grid
+    P = grid.shape[1]
+    bp, br = options.dq.block_q, options.dq.block_k
+    Pq, Pr = -(-P // bp) * bp, -(-P // br) * br
+    table = jnp.pad(grid, ((0, 0), (0, Pq - P), (0, Pr - P)))
+    qrow, krow = _position_rows(qpos, Pq), _position_rows(kpos, Pr)
+    rows = lambda size: pl.BlockSpec((B, size, None, D), lambda i, j, h: (0, 0, h, 0))  # noqa: E731
+    stats = pl.BlockSpec((B, None, n), lambda i, j, h: (0, h, 0))
+    in_specs = [pl.BlockSpec((4,), lambda i, j, h: (0,)), rows(n), rows(m), rows(m),
+                pl.BlockSpec((None, bp, br), lambda i, j, h: (h, i, j)),
+                pl.BlockSpec((B, bp), lambda i, j, h: (0, i)),
+                pl.BlockSpec((B, br), lambda i, j, h: (0, j)),
+                None if valid is None else pl.BlockSpec((B, m), lambda i, j, h: (0, 0)),
+                rows(n), stats, stats, stats]
+    d_grid = _call(
+        _grid_dbias_kernel, options.dq, (Pq // bp, Pr // br, H), in_specs,
+        pl.BlockSpec((None, bp, br), lambda i, j, h: (h, i, j)),
+        jax.ShapeDtypeStruct((H, Pq, Pr), jnp.float32), "flash_attention_grid_dbias",
+        interpret, scale=scale, rate=rate, num_heads=num_heads, key_stride=key_stride,
+        elements=options.hash_elements,
+    )(seed, q, k, v, table, qrow, krow, valid, d_out, row_max, logsum, delta)
+    return d_grid[:, :P, :P].astype(grid.dtype)
+
+
+def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret, reach):
     seed, q, k, v, bias, qpos, kpos, valid, d_out, row_max, logsum, delta = args
     B, n, H, D = shapes
     m = k.shape[1]
@@ -517,7 +633,7 @@ def _dq(args, shapes, scale, rate, key_stride, num_heads, options, interpret):
         _dq_kernel, tile, (n // bq, B, H), in_specs, query_rows,
         jax.ShapeDtypeStruct(q.shape, q.dtype), "flash_attention_dq", interpret, scale=scale,
         rate=rate, num_heads=num_heads, key_stride=key_stride, elements=options.hash_elements,
-        block_k=tile.block_k,
+        block_k=tile.block_k, reach=reach,
     )(*args)
 
 
@@ -533,9 +649,12 @@ def _gpu_backward(interpret, q, k, v, bias, valid, seed, out, row_max, logsum, d
     """-> dq, dk, dv and the bias's gradient (the grid's for a GridBias) or None."""
     # rowsum(dO * O) = rowsum(dP~ * P~): the softmax's backward term, [B, H, n].
     delta = jnp.einsum("bnhd,bnhd->bhn", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    args = (seed, q, k, v, *_parts(bias), valid, d_out, row_max, logsum, delta)
-    static = (q.shape, scale, rate, key_stride, num_heads, options, interpret)
+    table, qpos, kpos, reach = _parts(bias)
+    args = (seed, q, k, v, table, qpos, kpos, valid, d_out, row_max, logsum, delta)
+    static = (q.shape, scale, rate, key_stride, num_heads, options, interpret, reach)
     dk, dv, dbias = _dkv(args, *static)
+    if isinstance(bias, by_position.GridBias):
+        dbias = _grid_dbias(bias, args, *static[:-1])
     return _dq(args, *static), dk, dv, dbias
 
 

@@ -97,15 +97,20 @@ def maelm_ops():
 
 
 def test_the_per_example_bias_costs_what_a_bias_costs(maelm_ops):
-    """The bias [B, heads, n, n] (32 x 4 x 112 x 112 at n_enc 109 padded to 112) is never
-    an operand of the kernels, which read their tiles from the grid [heads, P, P] by
-    position; no float32 tensor of its size anywhere; its gradient (the kernels' dS, in
-    bfloat16) gathered back to the grid without scatters (deterministic)."""
+    """The bias [B, heads, n, n] (32 x 4 x 112 x 112 at n_enc 109 padded to 112) and its
+    gradient never exist: the kernels read their tiles from the relative grid's row of
+    diagonals by distance, and the grid's gradient [heads, P, P] is summed over the batch
+    inside its own kernel (no per-example dS in memory, no scatter-add: deterministic)."""
     bias = 32 * 4 * 112 * 112
     kernels = [op for op in maelm_ops if op.kind.startswith("custom_call")]
-    assert kernels and not [op for op in kernels for t in op.operands
+    assert kernels and not [op for op in kernels for t in op.operands + op.results
                             if math.prod(t.shape) >= bias]
-    assert any((4, 128, 128) == t.shape for op in kernels for t in op.operands)  # the grid
+    assert not [t for op in maelm_ops for t in op.operands + op.results
+                if t.shape == (32, 4, 112, 112)]
+    grid_dbias = [op for op in kernels if op.kind.endswith("flash_attention_grid_dbias")]
+    assert len(grid_dbias) == 2  # one a layer
+    assert {tuple(t.shape) for op in grid_dbias for t in op.results} == {(4, 128, 128)}
+    assert any(t.shape == (4, 256) for op in kernels for t in op.operands)  # the diagonals
     assert program_cost.largest_f32(maelm_ops, rank=4) < bias
     targets = {op.operands[0].shape for op in maelm_ops if op.kind == "scatter"}
     # Into the bias, the position grid [heads, P, P] or the bucket table [buckets, heads]:
@@ -154,7 +159,13 @@ def test_bert_base_backward_keeps_under_300_mb_a_layer(objective):
     assert c.model.attention_impl == "pallas" and c.model.remat_policy == "auto"
     encoder = program_cost.backward_residuals(c)[0]
     assert encoder["layers"] == 12 and 200e6 < encoder["bytes_per_layer"] <= 300e6
-    calls = program_cost.kernel_calls(program_cost.parse(
-        program_cost.export_train_step(c, "cuda")))
+    ops = program_cost.parse(program_cost.export_train_step(c, "cuda"))
+    calls = program_cost.kernel_calls(ops)
     layers = 12 + (c.model.decoder.num_layers if objective == "maelm" else 0)
     assert calls["flash_attention_forward"] == calls["flash_attention_dq"] == layers
+    if objective == "maelm":  # the per-example bias: no [B, H, n, m] tensor; its gradient
+        # 12.6 MB a layer (the float32 grid [12, 512, 512]), once per encoder layer
+        assert not [t for op in ops for t in op.operands + op.results
+                    if t.shape[:2] == (32, 12) and len(t.shape) == 4 and t.shape[2] >= 435]
+        [grid_dbias] = [op for op in ops if op.kind.endswith("flash_attention_grid_dbias")]
+        assert grid_dbias.times == 12 and grid_dbias.results[0].bytes <= 0.1e9 / 4

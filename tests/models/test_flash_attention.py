@@ -336,3 +336,38 @@ def test_a_bias_read_from_its_grid_by_position_is_the_dense_one(rate):
     for name, g, e in zip(("q", "k", "v", "grid"), got, want, strict=True):
         np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
     assert float(jnp.abs(got[3]).max()) > 0
+
+
+def test_a_relative_bias_read_by_distance_and_its_grid_gradient():
+    """A relative grid (a function of r - p, constant beyond a reach of 20) read from its
+    row of diagonals by distance in the kernels, with dropout: the outputs and gradients of
+    the same bias given whole; the grid's gradient is summed over the batch by its own
+    kernel (the CUDA export's tensors: tests/benchmarks/test_program_cost.py)."""
+    from maelm_jax.models import by_position
+
+    q, k, v, _ = _inputs(B=2, n=70, m=90)
+    P, reach = 128, 20
+    rng = np.random.default_rng(1)
+    q_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:70]) for _ in range(2)]))
+    k_pos = jnp.asarray(np.stack([np.sort(rng.permutation(P)[:90]) for _ in range(2)]))
+    diagonals = jax.random.normal(jax.random.PRNGKey(7), (2, 2 * reach + 1))
+    distance = jnp.clip(jnp.arange(P)[None, :] - jnp.arange(P)[:, None], -reach, reach)
+    valid = jnp.arange(90)[None] < jnp.array([[90], [61]])
+    seed = jnp.array([9, 10], jnp.uint32)
+
+    def run(q, k, v, diagonals, on_grid):
+        grid = diagonals[:, distance + reach]
+        bias = (by_position.GridBias(grid, q_pos, k_pos, reach=reach) if on_grid
+                else by_position.grid_bias(grid, q_pos, k_pos, "float32"))
+        return fa.attention(q, k, v, bias, valid, seed, scale=SCALE, dropout_rate=0.2)
+
+    np.testing.assert_allclose(run(q, k, v, diagonals, True), run(q, k, v, diagonals, False),
+                               atol=2e-5, rtol=2e-5)
+    loss = lambda *a: jnp.sum(jnp.sin(run(*a)))  # noqa: E731
+    got = jax.grad(loss, (0, 1, 2, 3))(q, k, v, diagonals, True)
+    want = jax.grad(loss, (0, 1, 2, 3))(q, k, v, diagonals, False)
+    for name, g, e in zip(("q", "k", "v", "diagonals"), got, want, strict=True):
+        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
+    assert float(jnp.abs(got[3]).max()) > 0
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, 3), static_argnums=4)(q, k, v, diagonals, True))
+    assert "flash_attention_grid_dbias" in jaxpr
