@@ -465,6 +465,24 @@ def test_ctrl_c_saves_the_current_step_and_outside_the_loop_is_one_line(tmp_path
     saved = preempt_main(cmd, run / "metrics.jsonl", signum=signal.SIGINT, cwd=REPO_ROOT)
     assert checkpoint.Checkpointer(run / "checkpoints", 3).latest_step() == saved
     assert 3 <= saved < 1000
+    # Resumed with a save at every step (harmless), then Ctrl-C twice in quick succession:
+    # the second lands in a step or, mostly, in a save being finalised by orbax's thread
+    # (or, on a fast machine, after the stop's own save), and it is one line, status 130.
+    lines = len((run / "metrics.jsonl").read_text().splitlines())
+    twice = subprocess.Popen([*cmd, "--config.train.checkpoint_every=1"], cwd=REPO_ROOT,
+                             env=subprocess_env(1), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + HANG_SECONDS
+    while len((run / "metrics.jsonl").read_text().splitlines()) < lines + 3:
+        assert twice.poll() is None and time.monotonic() < deadline, "finished or hung"
+        time.sleep(0.02)
+    twice.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    twice.send_signal(signal.SIGINT)
+    _, stderr = twice.communicate(timeout=HANG_SECONDS)
+    assert twice.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("interrupted (Ctrl-C)") or "interrupted: saved a checkpoint" in last
     # Outside the loop: the mode itself interrupted, as a Ctrl-C during setup would be.
     script = ("import sys, main; from absl import app; from maelm_jax.infra import cli\n"
               "def ctrl_c(mode): raise KeyboardInterrupt\n"
