@@ -193,3 +193,17 @@ def test_a_lease_whose_holder_ended_on_this_machine_is_taken_over_at_once(bucket
     with pytest.raises(lock.WorkdirBusy, match="in use by process"):
         with lock.held(paths.Path("gs://bucket/run")):
             pass
+
+
+def test_a_workdir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """A read-only or someone else's directory (faked: as root, permissions cannot make
+    the case): one line, and no directory left."""
+    def denied(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(lock, "_locked_fd", denied)
+    with pytest.raises(layout.WorkdirError, match=r"cannot write .*\.lock \(Permission "
+                                                  r"denied\); give a directory"):
+        with lock.held(paths.Path(tmp_path / "runs" / "run")):
+            pytest.fail("held")
+    assert list(tmp_path.iterdir()) == []

@@ -126,10 +126,15 @@ def _created_dirs(directory: pathlib.Path) -> list[pathlib.Path]:
 @contextlib.contextmanager
 def _flock(directory: pathlib.Path) -> Iterator[None]:
     created = _created_dirs(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_FILE
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         fd = _locked_fd(path)
+    except OSError as e:  # a read-only or someone else's directory
+        _remove_empty(created)
+        raise layout.WorkdirError(
+            f"--workdir {directory}: cannot write {path} ({e.strerror or e}); give a "
+            "directory this user can write") from None
     except BaseException:
         _remove_empty(created)
         raise
