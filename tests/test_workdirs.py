@@ -207,3 +207,27 @@ def test_a_workdir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
         with lock.held(paths.Path(tmp_path / "runs" / "run")):
             pytest.fail("held")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_restore_interrupted_inside_a_library_sets_nothing_aside(tmp_path, monkeypatch):
+    """A Ctrl-C that arrives inside orbax or tensorstore can come out wrapped in another
+    error; the restore must not take it for a damaged checkpoint (set aside as
+    <step>.damaged, the run resumed from an older one)."""
+    import numpy as np
+
+    ckpt = checkpoint.Checkpointer(tmp_path / "checkpoints", 3)
+    state = {"w": np.arange(4, dtype=np.float32)}
+    ckpt.save(2, state, {"step": 2})
+    ckpt.wait()
+
+    def interrupted(*args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("tensorstore: operation cancelled") from None
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "restore", interrupted)
+    with pytest.raises(RuntimeError, match="cancelled"):
+        ckpt.restore_latest(state)
+    ckpt.close()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]

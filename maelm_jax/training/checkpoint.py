@@ -137,6 +137,8 @@ class Checkpointer:
         except errors.UserError:
             raise
         except Exception as e:  # orbax and tensorstore raise assorted OS/runtime errors
+            if errors.interrupted(e):  # a Ctrl-C a library wrapped: not a disk's failure
+                raise
             try:  # let earlier asynchronous saves finish, so they count as intact
                 self.manager.wait_until_finished()
             except Exception as pending:  # noqa: BLE001 - report the first error, log this one
@@ -198,6 +200,8 @@ class Checkpointer:
                 state, meta = self.restore(step, target)
                 _verify(step, state, meta)
             except Exception as e:  # orbax, tensorstore and JSON raise many types
+                if errors.interrupted(e):  # a Ctrl-C a library wrapped: not damage
+                    raise
                 other = intact and model_mismatch(self._state_metadata(step), target)
                 if other:  # intact, of another model: not damage, and nothing is set aside
                     raise CheckpointError(
