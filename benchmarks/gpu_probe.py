@@ -185,7 +185,7 @@ def section_step(probe: Probe, peak: float, tokens) -> dict:
                              tokens, estimate)
         if b is not None:
             benches[objective] = b
-    harness.time_rotated(benches, 1, FLAGS.repeats, FLAGS.steps)
+    timer.rotated(benches, 1, FLAGS.repeats, FLAGS.steps)
     for objective, b in benches.items():
         probe.line("step", f"{objective} default", **_step_figures(b, peak, tokens.size),
                    remat_policy=b.remat_policy, attention_impl=b.attention_impl)
@@ -365,10 +365,10 @@ def section_variants(probe: Probe, peak: float, benches: dict, tokens) -> None:
                   **{name: b for name, (_, b) in sides.items()}}
     for b in everything.values():
         b.clear()
-    harness.time_rotated(everything, 1, FLAGS.repeats, FLAGS.steps)
+    timer.rotated(everything, 1, FLAGS.repeats, FLAGS.steps)
     for name, (objective, b) in sides.items():
         default = benches[objective]
-        speedup = statistics.median(harness.round_ratios(default.wall, b.wall, FLAGS.steps))
+        speedup = statistics.median(timer.round_ratios(default.wall, b.wall, FLAGS.steps))
         probe.line("variants", name, **_step_figures(b, peak, tokens.size),
                    speedup_over_default=speedup, changes=VARIANTS[name][1])
 
@@ -398,12 +398,12 @@ def section_peer(probe: Probe, peak: float, benches: dict, tokens) -> None:
     everything = {"mlm default": mlm, **peers}
     for b in everything.values():
         b.clear()
-    harness.time_rotated(everything, 1, FLAGS.repeats, FLAGS.steps)
+    timer.rotated(everything, 1, FLAGS.repeats, FLAGS.steps)
     for name, p in peers.items():
         s = statistics.median(p.wall)
         probe.line("peer", name, ms=1e3 * s, mfu=mlm.flops / s / 1e12 / peak,
                    ours_speedup=statistics.median(
-                       harness.round_ratios(p.wall, mlm.wall, FLAGS.steps)),
+                       timer.round_ratios(p.wall, mlm.wall, FLAGS.steps)),
                    attention=p.attention, device=device)
 
 

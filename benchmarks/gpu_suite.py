@@ -74,7 +74,7 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import REPO_ROOT, harness, recording, suite_report  # noqa: E402
 from benchmarks.suite_report import TARGETS  # noqa: E402
-from maelm_jax.infra import cli, records  # noqa: E402
+from maelm_jax.infra import cli, records, timer  # noqa: E402
 
 PARTS = ("attention", "throughput", "profile", "quickstart", "compile")
 IMPLS = ("einsum", "pallas", "cudnn")
@@ -265,7 +265,7 @@ def part_throughput(out: pathlib.Path) -> dict:
             start = time.perf_counter()
             _add_peers(config, tokens, benches, sides)
             last_build = (time.perf_counter() - start) / 2
-    harness.time_rotated(benches, 1, FLAGS.repeats, FLAGS.steps)
+    timer.rotated(benches, 1, FLAGS.repeats, FLAGS.steps)
     for name, b in benches.items():
         s = statistics.median(b.wall)
         side = sides[name]
@@ -295,11 +295,11 @@ def part_throughput(out: pathlib.Path) -> dict:
         for key, other in (("vs_peer", peer), ("vs_equal_work_peer", equal_work)):
             if other:
                 side[key] = statistics.median(
-                    harness.round_ratios(benches[other].wall, b.wall, FLAGS.steps))
+                    timer.round_ratios(benches[other].wall, b.wall, FLAGS.steps))
         mlm = f"mlm / {side['impl']}"
         if side["objective"] not in ("peer", "mlm") and mlm in benches:
             side["time_ratio_to_mlm"] = statistics.median(
-                harness.round_ratios(b.wall, benches[mlm].wall, FLAGS.steps))
+                timer.round_ratios(b.wall, benches[mlm].wall, FLAGS.steps))
             side["flops_ratio_to_mlm"] = side["flops"] / sides[mlm]["flops"]
     return {"device": harness.device_line(), "peak_tflops": peak, "peak_measured_by": what,
             "tokens_per_step": tokens_per_step, "peer": peer, "equal_work_peer": equal_work,

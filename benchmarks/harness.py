@@ -8,8 +8,6 @@ overrides), defaulting to its own file in configs/benchmark/.
 
 from __future__ import annotations
 
-import resource
-import statistics
 import time
 from collections.abc import Sequence
 
@@ -19,9 +17,8 @@ import numpy as np
 from absl import flags
 
 from benchmarks import REPO_ROOT, recording
-from maelm_jax.infra import cli, host_memory, sharding
+from maelm_jax.infra import cli, host_memory, sharding, timer
 from maelm_jax.pretrain import config as pretrain_config
-from maelm_jax.pretrain import mfu
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain.objectives import recipes
 from maelm_jax.text import tokenizer
@@ -68,39 +65,7 @@ def objective_configs(config: ml_collections.ConfigDict,
 FLOPS_COUNT = "3 x forward"
 
 
-class Timed:
-    """Per-step records of a side being timed: wall seconds, process CPU seconds (all
-    threads) and minor page faults (fresh memory the kernel had to map and zero)."""
-
-    def __init__(self):
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-        self.faults: list[int] = []
-
-    def step_once(self) -> None:
-        raise NotImplementedError
-
-    def run(self, num_steps: int) -> None:
-        """Runs num_steps steps, recording each one.
-
-        Blocking after every step costs a dispatch round trip (microseconds against steps of
-        milliseconds or more) and gives per-step samples whose median shrugs off bursts of
-        other load on a shared machine.
-        """
-        for _ in range(num_steps):
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            wall, cpu = time.perf_counter(), time.process_time()
-            self.step_once()
-            self.wall.append(time.perf_counter() - wall)
-            self.cpu.append(time.process_time() - cpu)
-            self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
-
-    def clear(self) -> None:
-        for record in (self.wall, self.cpu, self.faults):
-            record.clear()
-
-
-class Bench(Timed):
+class Bench(timer.Samples):
     """One objective's compiled train step, its state and its model FLOPs per step.
 
     Built by `training.setup.build`, as the training loop builds it: state and step
@@ -111,15 +76,15 @@ class Bench(Timed):
     def __init__(self, config: ml_collections.ConfigDict, tokens: np.ndarray):
         super().__init__()
         vocab_size = config.tokenizer.vocab_size
-        self.counts = pretrain_config.mask_counts(config)
-        # Model FLOPs (forward + backward = 3 x forward, pretrain/mfu.py), as the train logs
-        # count them; 3ML Appendix D's count (backward = forward) only where the papers'
-        # ratios are reproduced (speedup_table.py): the ratios are the same in either.
-        self.flops = mfu.model_flops_per_step(config, vocab_size)
-        stack = setup_lib.encoder_config(config, vocab_size).stack  # "auto"s resolved
-        self.attention_impl, self.remat_policy = stack.attention_impl, stack.remat_policy
         program = setup_lib.build(config, vocab_size,
                                   sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+        self.counts = program.counts
+        # Model FLOPs (forward + backward = 3 x forward), as the train logs count them; 3ML
+        # Appendix D's count (backward = forward) only where the papers' ratios are
+        # reproduced (speedup_table.py): the ratios are the same in either.
+        self.flops = program.model_flops
+        stack = setup_lib.encoder_config(config, vocab_size, program.shape).stack
+        self.attention_impl, self.remat_policy = stack.attention_impl, stack.remat_policy
         self.num_params = program.num_params
         self.state, self.schedule = program.init(), program.schedule
         self.tokens = jax.device_put(tokens, sharding.batch_sharding(program.mesh))
@@ -127,9 +92,9 @@ class Bench(Timed):
         self.step = program.compile_train_step()
         self.compile_seconds = time.perf_counter() - start
 
-    def step_once(self) -> None:
+    def step_once(self):
         self.state, metrics = self.step(self.state, self.tokens, self.schedule)
-        jax.block_until_ready((self.state, metrics))
+        return self.state, metrics
 
 
 def random_tokens(config: ml_collections.ConfigDict) -> np.ndarray:
@@ -137,32 +102,6 @@ def random_tokens(config: ml_collections.ConfigDict) -> np.ndarray:
     rng = np.random.default_rng(0)
     return rng.integers(tokenizer.NUM_SPECIAL, config.tokenizer.vocab_size,
                         (config.train.batch_size, config.data.seq_len)).astype(np.int32)
-
-
-def time_rotated(benches: dict, warmup: int, repeats: int, steps: int) -> None:
-    """Untimed warm-up steps for each, then `repeats` rounds of `steps` timed steps each,
-    rotating which goes first every round so that a slow phase of the machine is shared."""
-    for b in benches.values():
-        if warmup:
-            b.run(warmup)
-            b.clear()
-    order = list(benches)
-    for r in range(repeats if order else 0):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            benches[name].run(steps)
-
-
-def round_ratios(slow: list[float], fast: list[float], steps: int) -> list[float]:
-    """Per-round time ratios slow / fast (median step of each in that round) from two
-    `time_rotated` records of `steps` steps per round.
-
-    The two sides of a round ran next to each other, so a slow phase of the machine that
-    spans a round hits both; the median of these paired ratios moves less from run to run
-    than the ratio of the overall medians.
-    """
-    rounds = min(len(slow), len(fast)) // steps
-    return [statistics.median(slow[r * steps:(r + 1) * steps])
-            / statistics.median(fast[r * steps:(r + 1) * steps]) for r in range(rounds)]
 
 
 # The per-op sum of a trace: the library's (training/profiler.py), which a run's

@@ -34,7 +34,7 @@ same random ids (fixed seed). After an untimed warm-up, each side runs `--repeat
 measurements of `--steps` steps, the order rotated every repeat so that drift in the
 machine's speed hits all alike; the medians give seconds/step and tokens/s (batch x
 seq_len / step time). The verdict is on the median over rounds of the ratio within each
-round (`harness.round_ratios`), printed with its range and the ratio of the fastest steps:
+round (`timer.round_ratios`), printed with its range and the ratio of the fastest steps:
 the two sides of a round ran back to back, so a slow phase of the machine that spans a
 round hits both, and the paired ratio moves less between runs than the ratio of medians.
 
@@ -84,7 +84,7 @@ from absl import app, flags  # noqa: E402
 
 from benchmarks import harness, recording  # noqa: E402
 from benchmarks.roberta_peer import PeerBench  # noqa: E402
-from maelm_jax.infra import cli, records  # noqa: E402
+from maelm_jax.infra import cli, records, timer  # noqa: E402
 
 # Minimum throughput ratio ours / peer, per machine kind.
 TARGETS = {"cpu": {"mlm": 1.5, "maelm": 1.2},
@@ -171,7 +171,7 @@ def main(argv) -> None:
               f"n_enc={b.counts.n_enc}, k={b.counts.k}")
     if FLAGS.peer == "hf":
         benches.update(_peer_benches(configs["mlm"], tokens, kind))
-    harness.time_rotated(benches, FLAGS.warmup, FLAGS.repeats, FLAGS.steps)
+    timer.rotated(benches, FLAGS.warmup, FLAGS.repeats, FLAGS.steps)
 
     tokens_per_step = config.train.batch_size * config.data.seq_len
     print()
@@ -203,7 +203,7 @@ def main(argv) -> None:
         if objective not in targets:
             continue
         target = targets[objective]
-        ratios = harness.round_ratios(benches[peer].wall, benches[objective].wall, FLAGS.steps)
+        ratios = timer.round_ratios(benches[peer].wall, benches[objective].wall, FLAGS.steps)
         ratio = statistics.median(ratios)  # tokens/s ours over tokens/s peer
         verdict = "meets" if ratio >= target else "misses"
         best = min(benches[peer].wall) / min(benches[objective].wall)

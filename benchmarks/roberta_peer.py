@@ -1,5 +1,6 @@
 """The Hugging Face peer of the throughput benchmarks (peer_hf.py, gpu_suite.py):
-RobertaForMaskedLM's train step at one of our configs, timed as harness.Bench is.
+RobertaForMaskedLM's train step at one of our configs, timed as harness.Bench is
+(maelm_jax/infra/timer.py).
 
 Needs torch and transformers (pip install -r requirements-bench.txt); imported only by
 the benchmarks that time the peer.
@@ -12,12 +13,13 @@ import time
 import ml_collections
 import numpy as np
 
-from benchmarks import harness
+from maelm_jax.infra import timer
 from maelm_jax.text import tokenizer
 
 
-class PeerBench(harness.Timed):
-    """RobertaForMaskedLM's train step, recording times the way harness.Bench.run does.
+class PeerBench(timer.Samples):
+    """RobertaForMaskedLM's train step, its times recorded as harness.Bench's are
+    (timer.Samples).
 
     `ours` is our MLM's config: the peer takes its encoder's sizes and dropout, its
     vocabulary, length, masking rate and optimiser settings. device "cuda": bf16 autocast,

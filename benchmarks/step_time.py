@@ -42,7 +42,7 @@ import statistics
 from absl import app, flags
 
 from benchmarks import harness, recording
-from maelm_jax.infra import cli, records
+from maelm_jax.infra import cli, records, timer
 
 TARGET = 0.05  # allowed relative gap between the measured time ratio and the FLOPs ratio
 
@@ -81,7 +81,7 @@ def main(argv) -> None:
         print(f"  {objective:9s} compiled in {b.compile_seconds:.1f} s; "
               f"{b.num_params / 1e6:.1f} M params; n_enc={b.counts.n_enc}, k={b.counts.k}")
 
-    harness.time_rotated(benches, FLAGS.warmup, FLAGS.repeats, FLAGS.steps)
+    timer.rotated(benches, FLAGS.warmup, FLAGS.repeats, FLAGS.steps)
 
     tokens_per_step = config.train.batch_size * config.data.seq_len
     print()

@@ -85,18 +85,18 @@ def test_peer_script_says_what_to_install(tmp_path):
 
 
 def test_round_ratios_pair_the_sides_round_by_round():
-    from benchmarks import harness
+    from maelm_jax.infra import timer
 
     # Two rounds of three steps; the machine is twice as slow in the second round, for
     # both sides alike, and the odd step out in each round does not move the median.
     peer = [3.0, 3.0, 9.0, 6.0, 6.0, 6.0]
     ours = [2.0, 1.0, 2.0, 4.0, 4.0, 40.0]
-    assert harness.round_ratios(peer, ours, 3) == [1.5, 1.5]
+    assert timer.round_ratios(peer, ours, 3) == [1.5, 1.5]
     # The ratio of overall medians mixes rounds: 6.0 / 3.0 = 2.0.
-    assert harness.round_ratios(peer, ours[:4], 3) == [1.5]  # only complete rounds
+    assert timer.round_ratios(peer, ours[:4], 3) == [1.5]  # only complete rounds
 
 
-@pytest.mark.tier("unit")
+@pytest.mark.tier("integration")  # imports PyTorch and transformers
 def test_the_equal_work_peer_computes_the_stock_peers_loss():
     """The peer at our work (its LM head and loss at the masked positions only) gives the
     stock RobertaForMaskedLM's loss on the same batch and weights, without dropout."""
