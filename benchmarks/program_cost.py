@@ -281,7 +281,6 @@ def backward_residuals(config) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from maelm_jax.pretrain import config as pretrain_config
     from maelm_jax.pretrain import steps as pretrain_steps
 
     vocab = config.tokenizer.vocab_size
@@ -289,8 +288,8 @@ def backward_residuals(config) -> list[dict]:
         program = setup_lib.build(config, vocab, sharding.make_mesh((1, 1, 1),
                                                                     jax.devices()[:1]))
     loss = pretrain_steps.make_micro_loss(
-        program.model, setup_lib.model_config(config, vocab),
-        pretrain_config.objective(config), program.counts, vocab)
+        program.model, setup_lib.model_config(config, vocab, program.shape),
+        program.shape.objective, program.counts, vocab)
     key_words = pretrain_steps.train_key_data(0, config.train.prng_impl).shape[0]
     args = (program.state.abstract.params,
             jax.ShapeDtypeStruct((config.train.batch_size // config.train.grad_accum_steps,

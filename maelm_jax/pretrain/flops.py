@@ -16,11 +16,17 @@ numbers can be compared with its tables:
 Names follow the paper: n sequence length, d width, |V| vocabulary, l layers, b batch,
 r masking rate (here `num_predicted` = n r = k, an int, as our masking uses exact counts).
 Every function takes and returns Python ints; nothing here touches JAX. Each objective
-(maelm_jax/pretrain/objectives) picks its formula; pretrain/setup.py step_flops evaluates
-it for a config.
+(maelm_jax/pretrain/objectives) picks its formula; pretrain/setup.py's Shape evaluates it
+for a config, and `model_flops` rescales it to the count every rate reports.
 """
 
 from __future__ import annotations
+
+
+def model_flops(paper_flops: int) -> int:
+    """FLOPs counted forward + backward = 3 x forward (the model FLOPs of MFU, PaLM's
+    Appendix B) from the papers' forward + backward = 2 x forward."""
+    return paper_flops * 3 // 2
 
 
 def msa(n: int, d: int) -> int:

@@ -20,7 +20,6 @@ measure a matmul's speed on them instead.
 from __future__ import annotations
 
 import jax.numpy as jnp
-import ml_collections
 
 from maelm_jax.infra import topology
 from maelm_jax.models import layers
@@ -55,24 +54,13 @@ def peak_tflops(device_kind: str, dtype: str, override: float = 0.0) -> float | 
     return None
 
 
-def model_flops(paper_flops: int) -> int:
-    """FLOPs counted forward + backward = 3 x forward from the papers' 2 x forward."""
-    return paper_flops * 3 // 2
-
-
-def model_flops_per_step(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Model FLOPs of one optimiser step: the objective's count (pretrain/setup.py
-    step_flops: forward + backward = 2 x forward) rescaled to forward + backward = 3 x
-    forward."""
-    return model_flops(setup_lib.step_flops(config, vocab_size))
-
-
 class Utilisation:
-    """TFLOP/s per device and MFU from steps/s, for the train logs."""
+    """TFLOP/s per device and MFU from steps/s, for the train logs: the program's model
+    FLOPs (its Shape's, forward + backward = 3 x forward)."""
 
-    def __init__(self, config: ml_collections.ConfigDict, vocab_size: int, num_devices: int,
-                 device_kind: str):
-        self.flops_per_step = model_flops_per_step(config, vocab_size)
+    def __init__(self, program: setup_lib.Program, num_devices: int, device_kind: str):
+        config = program.config
+        self.flops_per_step = program.model_flops
         self.num_devices = num_devices
         self.peak = peak_tflops(device_kind, config.model.dtype,
                                 config.train.peak_tflops_per_device)

@@ -27,11 +27,41 @@ from maelm_jax.infra import sharding
 from maelm_jax.models import builder, layers
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.pretrain import flops
 from maelm_jax.pretrain import steps as pretrain_steps
 from maelm_jax.text import masking
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What a pretraining config's step is sized by, derived from the config once: its
+    objective, the mask counts (the encoder's length n_enc among them) and the vocabulary.
+    The program, its encoder's kernel tiles and its FLOPs (and through them the train
+    logs' utilisation, the time budget's plan and the benchmarks) read this, not the raw
+    config again."""
+
+    objective: Any  # objectives.Objective
+    counts: masking.MaskCounts
+    vocab_size: int
+
+    def paper_flops(self, config: ml_collections.ConfigDict) -> int:
+        """Training FLOPs of one step as 3ML Appendix D counts them (backward = forward;
+        maelm_jax/pretrain/flops.py), at the exact mask counts and the global batch."""
+        return self.objective.step_flops(config, self.counts, self.vocab_size)
+
+    def model_flops(self, config: ml_collections.ConfigDict) -> int:
+        """Model FLOPs of one step, forward + backward = 3 x forward: every utilisation
+        and FLOPs rate reports these (pretrain/mfu.py)."""
+        return flops.model_flops(self.paper_flops(config))
+
+
+def shape(config: ml_collections.ConfigDict, vocab_size: int) -> Shape:
+    """`config`'s Shape (ConfigError for a config that does not validate its objective)."""
+    return Shape(pretrain_config.objective(config), pretrain_config.mask_counts(config),
+                 vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +74,7 @@ class Program:
     vocab_size: int
     mesh: Mesh
     rules: tuple  # logical axis -> mesh axis rules (sharding.DEFAULT_RULES by default)
-    counts: masking.MaskCounts  # the static sizes of every masked batch
+    shape: Shape  # the objective, mask counts and vocabulary, resolved once
     model: nn.Module  # the objective's model (`model`)
     tx: optax.GradientTransformation
     # The learning-rate schedule as data, [peak, warmup steps, total steps, decay from,
@@ -95,6 +125,16 @@ class Program:
         return dataclasses.replace(self, schedule_values=tuple(values))
 
     @property
+    def counts(self) -> masking.MaskCounts:
+        """The static sizes of every masked batch."""
+        return self.shape.counts
+
+    @property
+    def model_flops(self) -> int:
+        """Model FLOPs of one optimiser step (forward + backward = 3 x forward)."""
+        return self.shape.model_flops(self.config)
+
+    @property
     def num_params(self) -> int:
         return sum(x.size for x in jax.tree.leaves(self.state.abstract.params))
 
@@ -123,14 +163,17 @@ def schedule_values(train: ml_collections.ConfigDict) -> tuple[float, ...]:
     return optimizer_lib.shaped(train)
 
 
-def encoder_run(config: ml_collections.ConfigDict) -> builder.Run:
-    """What a pretraining `config` sets on its encoder's architecture (models/builder.py):
-    the kernel serves the objective's decoder too, and its tiles are fitted to the
-    encoder's fixed length."""
+def encoder_run(config: ml_collections.ConfigDict, run_shape: Shape | None = None
+                ) -> builder.Run:
+    """What a pretraining `config` (of `run_shape`, when resolved already) sets on its
+    encoder's architecture (models/builder.py): the kernel serves the objective's decoder
+    too, and its tiles are fitted to the encoder's fixed length."""
     m = config.model
     try:
-        stacks = pretrain_config.objective(config).attention_stacks(config)
-        length = pretrain_config.mask_counts(config).n_enc  # the encoder's, in pretraining
+        objective = run_shape.objective if run_shape else pretrain_config.objective(config)
+        stacks = objective.attention_stacks(config)
+        # The encoder's length, in pretraining.
+        length = (run_shape.counts if run_shape else pretrain_config.mask_counts(config)).n_enc
     except pretrain_config.ConfigError:  # a recorded run's objective this process lacks: the
         stacks, length = [], config.data.seq_len  # encoder alone is what is rebuilt from it
     return builder.Run(
@@ -142,14 +185,14 @@ def encoder_run(config: ml_collections.ConfigDict) -> builder.Run:
         remat_policy=m.remat_policy, rel_pos_init=m.rel_pos_init, output_dtype=m.output_dtype)
 
 
-def encoder_config(config: ml_collections.ConfigDict,
-                   vocab_size: int) -> encoder_lib.EncoderConfig:
+def encoder_config(config: ml_collections.ConfigDict, vocab_size: int,
+                   run_shape: Shape | None = None) -> encoder_lib.EncoderConfig:
     """The shared encoder's frozen description (dtype and attention kernel resolved for this
     backend), whatever the objective: what fine-tuning and the analyses rebuild."""
     try:
         return builder.encoder(encoder_lib.model_architecture(
             config.model, vocab_size=vocab_size, max_positions=config.data.seq_len),
-            encoder_run(config))
+            encoder_run(config, run_shape))
     except builder.BuildError as e:
         raise pretrain_config.ConfigError(str(e)) from None
 
@@ -166,11 +209,13 @@ def resolve_auto(config: ml_collections.ConfigDict, backend: str) -> None:
                                                 m.d_model // m.num_heads, backend)
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Any:
+def model_config(config: ml_collections.ConfigDict, vocab_size: int,
+                 run_shape: Shape | None = None) -> Any:
     """The frozen model description the objective's Flax module takes: the objective's
     parts around the shared encoder's (`encoder_config`)."""
-    return pretrain_config.objective(config).model_config(config,
-                                                          encoder_config(config, vocab_size))
+    run_shape = run_shape or shape(config, vocab_size)
+    return run_shape.objective.model_config(config,
+                                            encoder_config(config, vocab_size, run_shape))
 
 
 def model(config: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
@@ -179,11 +224,10 @@ def model(config: ml_collections.ConfigDict, vocab_size: int) -> nn.Module:
 
 
 def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
-    """Training FLOPs of one optimiser step (3ML Appendix D's count, maelm_jax/pretrain/flops.py):
-    the objective's formula at the exact mask counts the train step uses and the global
-    batch train.batch_size (gradient accumulation splits the same batch)."""
-    return pretrain_config.objective(config).step_flops(
-        config, pretrain_config.mask_counts(config), vocab_size)
+    """Training FLOPs of one optimiser step (3ML Appendix D's count, maelm_jax/pretrain/flops.py)
+    for a config without a program: the papers' ratios (benchmarks/speedup_table.py, the
+    study's records). Shape.model_flops is the count every rate reports."""
+    return shape(config, vocab_size).paper_flops(config)
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None = None,
@@ -195,9 +239,9 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
     mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh.shape,
                                                             dcn_shape=config.mesh.dcn_shape)
     rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
-    counts = pretrain_config.mask_counts(config)
-    objective = pretrain_config.objective(config)
-    model_cfg = model_config(config, vocab_size)
+    run_shape = shape(config, vocab_size)
+    counts, objective = run_shape.counts, run_shape.objective
+    model_cfg = model_config(config, vocab_size, run_shape)
     model = objective.model(model_cfg)
     # The update count kept as optax.adamw's schedule keeps it: checkpoints of runs from
     # before the schedule was data restore.
@@ -216,5 +260,5 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None 
             pretrain_steps.make_eval_step(model, model_cfg, objective,
                                           pretrain_config.fixed_mask_counts(config),
                                           vocab_size), state, mesh, replicated_args=1)
-    return Program(config, vocab_size, mesh, rules, counts, model, tx,
+    return Program(config, vocab_size, mesh, rules, run_shape, model, tx,
                    schedule_values(t), state, step, eval_step, fixed_eval_step)

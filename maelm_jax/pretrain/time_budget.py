@@ -15,7 +15,6 @@ from absl import logging
 
 from maelm_jax.infra import distributed, paths, sharding, timer
 from maelm_jax.pretrain import evaluation as evaluation_lib
-from maelm_jax.pretrain import mfu
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -100,7 +99,7 @@ def plan_run(config: ml_collections.ConfigDict, workdir: paths.Path, program, me
     def plan_of(steps: int | None = None) -> budget_lib.Plan:
         return budget_lib.make(60 * t.time_budget_minutes, t.time_budget_margin, spent, costs,
                                t, device, t.batch_size * config.data.seq_len,
-                               mfu.model_flops_per_step(config, vocab_size), steps)
+                               program.model_flops, steps)
 
     # Process 0 decides (the others measured a little differently), refusals included.
     try:

@@ -201,8 +201,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         # The warmup's share is of the cap the plan was made under, whatever this command's.
         budget_lib.scale_schedule(run_config.train, plan.steps, _plan_cap(workdir, plan, t))
         program = program.with_steps(run_config)
-    utilisation = mfu.Utilisation(config, tok.vocab_size, mesh.size,
-                                  jax.devices()[0].device_kind)
+    utilisation = mfu.Utilisation(program, mesh.size, jax.devices()[0].device_kind)
     # The accuracy of always predicting the most frequent piece, logged with every eval.
     top_piece, unigram_accuracy = loader.unigram_baseline(data, tok.vocab_size)
     _log_run(config, program, utilisation, spans)

@@ -1,7 +1,9 @@
 """Tests for the 3ML Appendix D FLOPs formulas: hand-computed cases and the paper's eqs."""
 
+import jax
 import pytest
 
+from maelm_jax.infra import sharding
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import flops
 from maelm_jax.pretrain import setup as setup_lib
@@ -211,11 +213,16 @@ def test_utilisation_is_model_flops_times_steps_per_second_over_devices():
 
     c = tiny_config("maelm")
     c.train.peak_tflops_per_device = 2.0
-    util = mfu.Utilisation(c, TINY_VOCAB, num_devices=4, device_kind="cpu")
+
+    def program(config):
+        return setup_lib.build(config, TINY_VOCAB, sharding.make_mesh((1, 1, 1),
+                                                                      jax.devices()[:1]))
+
+    util = mfu.Utilisation(program(c), num_devices=4, device_kind="cpu")
     model_flops = setup_lib.step_flops(c, TINY_VOCAB) * 3 // 2  # 3 x forward, not the paper's 2
     assert util.flops_per_step == model_flops
     out = util.measure(steps_per_sec=10.0)
     assert out["tflops_per_device"] == pytest.approx(model_flops * 10 / 4 / 1e12)
     assert out["mfu"] == pytest.approx(out["tflops_per_device"] / 2.0)
     c.train.peak_tflops_per_device = 0.0
-    assert "mfu" not in mfu.Utilisation(c, TINY_VOCAB, 4, "cpu").measure(10.0)
+    assert "mfu" not in mfu.Utilisation(program(c), 4, "cpu").measure(10.0)
