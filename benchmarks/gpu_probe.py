@@ -102,6 +102,7 @@ def define_flags() -> None:
     flags.DEFINE_float("budget_seconds", 420.0, "Stop starting sections and sides once this "
                        "much time has passed (the call's limit less a margin).", lower_bound=1)
     flags.DEFINE_list("sections", list(SECTIONS), f"Sections to run, from {', '.join(SECTIONS)}.")
+    cli.choices_flag("sections", SECTIONS)
     flags.DEFINE_integer("steps", 5, "Timed steps per round.", lower_bound=1)
     flags.DEFINE_integer("repeats", 3, "Rounds, rotated between sides; medians reported.",
                          lower_bound=1)
@@ -436,10 +437,6 @@ def section_xla_flags(probe: Probe) -> None:
 
 def main(argv) -> None:
     del argv  # cli.tool_flags_parser refuses stray arguments
-    unknown = [s for s in FLAGS.sections if s not in SECTIONS]
-    if unknown:
-        cli.fail(f"--sections: expected names from {', '.join(SECTIONS)}, got "
-                 f"{', '.join(unknown)}", cli.program())
     out = pathlib.Path(FLAGS.out)
     probe = Probe(out, FLAGS.budget_seconds,
                   {"flag_set": FLAGS.xla_flags_name} if FLAGS.xla_flags_name else None)
