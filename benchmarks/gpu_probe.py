@@ -86,7 +86,8 @@ XLA_FLAG_SETS = {
     "gpu": {"command buffers off": "--xla_gpu_enable_command_buffer=",
             "command buffers on fusions, cuBLAS and custom calls":
                 "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL"},
-    "cpu": {"older CPU emitters": "--xla_cpu_use_fusion_emitters=false"},
+    # A flag every jaxlib knows (the CPU's own come and go between versions).
+    "cpu": {"backend optimisation level 1": "--xla_backend_optimization_level=1"},
 }
 # The attention kernels' candidates (section "attention"): the sweep's combined wins and the
 # bias gradient's own kernel.

@@ -48,6 +48,7 @@ _CONST = re.compile(r"(%[\w#]+) = stablehlo\.constant dense<(-?\d+)> : tensor<i\
 _COMPARE = re.compile(r"stablehlo\.compare\s+(LT|LE|GT|GE|NE),\s*(%[\w#]+),\s*(%[\w#]+)")
 _TARGET = re.compile(r"stablehlo\.custom_call @([\w.$-]+)")
 _KERNEL = re.compile(r'name\s*=\s*\\?"(\w+)')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 # Classes whose bytes are data movement XLA does not fuse away into a matmul's epilogue.
 MOVEMENT = ("gather", "scatter", "transpose", "convert", "pad", "concatenate",
             "dynamic_slice", "dynamic_update_slice", "reduce", "sort", "select_and_scatter")
@@ -121,7 +122,9 @@ def parse(text: str) -> list[Op]:
     name, depth, loops, pending = None, 0, [], []
     constants: dict[str, int] = {}
     for line in text.splitlines():
-        opened, closed = line.count("{"), line.count("}")
+        # Braces inside string attributes (a Triton kernel's serialised IR) are not regions.
+        bare = _STRING.sub('""', line)
+        opened, closed = bare.count("{"), bare.count("}")
         found = _FUNC.match(line)
         if found:
             name, constants, loops, pending = found.group(1), {}, [], []
