@@ -304,6 +304,21 @@ def test_sharded_kernel_is_the_single_device_kernel():
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
 
 
+def _matches_the_dense_bias(run, q, k, v, table):
+    """run(q, k, v, table, on_grid) read by position (True) gives the output and the
+    gradients (of q, k, v and the table the bias is made from) of the same bias given
+    whole (False); returns the loss differentiated."""
+    np.testing.assert_allclose(run(q, k, v, table, True), run(q, k, v, table, False),
+                               atol=2e-5, rtol=2e-5)
+    loss = lambda *a: jnp.sum(jnp.sin(run(*a)))  # noqa: E731
+    got = jax.grad(loss, (0, 1, 2, 3))(q, k, v, table, True)
+    want = jax.grad(loss, (0, 1, 2, 3))(q, k, v, table, False)
+    for name, g, e in zip(("q", "k", "v", "table"), got, want, strict=True):
+        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
+    assert float(jnp.abs(got[3]).max()) > 0
+    return loss
+
+
 @pytest.mark.parametrize("rate", [0.0, 0.3])
 def test_a_bias_read_from_its_grid_by_position_is_the_dense_one(rate):
     """A per-example bias given as its grid and positions (by_position.GridBias: every
@@ -328,14 +343,7 @@ def test_a_bias_read_from_its_grid_by_position_is_the_dense_one(rate):
                 else by_position.grid_bias(grid, q_pos, k_pos, "float32"))
         return fa.attention(q, k, v, bias, valid, seed, scale=SCALE, dropout_rate=rate)
 
-    np.testing.assert_allclose(run(q, k, v, grid, True), run(q, k, v, grid, False),
-                               atol=2e-5, rtol=2e-5)
-    loss = lambda *a: jnp.sum(jnp.sin(run(*a)))  # noqa: E731
-    got = jax.grad(loss, (0, 1, 2, 3))(q, k, v, grid, True)
-    want = jax.grad(loss, (0, 1, 2, 3))(q, k, v, grid, False)
-    for name, g, e in zip(("q", "k", "v", "grid"), got, want, strict=True):
-        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
-    assert float(jnp.abs(got[3]).max()) > 0
+    _matches_the_dense_bias(run, q, k, v, grid)
 
 
 def test_a_relative_bias_read_by_distance_and_its_grid_gradient():
@@ -361,13 +369,6 @@ def test_a_relative_bias_read_by_distance_and_its_grid_gradient():
                 else by_position.grid_bias(grid, q_pos, k_pos, "float32"))
         return fa.attention(q, k, v, bias, valid, seed, scale=SCALE, dropout_rate=0.2)
 
-    np.testing.assert_allclose(run(q, k, v, diagonals, True), run(q, k, v, diagonals, False),
-                               atol=2e-5, rtol=2e-5)
-    loss = lambda *a: jnp.sum(jnp.sin(run(*a)))  # noqa: E731
-    got = jax.grad(loss, (0, 1, 2, 3))(q, k, v, diagonals, True)
-    want = jax.grad(loss, (0, 1, 2, 3))(q, k, v, diagonals, False)
-    for name, g, e in zip(("q", "k", "v", "diagonals"), got, want, strict=True):
-        np.testing.assert_allclose(g, e, atol=5e-5, rtol=5e-5, err_msg=name)
-    assert float(jnp.abs(got[3]).max()) > 0
+    loss = _matches_the_dense_bias(run, q, k, v, diagonals)
     jaxpr = str(jax.make_jaxpr(jax.grad(loss, 3), static_argnums=4)(q, k, v, diagonals, True))
     assert "flash_attention_grid_dbias" in jaxpr
