@@ -62,6 +62,9 @@ def _pretrain(name: str, c: ml_collections.ConfigDict, workdir: paths.Path) -> d
         _timed(workdir, lambda: pretrain_train.train_and_evaluate(c, str(workdir)))
     vocab = run_data.setup_tokenizer(c, workdir).vocab_size
     return {"workdir": str(workdir), "seconds": _seconds(workdir),
+            # 3ML Appendix D's count (backward = forward): the study reads only its ratios
+            # between models (the papers'), which the model FLOPs' 3 x forward leaves alike;
+            # its MFU is the train logs' (3 x forward).
             "train_flops": setup_lib.step_flops(c, vocab) * c.train.num_steps,
             **report.pretraining_record(workdir)}
 
