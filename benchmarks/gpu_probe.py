@@ -439,6 +439,12 @@ def section_xla_flags(probe: Probe) -> None:
 def main(argv) -> None:
     del argv  # cli.tool_flags_parser refuses stray arguments
     out = pathlib.Path(FLAGS.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "gpu_probe.jsonl").touch()
+    except OSError as e:
+        cli.fail(f"--out: cannot write {out / 'gpu_probe.jsonl'} ({e.strerror or e}); expected a "
+                 "directory this process can write", cli.program())
     probe = Probe(out, FLAGS.budget_seconds,
                   {"flag_set": FLAGS.xla_flags_name} if FLAGS.xla_flags_name else None)
     machine = records.machine(("not measured", 0.0))

@@ -100,3 +100,14 @@ def test_a_bad_section_is_one_line(tmp_path):
     assert done.returncode != 0 and "Traceback" not in done.stderr
     last = done.stderr.splitlines()[-1]
     assert "--sections" in last and "unknown stepz; expected some of matmul, step" in last
+
+
+@pytest.mark.tier("unit")
+def test_an_unwritable_out_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    done = subprocess.run([sys.executable, str(SCRIPT), f"--out={tmp_path / 'file' / 'out'}",
+                           "--sections=matmul"], cwd=REPO.parent,
+                          env=dict(subprocess_env(), JAX_PLATFORMS="cpu"), capture_output=True,
+                          text=True, timeout=HANG_SECONDS, check=False)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "--out: cannot write" in done.stderr.splitlines()[-1]
