@@ -5,15 +5,19 @@ through the same doors a real run uses: fsspec's ``gs``/``gcs`` protocol (which
 etils.epath uses without TensorFlow, in place of gcsfs) and, for orbax's arrays,
 TensorStore's kvstore (its ``gcs`` driver replaced by the ``file`` driver). Like a
 bucket, it has no directories of their own: creating one does nothing, and one appears
-with its first object. Test-only: nothing of it belongs in maelm_jax.
+with its first object; and an object written through fsspec appears whole when its
+upload completes (a reader never sees part of it). Test-only: nothing of it belongs in
+maelm_jax.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import os
 import pathlib
+import uuid
 
 import pytest
 from etils.epath import backend as epath_backend
@@ -22,13 +26,42 @@ from fsspec.implementations.local import LocalFileSystem
 from orbax.checkpoint._src.path import gcs_utils
 
 
+class _Upload(io.BytesIO):
+    """An object being uploaded: its bytes appear at `path` whole once it is closed."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self._path = path
+
+    def close(self):
+        if not self.closed:
+            directory, name = os.path.split(self._path)
+            tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.upload")
+            with open(tmp, "wb") as f:
+                f.write(self.getvalue())
+            os.replace(tmp, self._path)
+        super().close()
+
+
+class _Uploads(LocalFileSystem):
+    """Local files written as a bucket's objects are (`_Upload`), so that a reader never
+    sees part of one."""
+
+    def _open(self, path, mode="rb", block_size=None, **kwargs):
+        if "w" not in mode:
+            return super()._open(path, mode, block_size, **kwargs)
+        path = self._strip_protocol(path)
+        self.makedirs(self._parent(path), exist_ok=True)
+        return _Upload(path)
+
+
 def _bucket_filesystem(root: pathlib.Path) -> type:
     class FakeGCSFileSystem(DirFileSystem):
         protocol = ("gs", "gcs")
 
         def __init__(self, *args, **storage_options):
             # gcsfs's options (finalize_on_close, project, ...) mean nothing here.
-            super().__init__(path=str(root), fs=LocalFileSystem(auto_mkdir=True))
+            super().__init__(path=str(root), fs=_Uploads(auto_mkdir=True))
 
         def mkdir(self, path, create_parents=True, **kwargs):
             pass  # a bucket has no directories: one appears with its first object
