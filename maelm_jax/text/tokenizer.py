@@ -1,18 +1,24 @@
-"""The SentencePiece tokenizer and the special tokens' ids, defined in this one place.
+"""A run's tokenizer: a SentencePiece model we train, or a Hugging Face ``tokenizer.json``
+(`HfTokenizer`), and the record of its special tokens' ids (`SpecialIds`).
 
-Every model, packer and masker takes its special ids from here. The ids are fixed so a
-checkpoint and a tokenizer can be checked against each other:
+Every packer, masker, model, fill-mask, analysis, fine-tuning task and export takes the
+special ids from the tokenizer's `special` record (carried into the model's config),
+never from constants. A SentencePiece model we train has them at fixed ids:
 
     0 <pad>   1 <s> (BOS)   2 </s> (EOS)   3 <unk>   4 <mask>
 
+(`SENTENCEPIECE_IDS`); a Hugging Face tokenizer has its own (RoBERTa's <mask> is 50264,
+BERT's [CLS] [SEP] [PAD] [UNK] [MASK] are 101 102 0 100 103).
+
 ``<mask>`` is a SentencePiece *user-defined* symbol: a literal ``<mask>`` in text encodes
-to ``MASK_ID`` (as in RoBERTa's tokenizer), which fill-mask demos rely on. BOS and EOS are
+to the mask id (as in RoBERTa's tokenizer), which fill-mask demos rely on. BOS and EOS are
 control symbols, never produced from text; the packer adds them.
 
-A model file may be local or in a bucket (``gs://``): it is read and written as bytes
-through `maelm_jax.infra.paths`, never by SentencePiece's own file access.
+A tokenizer file may be local or in a bucket (``gs://``): it is read and written as bytes
+through `maelm_jax.infra.paths`, never by the libraries' own file access.
 """
 
+import dataclasses
 import io
 import os
 import random
@@ -24,13 +30,35 @@ from absl import logging
 
 from maelm_jax.infra import errors, paths
 
-PAD_ID = 0
-BOS_ID = 1
-EOS_ID = 2
-UNK_ID = 3
-MASK_ID = 4
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")  # index == id
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    """The ids of a tokenizer's special tokens. BOS opens and EOS closes every packed
+    sequence (RoBERTa's <s> </s>, BERT's [CLS] [SEP]); PAD fills; MASK is the [MASK] the
+    maskers insert; UNK is never inserted, only excluded from random replacements."""
+
+    pad: int
+    bos: int
+    eos: int
+    unk: int
+    mask: int
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The distinct special ids, ascending."""
+        return tuple(sorted({self.pad, self.bos, self.eos, self.unk, self.mask}))
+
+    def to_json(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+# The ids a SentencePiece model of ours has (train_tokenizer puts them there, load_tokenizer
+# checks them); SPECIAL_TOKENS[i] is the piece of id i.
+SENTENCEPIECE_IDS = SpecialIds(pad=0, bos=1, eos=2, unk=3, mask=4)
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
 NUM_SPECIAL = len(SPECIAL_TOKENS)
+# Kept while callers move to `Tokenizer.special`.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
 
 MODEL_TYPES = ("bpe", "unigram")
 # SentencePiece skips training sentences longer than this many bytes; the default (4192)
@@ -48,7 +76,14 @@ class TokenizerError(errors.UserError):
 
 
 class Tokenizer:
-    """A loaded SentencePiece model with the special ids above (see ``load_tokenizer``)."""
+    """A loaded SentencePiece model with the special ids above (see ``load_tokenizer``).
+
+    The interface every tokenizer kind has (HfTokenizer too): `kind`,
+    `model_path`, `special`, `vocab_size`, `encode`, `decode`, `encode_with_offsets`,
+    `id_to_piece`, `token_to_id`."""
+
+    kind = "sentencepiece"
+    special = SENTENCEPIECE_IDS
 
     def __init__(self, processor: spm.SentencePieceProcessor, model_path: str):
         self._sp = processor
@@ -79,33 +114,125 @@ class Tokenizer:
         return self._sp.encode(list(texts), return_type="offset_mapping", num_threads=-1)
 
     def id_to_piece(self, token_id: int) -> str:
-        """The piece string of one id (``"<mask>"`` for ``MASK_ID``)."""
+        """The piece string of one id (``"<mask>"`` for the mask id)."""
         return self._sp.id_to_piece(int(token_id))
+
+    def token_to_id(self, piece: str) -> int | None:
+        """The id of one piece, or None if the vocabulary lacks it."""
+        token_id = self._sp.piece_to_id(piece)
+        return token_id if self._sp.id_to_piece(token_id) == piece else None
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.model_path!r}, vocab_size={self.vocab_size})"
 
 
-def load_tokenizer(path: str) -> Tokenizer:
-    """Loads a ``.model`` file and checks that the special tokens have the ids above."""
+def load_tokenizer(path: str, field: str = "tokenizer model") -> Tokenizer:
+    """Loads a tokenizer file: a Hugging Face ``tokenizer.json`` (a name ending in
+    ``.json``; see HfTokenizer), else a SentencePiece ``.model``, whose special tokens
+    must have the ids above. `field` names the setting the path came from in errors."""
     file = paths.Path(path)
     if not file.is_file():
-        raise TokenizerError(f"tokenizer model {path!r} does not exist")
+        raise TokenizerError(f"{field} {path!r} does not exist")
+    if str(path).endswith(".json"):
+        return _load_hf(file, field)
     processor = spm.SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(file.read_bytes())
     except RuntimeError:
-        raise TokenizerError(f"tokenizer model {path!r} is not a SentencePiece model (it does "
-                             "not parse as one)") from None
+        raise TokenizerError(f"{field} {path!r} is not a SentencePiece model (it does not "
+                             "parse as one) nor a Hugging Face tokenizer.json") from None
     for token_id, piece in enumerate(SPECIAL_TOKENS):
         actual_id = processor.piece_to_id(piece)
         # piece_to_id returns the unk id for a missing piece, hence the reverse check.
         if actual_id != token_id or processor.id_to_piece(token_id) != piece:
             found = "is missing" if processor.id_to_piece(actual_id) != piece else (
                 f"has id {actual_id}")
-            raise TokenizerError(f"tokenizer model {path!r}: special token {piece!r} {found}; "
+            raise TokenizerError(f"{field} {path!r}: special token {piece!r} {found}; "
                                  f"expected id {token_id} (train it with train_tokenizer)")
     return Tokenizer(processor, path)
+
+
+# A Hugging Face tokenizer's special tokens are found by name: RoBERTa's (and GPT-2-style
+# BPE's) and BERT's WordPiece names, the two layouts published encoders use.
+_HF_NAMES = {
+    "pad": ("<pad>", "[PAD]"),
+    "bos": ("<s>", "[CLS]"),
+    "eos": ("</s>", "[SEP]"),
+    "unk": ("<unk>", "[UNK]"),
+    "mask": ("<mask>", "[MASK]"),
+}
+
+
+class HfTokenizer:
+    """A Hugging Face ``tokenizer.json`` (the `tokenizers` library) with the Tokenizer
+    interface; its special ids are read from its vocabulary (`_HF_NAMES`)."""
+
+    kind = "huggingface"
+
+    def __init__(self, tokenizer, model_path: str, special: SpecialIds):
+        self._tok = tokenizer
+        self.model_path = model_path
+        self.special = special
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (RoBERTa's 50,265)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+        """Token ids of each text, no special tokens added (the packer adds BOS/EOS); the
+        library encodes a batch on every core (num_threads is SentencePiece's knob)."""
+        del num_threads
+        if isinstance(texts, str):
+            raise TypeError("Tokenizer.encode takes a sequence of texts, not one string")
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int] | Sequence[Sequence[int]]) -> str | list[str]:
+        """Text of one id sequence, or a list of texts for a batch (special tokens kept,
+        as SentencePiece keeps <mask>)."""
+        ids = _as_int_lists(ids)
+        if ids and not isinstance(ids[0], int):
+            return self._tok.decode_batch(ids, skip_special_tokens=False)
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def encode_with_offsets(self, texts: Sequence[str]) -> list[dict]:
+        """Per text {"ids": [...], "offsets": [(start, end), ...]}: each token's character
+        span in the original text."""
+        return [{"ids": e.ids, "offsets": e.offsets}
+                for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._tok.id_to_token(int(token_id))
+
+    def token_to_id(self, piece: str) -> int | None:
+        return self._tok.token_to_id(piece)
+
+    def __repr__(self) -> str:
+        return f"HfTokenizer({self.model_path!r}, vocab_size={self.vocab_size})"
+
+
+def _load_hf(file: paths.Path, field: str) -> HfTokenizer:
+    import tokenizers  # the SentencePiece path never needs it
+
+    try:
+        tok = tokenizers.Tokenizer.from_str(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, Exception) as e:  # the library raises plain Exception
+        raise TokenizerError(f"{field} {str(file)!r} is not a Hugging Face tokenizer.json "
+                             f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                             ) from None
+    found = {}
+    for role, names in _HF_NAMES.items():
+        ids = [tok.token_to_id(n) for n in names]
+        present = [(n, i) for n, i in zip(names, ids, strict=True) if i is not None]
+        if not present:
+            raise TokenizerError(f"{field} {str(file)!r} has no {role} token (expected one of "
+                                 f"{' '.join(names)})")
+        found[role] = present[0][1]
+    special = SpecialIds(**found)
+    if len(special.ids) != 5:
+        raise TokenizerError(f"{field} {str(file)!r}: two special tokens share an id "
+                             f"({special.to_json()})")
+    return HfTokenizer(tok, str(file), special)
 
 
 def train_tokenizer(documents: Iterable[str], model_prefix_or_path: str, vocab_size: int,
@@ -159,18 +286,19 @@ def train_tokenizer(documents: Iterable[str], model_prefix_or_path: str, vocab_s
 
 def _train(sentences: list[str], writer, vocab_size: int, model_type: str,
            lowercase: bool, num_threads: int) -> None:
+    ids = SENTENCEPIECE_IDS
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
         model_writer=writer,
         vocab_size=vocab_size,
         model_type=model_type,
         normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-        pad_id=PAD_ID, pad_piece=SPECIAL_TOKENS[PAD_ID],
-        bos_id=BOS_ID, bos_piece=SPECIAL_TOKENS[BOS_ID],
-        eos_id=EOS_ID, eos_piece=SPECIAL_TOKENS[EOS_ID],
-        unk_id=UNK_ID, unk_piece=SPECIAL_TOKENS[UNK_ID],
-        # The first free id after 0..3, so <mask> lands on MASK_ID (load_tokenizer checks).
-        user_defined_symbols=[SPECIAL_TOKENS[MASK_ID]],
+        pad_id=ids.pad, pad_piece=SPECIAL_TOKENS[ids.pad],
+        bos_id=ids.bos, bos_piece=SPECIAL_TOKENS[ids.bos],
+        eos_id=ids.eos, eos_piece=SPECIAL_TOKENS[ids.eos],
+        unk_id=ids.unk, unk_piece=SPECIAL_TOKENS[ids.unk],
+        # The first free id after 0..3, so <mask> lands on ids.mask (load_tokenizer checks).
+        user_defined_symbols=[SPECIAL_TOKENS[ids.mask]],
         byte_fallback=True,
         # The sentences are already sampled (see _sample_sentences): use them all, in order.
         input_sentence_size=0,

@@ -22,6 +22,9 @@ from maelm_jax.infra import errors, paths
 # Shared by several kinds.
 CONFIG_FILE = "config.json"  # the run's config (export: the Hugging Face config)
 TOKENIZER_FILE = "tokenizer.model"  # a trained or copied sentencepiece model
+HF_TOKENIZER_FILE = "tokenizer.json"  # or a copied Hugging Face tokenizer (text/hf_tokenizer.py)
+# A run's tokenizer file by kind (text/tokenizer.py's Tokenizer.kind).
+TOKENIZER_FILES = {"sentencepiece": TOKENIZER_FILE, "huggingface": HF_TOKENIZER_FILE}
 METRICS_FILE = "metrics.jsonl"  # a JSON line per log, eval or dev evaluation
 TENSORBOARD_DIR = "tensorboard"  # the same metrics as TensorBoard event files
 # <step>/: orbax checkpoints, the one place every kind keeps them: pretraining's; a
@@ -90,21 +93,22 @@ class Kind:
 
 # A study's parts (pretraining runs, the rank analysis, sweeps) also hold its time record.
 KINDS: dict[str, Kind] = {k.mode: k for k in (
-    Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TENSORBOARD_DIR + "/",
-                      CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE, STUDY_TIMES_FILE,
-                      PLAN_FILE, STACKS_DIR + "/", PROFILE_DIR + "/", TRACKERS_DIR + "/",
-                      DATA_RECORD_FILE)),
-    Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE), patterns=("*-*-of-*", "notes")),
+    Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, HF_TOKENIZER_FILE, METRICS_FILE,
+                      TENSORBOARD_DIR + "/", CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE,
+                      STUDY_TIMES_FILE, PLAN_FILE, STACKS_DIR + "/", PROFILE_DIR + "/",
+                      TRACKERS_DIR + "/", DATA_RECORD_FILE)),
+    Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE, HF_TOKENIZER_FILE),
+         patterns=("*-*-of-*", "notes")),
     Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESULTS_FILE,
                       PREDICTIONS_DIR + "/", CHECKPOINTS + "/", ENCODER_FILE,
-                      TOKENIZER_FILE, GROUP_FILE, STACKS_DIR + "/")),
+                      TOKENIZER_FILE, HF_TOKENIZER_FILE, GROUP_FILE, STACKS_DIR + "/")),
     Kind("sweep", (CONFIG_FILE, SWEEP_SUMMARY_FILE, SWEEP_TABLE_FILE, SWEEP_RUNS_DIR + "/",
                    STUDY_TIMES_FILE)),
     Kind("rank", (RANK_JSON_FILE, RANK_MARKDOWN_FILE, RANK_LAYERS_PLOT, RANK_MASK_PLOT,
                   STUDY_TIMES_FILE)),
     # Reads the pretraining run in --workdir and prints; writes nothing there.
     Kind("fill_mask", ()),
-    Kind("study", (CONFIG_FILE, TOKENIZER_FILE, DATA_DIR + "/", STUDY_JSON_FILE,
+    Kind("study", (CONFIG_FILE, TOKENIZER_FILE, HF_TOKENIZER_FILE, DATA_DIR + "/", STUDY_JSON_FILE,
                    STUDY_SIZING_FILE, STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT, STUDY_GLUE_PLOT,
                    RANK_LAYERS_PLOT, STUDY_PRETRAIN_DIR + "/", STUDY_RANK_DIR + "/",
                    STUDY_FINETUNE_DIR + "/")),
@@ -118,6 +122,14 @@ KINDS: dict[str, Kind] = {k.mode: k for k in (
 
 class WorkdirError(errors.UserError):
     """A workdir whose record cannot be read, or that holds a run this one cannot use."""
+
+
+def tokenizer_file(directory: paths.Path) -> paths.Path | None:
+    """The tokenizer file a workdir or prepared directory holds (either kind), or None."""
+    for name in TOKENIZER_FILES.values():
+        if (directory / name).is_file():
+            return directory / name
+    return None
 
 
 def unexpected_entries(workdir: paths.Path, kind: str) -> list[str]:
