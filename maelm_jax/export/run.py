@@ -36,11 +36,12 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import run_configs, runs
-from maelm_jax.export import card, weights
+from maelm_jax.export import card
 from maelm_jax.export import config as export_config
 from maelm_jax.export.config import ExportError
 from maelm_jax.infra import paths
 from maelm_jax.models import encoder as encoder_lib
+from maelm_jax.models import torch_names
 from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.workdirs import layout
@@ -110,7 +111,7 @@ def _read_run(init_from: str) -> dict[str, Any]:
                           f"but the run's tokenizer {tok.model_path} has {tok.vocab_size}")
     return {"run_dir": run_dir, "step": step, "recorded": recorded, "run_cfg": run_cfg,
             "tokenizer": tok, "hf_config": hf_config,
-            "state": weights.state_dict(params, head), "facts": facts}
+            "state": torch_names.state_dict(params, head), "facts": facts}
 
 
 def _encoder_fields(arch: dict[str, Any], model: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -23,12 +23,11 @@ from configs.pretrain import quickstart as quickstart_config
 from maelm_jax import run_configs, runs
 from maelm_jax.export import config as export_config
 from maelm_jax.export import run as export_run
-from maelm_jax.export import weights
 from maelm_jax.fill_mask import run as fill_mask_run
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import heads
 from maelm_jax.finetune import train as finetune_train
-from maelm_jax.models import builder, relative_position
+from maelm_jax.models import builder, relative_position, torch_names
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
@@ -104,7 +103,7 @@ def _torch_model(cls, hf_config: dict, params, head=None):
     """The PyTorch model of `hf_config` with our parameters, loaded strictly: every tensor
     of the model is given, and nothing else."""
     model = cls(configuration_maelm.MaelmConfig.from_dict(hf_config))
-    state = {k: torch.from_numpy(v.copy()) for k, v in weights.state_dict(params, head).items()}
+    state = {k: torch.from_numpy(v.copy()) for k, v in torch_names.state_dict(params, head).items()}
     model.load_state_dict(state, strict=True)
     return model.eval()
 
@@ -140,7 +139,7 @@ def test_every_architecture_computes_ours_in_pytorch(name):
     model = setup_lib.model(c, TINY_VOCAB)
     batch = jax.tree.map(np.asarray, masking.apply_mask(
         jax.random.PRNGKey(0), jax.numpy.full((1, c.data.seq_len), 7, np.int32),
-        pretrain_config.mask_counts(c), TINY_VOCAB))
+        pretrain_config.mask_counts(c), TINY_VOCAB, tokenizer_lib.SENTENCEPIECE_IDS))
     params = _perturbed(nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch))["params"])
     hf_config = export_run.pretraining_config(c, TINY_VOCAB)
     torch_model = _torch_model(modeling_maelm.MaelmForMaskedLM, hf_config, params)

@@ -69,7 +69,7 @@ class Split:
 class ExportHead:
     """How a fine-tuned run's model is exported (maelm_jax/export): the PyTorch class
     (export/remote/modeling_maelm.py), the fields it adds to config.json, the PyTorch name
-    of the run's "head" parameters ("classifier" or "qa_outputs", export/weights.py) and
+    of the run's "head" parameters ("classifier" or "qa_outputs", models/torch_names.py) and
     the task's name for the model card."""
 
     architecture: str
