@@ -37,8 +37,9 @@ _OWN_SOURCE_FIELDS = {
     "squad": (("path",), ()),
 }
 # n = this many times d_model of each run when config.num_tokens is 0 (the paper: n ~ 5e6
-# tokens for d = 768; any n >> d gives a stable rank).
-DEFAULT_TOKENS_PER_DIM = 100
+# tokens for d = 768, about 6,500 d; at 100 d the sampling alone moved a rank by about 1).
+# The tokens stream through the Gram sums: memory does not grow with n.
+DEFAULT_TOKENS_PER_DIM = 1000
 
 
 class RankConfigError(errors.UserError):
@@ -56,14 +57,18 @@ def rank_defaults() -> ml_collections.ConfigDict:
     # next to the paper's uncentred ones: the mean direction alone can hold much of the
     # energy of a small model's H and count as a dimension.
     c.center = True
-    c.num_tokens = 0  # n, the rows of H (real tokens); 0 = 100 x each run's d_model
+    c.num_tokens = 0  # n, the rows of H (real tokens); 0 = 1000 x each run's d_model
     c.mask_ratio = 0.15  # positions set to [MASK] in the "with [MASK]" inputs (Fig. 1)
     c.batch_size = 32  # sequences per forward pass (global; split over the mesh)
     # Sequence length; 0 = each run's own (a pretraining run's data.seq_len, which its
     # validation blocks have; a fine-tuning run's data.max_seq_len, or max positions <= 512).
     c.seq_len = 0
     c.source = ml_collections.ConfigDict({"kind": "validation"})  # see the module docstring
-    c.seed = 0  # which positions are masked
+    c.seed = 0  # which positions are masked, and the bootstrap's draws
+    # Bootstrap 95 % intervals (maelm_jax/analysis/bootstrap.py): the batches summed in this
+    # many groups, resampled this many times (0: no intervals).
+    c.bootstrap_groups = 20
+    c.bootstrap_replicates = 200
     c.dtype = "float32"  # compute dtype of the encoders; the Gram sums are always float32
     config_sections.MESH.add_to(c)  # as in pretraining
     return c
@@ -87,6 +92,8 @@ FIELDS: dict[str, schema.Field] = {
     "seq_len": schema.integer(0),
     "source": schema.free_form("a source: kind='validation', a corpus kind, 'glue' or 'squad'"),
     "seed": schema.integer(0),
+    "bootstrap_groups": schema.integer(2),
+    "bootstrap_replicates": schema.integer(0),
     "dtype": schema.choice("float32", "bfloat16", "float16"),
     **config_sections.MESH.fields(),
 }

@@ -41,25 +41,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maelm_jax.analysis import measures, spectrum
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.text import tokenizer
 
-STATS = ("with_mask", "without_mask", "mask_only")
-# Cumulative fractions within this (relative) distance below tau count as reaching it, so
-# a spectrum that reaches tau exactly is not pushed one dimension up by rounding.
-_TOLERANCE = 1e-9
+STATS = measures.STATS
 
 
 def effective_rank(squared_singular_values: np.ndarray, tau: float) -> int:
     """rank_tau from the s_i^2 (the eigenvalues of H^T H, in any order). Negative values
     (round-off of a Gram matrix's zero eigenvalues) count as 0; an all-zero H has rank 0."""
-    energy = np.sort(np.clip(np.asarray(squared_singular_values, np.float64), 0.0, None))[::-1]
-    total = energy.sum()
-    if total <= 0.0:
-        return 0
-    cumulative = np.cumsum(energy) / total
-    return int(np.searchsorted(cumulative, tau * (1.0 - _TOLERANCE), side="left")) + 1
+    return spectrum.integer_rank(squared_singular_values, tau)
 
 
 def effective_rank_of_matrix(h: np.ndarray, tau: float) -> int:
@@ -73,17 +66,6 @@ def gram_ranks(grams: np.ndarray, tau: float) -> list[int]:
     for g in np.asarray(grams, np.float64):
         out.append(effective_rank(np.linalg.eigvalsh((g + g.T) / 2.0), tau))
     return out
-
-
-def centred_grams(moments: dict) -> np.ndarray:
-    """[layers, d, d] Gram matrices of the rows minus their mean, from a statistic's
-    summed moments ("gram" [layers, d, d], "sum" [layers, d], "count" []): G - s s^T / n."""
-    g = np.asarray(moments["gram"], np.float64)
-    s = np.asarray(moments["sum"], np.float64)
-    n = float(moments["count"])
-    if n <= 0:
-        return np.zeros_like(g)
-    return g - s[:, :, None] * s[:, None, :] / n
 
 
 def hidden_states(encoder: encoder_lib.Encoder, params: Any, tokens: jax.Array,

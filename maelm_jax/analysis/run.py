@@ -8,6 +8,7 @@ the plots in workdir (report.py). Nothing is written into the analysed runs' wor
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import jax
@@ -16,8 +17,8 @@ import numpy as np
 from absl import logging
 
 from maelm_jax import run_configs, runs
+from maelm_jax.analysis import bootstrap, inputs, measures, rank, report
 from maelm_jax.analysis import config as rank_config
-from maelm_jax.analysis import inputs, rank, report
 from maelm_jax.infra import distributed, errors, paths, sharding
 from maelm_jax.models import builder
 from maelm_jax.models import encoder as encoder_lib
@@ -62,12 +63,15 @@ def _source_description(source: ml_collections.ConfigDict) -> str:
 
 
 def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict], mesh,
-              rules: tuple = sharding.DEFAULT_RULES) -> dict[str, dict[str, np.ndarray]]:
-    """Every statistic's moments (rank.moments: Gram matrices [layers + 1, d, d], row sums
-    [layers + 1, d], row count) over `batches` (inputs.py), summed on the mesh: the
-    encoder's parameters sharded by their logical axes, each batch split over data x fsdp,
-    the sums replicated (and donated from step to step). One compilation: every batch has
-    the same shape."""
+              rules: tuple = sharding.DEFAULT_RULES,
+              groups: int = 1) -> dict[str, dict[str, np.ndarray]]:
+    """Every statistic's moments (rank.moments) over `batches` (inputs.py), summed on the
+    mesh per group of consecutive batches (bootstrap.group_of): "gram" [G, layers + 1, d,
+    d], "sum" [G, layers + 1, d], "count" [G], G = min(groups, batches). The encoder's
+    parameters are sharded by their logical axes, each batch split over data x fsdp, the
+    sums replicated (and donated from step to step); a group's sums go to the host when it
+    ends, so memory holds G groups whatever the number of tokens. One compilation: every
+    batch has the same shape."""
     param_shardings = state_lib.build(runs.encoder_init(encoder_cfg), mesh, rules).shardings
     replicated = sharding.replicated(mesh)
     step = jax.jit(rank.make_gram_step(encoder_cfg),
@@ -75,12 +79,29 @@ def gram_sums(encoder_cfg: encoder_lib.EncoderConfig, params, batches: list[dict
                    out_shardings=replicated, donate_argnums=1)
     params = jax.device_put(params, param_shardings)
     stack = encoder_cfg.stack
-    grams = jax.device_put(rank.zero_grams(stack.num_layers, stack.d_model), replicated)
+    done, grams = [], None
     with sharding.activate(mesh, rules):
-        for batch in batches:
+        for i, batch in enumerate(batches):
+            group = bootstrap.group_of(i, len(batches), groups)
+            if i == 0 or group != bootstrap.group_of(i - 1, len(batches), groups):
+                if grams is not None:
+                    done.append(jax.tree.map(np.asarray, jax.device_get(grams)))
+                grams = jax.device_put(rank.zero_grams(stack.num_layers, stack.d_model),
+                                       replicated)  # fresh: each step donates them
             grams = step(params, grams, {k: sharding.global_batch_from_full(v, mesh)
                                          for k, v in batch.items()})
-    return jax.tree.map(np.asarray, jax.device_get(grams))
+    done.append(jax.tree.map(np.asarray, jax.device_get(grams)))
+    return jax.tree.map(lambda *parts: np.stack(parts), *done)
+
+
+def _inputs_digest(batches: list[dict]) -> str:
+    """The SHA-256 of the analysed tokens and their masking: runs with equal digests were
+    read on the same sequences, so their bootstrap replicates pair."""
+    digest = hashlib.sha256()
+    for batch in batches:
+        for name in ("masked", "counted"):
+            digest.update(np.ascontiguousarray(batch[name]).tobytes())
+    return digest.hexdigest()
 
 
 def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
@@ -116,19 +137,19 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
                  config.batch_size, seq_len)
 
     start = time.perf_counter()
-    grams = gram_sums(enc, pretrained.params, batches, mesh, rules)
-    ranks = {name: rank.gram_ranks(grams[name]["gram"], config.tau) for name in rank.STATS}
-    logging.info("%s: rank_%g of the last layer %d without [MASK], %d with, %d of the [MASK] "
-                 "rows (%.1fs)", label, config.tau, ranks["without_mask"][-1],
-                 ranks["with_mask"][-1], ranks["mask_only"][-1], time.perf_counter() - start)
+    grouped = gram_sums(enc, pretrained.params, batches, mesh, rules, config.bootstrap_groups)
+    found = measures.run_measures(grouped, config.tau, config.center,
+                                  config.bootstrap_replicates, config.seed)
+    stats = found["statistics"]
+    ranks = {name: stats["uncentred"][name]["rank"] for name in rank.STATS}
+    last = {name: stats["uncentred"][name]["continuous"][-1] for name in rank.STATS}
+    logging.info("%s: continuous rank_%g of the last layer %.1f without [MASK], %.1f with, "
+                 "%.1f of the [MASK] rows (%.1fs)", label, config.tau, last["without_mask"],
+                 last["with_mask"], last["mask_only"], time.perf_counter() - start)
     centred = {}
     if config.center:
-        centred = {name: rank.gram_ranks(rank.centred_grams(grams[name]), config.tau)
-                   for name in rank.STATS}
+        centred = {name: stats["centred"][name]["rank"] for name in rank.STATS}
         centred["last_layer"] = {name: values[-1] for name, values in centred.items()}
-        logging.info("%s: centred, %d without [MASK], %d with, %d of the [MASK] rows", label,
-                     centred["without_mask"][-1], centred["with_mask"][-1],
-                     centred["mask_only"][-1])
     kind = "fine-tuning" if run_cfg.get("mode") == "finetune" else "pretraining"
     return {
         "label": label,
@@ -146,6 +167,8 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
         **ranks,
         "last_layer": {name: values[-1] for name, values in ranks.items()},
         **({"centred": centred} if centred else {}),
+        "inputs_sha256": _inputs_digest(batches),
+        **found,
     }
 
 
@@ -174,9 +197,12 @@ def analyse(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "center": config.center,
         "mask_ratio": config.mask_ratio,
         "seed": config.seed,
+        "bootstrap": {"groups": config.bootstrap_groups,
+                      "replicates": config.bootstrap_replicates, "level": bootstrap.LEVEL},
         "source": config.source.to_dict(),
         "source_description": _source_description(config.source),
         "runs": results,
+        "differences": measures.differences(results),
     }
     if distributed.is_leader():
         written = report.write(out_dir, out)

@@ -25,7 +25,7 @@ from absl import logging
 from maelm_jax import runs
 from maelm_jax.analysis import config as rank_config
 from maelm_jax.analysis import inputs as rank_inputs
-from maelm_jax.analysis import rank as rank_lib
+from maelm_jax.analysis import measures
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.finetune import data as finetune_data
 from maelm_jax.finetune import encoder as finetune_encoder_lib
@@ -187,7 +187,7 @@ def time_rank(study: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
               vocab_size: int) -> tuple[float, float]:
     """(compile seconds, seconds per model) of the rank analysis the study runs on the
     pretraining `c` (study/run.py's settings: config.rank_tokens, one device), on random
-    tokens: its Gram program over its batches, then the ranks, uncentred and centred. The
+    tokens: its Gram program over its batches, then the statistics and their bootstrap. The
     analysis builds its program afresh for every model, so the second time is a model's."""
     r = rank_config.rank_defaults()
     encoder = builder.encoder(runs.pretrained_architecture(c.to_dict(), vocab_size),
@@ -202,12 +202,14 @@ def time_rank(study: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
     seconds = []
     for _ in range(2):
         start = time.perf_counter()
-        grams = rank_run.gram_sums(encoder, params, batches, mesh)
-        for name in rank_lib.STATS:
-            rank_lib.gram_ranks(grams[name]["gram"], r.tau)
-            rank_lib.gram_ranks(rank_lib.centred_grams(grams[name]), r.tau)
+        grams = rank_run.gram_sums(encoder, params, batches, mesh,
+                                   groups=r.bootstrap_groups)
         seconds.append(time.perf_counter() - start)
-    return max(seconds[0] - seconds[1], 0.0), seconds[1]
+    # The statistics and their bootstrap on the host: the same time whatever the weights.
+    start = time.perf_counter()
+    measures.run_measures(grams, r.tau, r.center, r.bootstrap_replicates, r.seed)
+    host = time.perf_counter() - start
+    return max(seconds[0] - seconds[1], 0.0), seconds[1] + host
 
 
 def measure(study: ml_collections.ConfigDict, configs: dict[str, ml_collections.ConfigDict],

@@ -14,7 +14,7 @@ import pytest
 
 from configs.analysis import rank as rank_config
 from configs.finetune import glue as glue_config
-from maelm_jax.analysis import inputs, rank
+from maelm_jax.analysis import inputs, measures, rank, report
 from maelm_jax.analysis import run as analysis_run
 from maelm_jax.finetune import train as finetune_train
 from maelm_jax.infra import errors, sharding
@@ -109,8 +109,14 @@ def test_an_encoder_whose_mask_inputs_use_extra_dimensions_shows_the_gap():
     batches, n, n_mask = inputs.make_batches(rows, 32, 8, 1000, 0.15, seed=0)
     assert (n, n_mask) == (1000, 150)  # 50 sequences of 20 real tokens, 3 masked in each
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    grams = analysis_run.gram_sums(cfg, params, batches, mesh)
-    assert grams["with_mask"]["gram"].shape == (3, 16, 16)  # embedding output + 2 layers
+    grouped = analysis_run.gram_sums(cfg, params, batches, mesh, groups=4)
+    # 7 batches in 4 groups of consecutive batches; the embedding output + 2 layers.
+    assert grouped["with_mask"]["gram"].shape == (4, 3, 16, 16)
+    assert grouped["with_mask"]["count"].tolist() == [320, 320, 320, 40]  # batches of 8 x 20
+    grams = {name: measures.total(g) for name, g in grouped.items()}
+    one = analysis_run.gram_sums(cfg, params, batches, mesh)
+    np.testing.assert_allclose(one["with_mask"]["gram"][0], grams["with_mask"]["gram"],
+                               rtol=1e-5, atol=1e-4)
     assert grams["with_mask"]["sum"].shape == (3, 16)
     assert float(grams["with_mask"]["count"]) == 1000 and float(grams["mask_only"]["count"]) == 150
     for tau in (0.999, 0.9999):  # every direction that carries energy
@@ -163,10 +169,10 @@ def test_centring_leaves_out_a_common_offset():
     h[:, 1:6] = rng.normal(size=(4000, 5))
     moments = {"gram": (h.T @ h)[None], "sum": h.sum(axis=0)[None], "count": len(h)}
     centred = h - h.mean(axis=0)
-    np.testing.assert_allclose(rank.centred_grams(moments)[0], centred.T @ centred,
+    np.testing.assert_allclose(measures.centred_grams(moments)[0], centred.T @ centred,
                                rtol=1e-9, atol=1e-6)
     assert rank.gram_ranks(moments["gram"], 0.9) == [1]
-    assert rank.gram_ranks(rank.centred_grams(moments), 0.9) == [5]
+    assert rank.gram_ranks(measures.centred_grams(moments), 0.9) == [5]
     assert rank.effective_rank_of_matrix(centred, 0.9) == 5
 
 
@@ -196,7 +202,6 @@ def test_the_layer_plots_show_the_centred_ranks_beside_the_papers(tmp_path):
     panel of them, so the study's rank_layers.png shows all four of each model's curves."""
     from matplotlib.image import imread
 
-    from maelm_jax.analysis import report
     from maelm_jax.infra import paths
 
     def run(label, centred):
@@ -237,14 +242,30 @@ def test_analysis_of_a_workdir_and_a_checkpoint_writes_its_files(tiny_run, tmp_p
     assert {s: saved["runs"][0][s] for s in rank.STATS} == {
         s: saved["runs"][1][s] for s in rank.STATS}
     table = (tmp_path / "rank" / layout.RANK_MARKDOWN_FILE).read_text()
-    last = saved["runs"][0]["last_layer"]
-    centred = saved["runs"][0]["centred"]["last_layer"]
-    assert (f"| mlm | pretraining | 32 | 2 | 1600 | {last['without_mask']} | "
-            f"{last['with_mask']} | {last['mask_only']} (250) | {centred['without_mask']} | "
-            f"{centred['with_mask']} | {centred['mask_only']} |") in table
+    stats = saved["runs"][0]["statistics"]
+    for view in ("uncentred", "centred"):
+        for stat in rank.STATS:
+            found = stats[view][stat]
+            assert len(saved["runs"][0]["spectra"][view][stat]) == 3  # layers
+            assert all(len(e) == 32 for e in saved["runs"][0]["spectra"][view][stat])
+            # rank_tau is the continuous rank's ceiling; the interval is around the latter.
+            assert [int(np.ceil(c - 1e-6)) for c in found["continuous"]] == found["rank"]
+            assert found["rank"] == (run[stat] if view == "uncentred" else
+                                     run["centred"][stat])
+            assert all(lo <= hi for lo, hi in found["interval"]["continuous"])
+            assert set(found["at"]) == {"0.5", "0.8", "0.9", "0.95", "0.99"}
+            assert len(saved["runs"][0]["replicates"][view][stat]) == 200
+    outside = saved["runs"][0]["outside_energy"]
+    assert all(0.0 <= x <= 1.0 for x in outside["mask"] + outside["null"])
+    # The same encoder on the same sequences: paired differences of exactly 0.
+    assert saved["differences"] and all(
+        d["difference"] == 0 and d["interval"] == [0, 0] for d in saved["differences"])
+    assert (f"| mlm | pretraining | 32 | 2 | 1600 | "
+            f"{report.rank_text(saved['runs'][0], 'uncentred', 'without_mask', 0.9)} |") in table
+    assert "held-out real tokens outside" in table and "mlm@6 minus mlm" in table
     assert table.count("| 2 |") >= 2  # per-layer rows of both runs
     for line in table.splitlines():  # every header as many cells as its rows
-        if line.startswith("| run |") or line.startswith("| layer |"):
+        if line.startswith(("| run |", "| layer |", "| runs |")):
             header = line.count("|")
         elif line.startswith("| mlm") or re.match(r"\| \d+ \|", line):
             assert line.count("|") == header, line
