@@ -29,24 +29,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
 
 from maelm_jax.config import schema
 from maelm_jax.data import packing, run_data, shards
-from maelm_jax.infra import errors, paths
-from maelm_jax.models import builder, layer_layout
+from maelm_jax.infra import paths
+from maelm_jax.models import builder
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
+from maelm_jax.sources import huggingface
+from maelm_jax.sources import source as source_lib
+from maelm_jax.sources.source import CheckpointError, read_json, restore_params
 from maelm_jax.text import tokenizer as tokenizer_lib
-from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.workdirs import layout
-
-
-class CheckpointError(errors.UserError):
-    """A run that cannot be read back (config, tokenizer, checkpoint or data), or a
-    checkpoint that cannot initialise the encoder; the message says why."""
 
 
 @dataclasses.dataclass
@@ -60,77 +56,35 @@ class Pretrained:
 
 
 def resolve_checkpoint(init_from: str) -> tuple[paths.Path, paths.Path]:
-    """(workdir, checkpoint step directory) for a workdir or a checkpoints/<step> path."""
-    path = paths.resolve(init_from, "config.init_from")
-    if path.name == layout.STATE_ITEM:
-        path = path.parent
-    if not path.exists():
-        raise CheckpointError(f"config.init_from: {init_from} does not exist")
-    if path.name.isdigit() and path.parent.name == layout.CHECKPOINTS:
-        _check_finished(path.parent.parent, init_from)
-        return path.parent.parent, path
-    if (path / layout.CONFIG_FILE).is_file() and (path / layout.CHECKPOINTS).is_dir():
-        _check_finished(path, init_from)
-        steps = [step for step in checkpoint_lib.finished_steps(path / layout.CHECKPOINTS)
-                 if (path / layout.CHECKPOINTS / str(step) / layout.STATE_ITEM).is_dir()]
-        if not steps:
-            raise CheckpointError(f"config.init_from: {path}/{layout.CHECKPOINTS} holds no "
-                                  f"finished checkpoint")
-        _warn_if_stopped_early(path, max(steps))
-        return path, path / layout.CHECKPOINTS / str(max(steps))
-    raise CheckpointError(f"config.init_from: {init_from} is neither a workdir (config.json and "
-                          f"checkpoints/) nor a <workdir>/checkpoints/<step> directory")
+    """(workdir, checkpoint step directory) for a workdir of ours or a checkpoints/<step>
+    path."""
+    source = source_lib.read(init_from)
+    if source.step_dir is None:
+        raise CheckpointError(f"config.init_from: {init_from} is a Hugging Face model, not a "
+                              "run of ours")
+    return source.path, source.step_dir
 
 
-def _check_finished(workdir: paths.Path, init_from: str) -> None:
-    """Refuses an unfinished fine-tuning run: its checkpoints/ holds resume states (the
-    whole train state), not yet the parameters it selects."""
-    config_file = workdir / layout.CONFIG_FILE
-    if (config_file.is_file() and read_json(config_file).get("mode") == "finetune"
-            and not (workdir / layout.RESULTS_FILE).exists()):
-        raise CheckpointError(f"config.init_from: {init_from} is an unfinished fine-tuning "
-                              f"run (no {layout.RESULTS_FILE}); run its command again to "
-                              "finish it first")
-
-
-def _warn_if_stopped_early(workdir: paths.Path, step: int) -> None:
-    """Warns when a pretraining workdir's latest checkpoint is not its last step (a run
-    stopped or still going): taking it is allowed, but rarely what a whole workdir meant."""
-    config = read_json(workdir / layout.CONFIG_FILE)
-    if config.get("mode", "pretrain") != "pretrain":
-        return
-    plan = budget_lib.read(workdir)
-    end = plan.end if plan else config.get("train", {}).get("num_steps")
-    if isinstance(end, int) and step < end:
-        logging.warning("%s is a pretraining run that has not finished: its latest checkpoint "
-                        "is step %d of %d, and that is the one used (name %s/%s/%d to say "
-                        "so, or run its command again to finish it)", workdir, step, end,
-                        workdir, layout.CHECKPOINTS, step)
-
-
-def read_json(path: paths.Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"config.init_from: {path} is missing; it describes the encoder")
+def architecture(source: source_lib.Source, vocab_size: int) -> tuple[dict, str]:
+    """(the architecture record of the encoder `source` holds, where it was read (for
+    errors))."""
+    if source.kind == source_lib.FINETUNING:
+        path = source.path / layout.ENCODER_FILE
+        return read_json(path), f"config.init_from: {path}"
+    config_path = source.path / (huggingface.CONFIG_FILE if source.kind == source_lib.HUGGING_FACE
+                                 else layout.CONFIG_FILE)
+    where = f"config.init_from: {config_path}"
+    if source.kind == source_lib.HUGGING_FACE:
+        try:
+            return huggingface.architecture(source.config, where), where
+        except huggingface.HuggingFaceError as e:
+            raise CheckpointError(str(e)) from None
     try:
-        return json.loads(paths.read_text(path))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"config.init_from: {path} is not valid JSON ({e})") from None
-
-
-def _architecture(workdir: paths.Path, vocab_size: int) -> tuple[dict, str, str]:
-    """(the architecture record of the encoder the workdir's files describe, where it was
-    read (for errors), the kind of run that wrote them: "pretraining" or "fine-tuning")."""
-    config_path = workdir / layout.CONFIG_FILE
-    run_config = read_json(config_path)
-    if run_config.get("mode") == "finetune":
-        path = workdir / layout.ENCODER_FILE
-        return read_json(path), f"config.init_from: {path}", "fine-tuning"
-    try:
-        arch = pretrained_architecture(run_config, vocab_size)
+        arch = pretrained_architecture(source.config, vocab_size)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"config.init_from: {config_path} is not a pretraining config "
+        raise CheckpointError(f"{where} is not a pretraining config "
                               f"({type(e).__name__}: {e})") from None
-    return arch, f"config.init_from: {config_path}", "pretraining"
+    return arch, where
 
 
 def pretrained_architecture(run_config: Mapping[str, Any], vocab_size: int) -> dict:
@@ -145,80 +99,35 @@ def pretrained_architecture(run_config: Mapping[str, Any], vocab_size: int) -> d
                                           max_positions=int(merged["data"]["seq_len"]))
 
 
-def find_tokenizer(workdir: paths.Path, configured: str) -> tokenizer_lib.Tokenizer:
+def find_tokenizer(source: source_lib.Source | paths.Path,
+                   configured: str) -> tokenizer_lib.Tokenizer:
     """config.tokenizer_path, else the workdir's tokenizer.model, else the pretraining
-    config's tokenizer.model_path (a run given an existing model does not copy it)."""
+    config's tokenizer.model_path (a run given an existing model does not copy it); a
+    Hugging Face model's own tokenizer.json."""
     if configured:
         return tokenizer_lib.load_tokenizer(configured)
-    if (workdir / layout.TOKENIZER_FILE).is_file():
-        return tokenizer_lib.load_tokenizer(str(workdir / layout.TOKENIZER_FILE))
-    run_config = read_json(workdir / layout.CONFIG_FILE)
-    model_path = (run_config.get("tokenizer") or {}).get("model_path") or ""
+    if not isinstance(source, source_lib.Source):  # a workdir of ours
+        source = source_lib.read(str(source))
+    if source.kind == source_lib.HUGGING_FACE:
+        path = source.path / layout.HF_TOKENIZER_FILE
+        if not path.is_file():
+            raise CheckpointError(f"config.init_from: {source.path} has no "
+                                  f"{layout.HF_TOKENIZER_FILE}; set config.tokenizer_path")
+        return tokenizer_lib.load_tokenizer(str(path))
+    own = layout.tokenizer_file(source.path)  # tokenizer.model, or a copied tokenizer.json
+    if own is not None:
+        return tokenizer_lib.load_tokenizer(str(own))
+    model_path = (source.config.get("tokenizer") or {}).get("model_path") or ""
     if model_path and paths.Path(model_path).is_file():
         return tokenizer_lib.load_tokenizer(model_path)
-    raise CheckpointError(f"config.init_from: {workdir} has no {layout.TOKENIZER_FILE} (and its "
-                          f"config's tokenizer.model_path {model_path!r} is not a file); set "
-                          f"config.tokenizer_path")
-
-
-def _tree_metadata(state_dir: paths.Path, field: str) -> Any:
-    try:
-        return checkpoint_lib.saved_tree(state_dir)
-    except Exception as e:  # orbax raises many types for a directory it cannot read
-        raise CheckpointError(f"{field}: {state_dir} is not an orbax checkpoint "
-                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-                              ) from None
+    raise CheckpointError(f"config.init_from: {source.path} has no {layout.TOKENIZER_FILE} (and "
+                          f"its config's tokenizer.model_path {model_path!r} is not a file); "
+                          f"set config.tokenizer_path")
 
 
 def restore_encoder_params(step_dir: paths.Path) -> Any:
     """params["encoder"] of the checkpoint's ``state`` item, as numpy arrays, nothing else."""
     return restore_params(step_dir, "encoder")
-
-
-def restore_params(step_dir: paths.Path, part: str | None = None,
-                   field: str = "config.init_from", stacked: bool = False) -> Any:
-    """The checkpoint's params (or only params[part]) as numpy arrays, without the optimiser
-    state, with the layers per layer or `stacked` (models/layer_layout.py) whichever way
-    they were saved. `field` is the setting that named the checkpoint, for error messages."""
-    import orbax.checkpoint as ocp
-
-    # Absolute (orbax reads nothing from a relative path), a bucket's URI unchanged.
-    step_dir = paths.resolve(step_dir, field)
-    state_dir = step_dir / layout.STATE_ITEM
-    if not state_dir.is_dir():
-        raise CheckpointError(f"{field}: {step_dir} has no '{layout.STATE_ITEM}' item; it is "
-                              f"not a maelm_jax checkpoint")
-    def damaged(e: Exception) -> CheckpointError:
-        return CheckpointError(f"{field}: {step_dir} cannot be restored ("
-                               f"{checkpoint_lib.failure_reason(e)}); it may be damaged: name "
-                               f"an older <workdir>/checkpoints/<step>")
-
-    # Digests first: a damaged metadata file must read as damage, not as another kind of
-    # checkpoint.
-    try:
-        checkpoint_lib.check_digests(step_dir)
-    except Exception as e:
-        raise damaged(e) from None
-    tree = _tree_metadata(state_dir, field)
-    params = tree.get("params") if isinstance(tree, dict) else None
-    wanted = params.get(part) if isinstance(params, dict) and part else params
-    if not isinstance(wanted, dict):
-        raise CheckpointError(f"{field}: {step_dir} holds no params{f'[{part!r}]' if part else ''}"
-                              f"; it is not a pretraining or fine-tuning checkpoint")
-    shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), wanted)
-    abstract = {"params": {part: shapes} if part else shapes}
-    # Numpy, not jax arrays: independent of the devices and sharding it was saved with.
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
-    try:
-        restored = ocp.PyTreeCheckpointer().restore(
-            state_dir,
-            args=ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args,
-                                        partial_restore=True),
-        )
-    except Exception as e:  # orbax and tensorstore raise many types for damaged files
-        raise damaged(e) from None
-    return layer_layout.to_layout(restored["params"][part] if part else restored["params"],
-                                  stacked)
 
 
 def check_encoder_params(params: Any, expected: Any, where: str, tokenizer_path: str) -> None:
@@ -263,25 +172,28 @@ def abstract_encoder_params(cfg: encoder_lib.EncoderConfig) -> Any:
 def load_pretrained(init_from: str, run: builder.Run, tokenizer_path: str = "",
                     weights: bool = True) -> Pretrained:
     """Resolves, reads and checks the encoder a fine-tuning run (or an analysis) starts
-    from, built with `run`'s settings. weights=False reads only its architecture and
-    tokenizer (params None: the from-scratch control)."""
-    workdir, step_dir = resolve_checkpoint(init_from)
-    tok = find_tokenizer(workdir, tokenizer_path)
-    arch, record, kind = _architecture(workdir, tok.vocab_size)
+    from (a workdir of ours, a checkpoint or a Hugging Face directory), built with
+    `run`'s settings. weights=False reads only its architecture and tokenizer (params
+    None: the from-scratch control)."""
+    source = source_lib.read(init_from)
+    tok = find_tokenizer(source, tokenizer_path)
+    arch, record = architecture(source, tok.vocab_size)
     try:
-        cfg = builder.encoder(arch, run, record=record)
+        # The encoder carries its tokenizer's special ids (EncoderConfig.special).
+        cfg = builder.encoder(arch, dataclasses.replace(run, special=tok.special),
+                              record=record)
     except encoder_lib.ArchitectureError as e:
         raise CheckpointError(str(e)) from None
     if cfg.vocab_size != tok.vocab_size:
-        raise CheckpointError(f"config.init_from: {workdir} was trained with a vocabulary of "
-                              f"{cfg.vocab_size} pieces but the tokenizer {tok.model_path} "
+        raise CheckpointError(f"config.init_from: {source.path} was trained with a vocabulary "
+                              f"of {cfg.vocab_size} pieces but the tokenizer {tok.model_path} "
                               f"has {tok.vocab_size}; use the run's own tokenizer")
-    where = f"{kind} checkpoint {step_dir}"
     if not weights:
-        return Pretrained(cfg, None, tok, where)
-    params = restore_encoder_params(step_dir)
-    check_encoder_params(params, abstract_encoder_params(cfg), where, tok.model_path)
-    return Pretrained(cfg, params, tok, where)
+        return Pretrained(cfg, None, tok, source.description)
+    params = source.params("encoder")
+    check_encoder_params(params, abstract_encoder_params(cfg), source.description,
+                         tok.model_path)
+    return Pretrained(cfg, params, tok, source.description)
 
 
 def default_seq_len(run_cfg: ml_collections.ConfigDict, max_positions: int) -> int:

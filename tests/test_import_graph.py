@@ -133,7 +133,8 @@ def test_the_package_check_finds_a_cycle_between_packages(tmp_path):
 # higher one's. The root holds folders by layer: the infrastructure (infra/) under the
 # text (tokenizer, masking), the config language (plain data: schema, the models' named
 # choices, the shared sections, variants) and the workdir's layout; the models on them.
-# The engine both trainers share (training/) knows no mode's config.
+# The engine both trainers share (training/) knows no mode's config; the models a run may
+# start from (sources/: our checkpoints, Hugging Face directories) are read on it.
 # Pretraining's objectives sit on the models and under the config that names them (and
 # merges their fields); pretraining's run, program and steps above its config (setup.py
 # counts a config's FLOPs for MFU: the config itself is plain data), beside reading its
@@ -145,6 +146,7 @@ LAYERS = (
     ("maelm_jax.models",),
     ("maelm_jax.data",),
     ("maelm_jax.training",),
+    ("maelm_jax.sources",),
     ("maelm_jax.pretrain.objectives", "maelm_jax.pretrain.flops"),
     ("maelm_jax.pretrain.config",),
     ("maelm_jax.pretrain", "maelm_jax.runs"),
@@ -172,8 +174,8 @@ def test_no_module_imports_from_a_higher_layer():
     assert not upward, f"imports from a higher layer: {upward}"
     # The check is real: fine-tuning imports pretraining (its runs read back), pretraining's
     # steps its objectives, fine-tuning's program the shared engine, an objective the models.
-    assert any(_level(d) == 7 for d in graph["maelm_jax.finetune.encoder"])
-    assert any(_level(d) == 5 for d in graph["maelm_jax.pretrain.steps"])
+    assert any(_level(d) == 8 for d in graph["maelm_jax.finetune.encoder"])
+    assert any(_level(d) == 6 for d in graph["maelm_jax.pretrain.steps"])
     assert any(_level(d) == 4 for d in graph["maelm_jax.finetune.setup"])
     assert any(_level(d) == 2 for d in graph["maelm_jax.pretrain.objectives.maelm"])
     assert any(_level(d) == 0 for d in graph["maelm_jax.text.tokenizer"])

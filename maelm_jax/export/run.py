@@ -42,6 +42,7 @@ from maelm_jax.export.config import ExportError
 from maelm_jax.infra import paths
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import torch_names
+from maelm_jax.sources import source as source_lib
 from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.training import metrics as metrics_lib
 from maelm_jax.workdirs import layout
@@ -95,10 +96,13 @@ def _check_output(out: paths.Path) -> None:
 
 def _read_run(init_from: str) -> dict[str, Any]:
     """What the export is made of: the run's config, parameters, tokenizer and records."""
-    run_dir, step_dir = runs.resolve_checkpoint(init_from)
-    recorded = runs.read_json(run_dir / layout.CONFIG_FILE)
+    source = source_lib.read(init_from)
+    if source.step_dir is None:
+        raise ExportError(f"config.init_from: {init_from} is a Hugging Face model already; "
+                          "export a run of ours (one that continued it, say)")
+    run_dir, step_dir, recorded = source.path, source.step_dir, source.config
     run_cfg = run_configs.run_config(recorded)
-    tok = runs.find_tokenizer(run_dir, "")
+    tok = runs.find_tokenizer(source, "")
     step = int(step_dir.name)
     params = runs.restore_params(step_dir)
     if run_cfg.get("mode", "pretrain") == "finetune":
