@@ -97,8 +97,9 @@ def _names_of(*allowed: str) -> schema.Field:
 
 # Looked up when checked, so an objective registered later can be studied too.
 _MODELS = schema.Field((str, list, tuple), "names among the papers' models "
-                       f"({', '.join(recipes.MODELS)}) and the registered objectives",
-                       lambda v: bool(names(v)) and set(names(v)) <= set(recipes.names()))
+                       f"({', '.join(recipes.MODELS)}), MAE-LM Table 2's rows (e.g. "
+                       "enc_mask) and the registered objectives",
+                       lambda v: bool(names(v)) and set(names(v)) <= set(recipes.study_names()))
 
 
 FIELDS: dict[str, schema.Field] = {
@@ -174,9 +175,9 @@ MERGE_FIELDS: dict[str, schema.Field] = {
 def validate(config: ml_collections.ConfigDict) -> None:
     schema.check(config, FIELDS, study_defaults(), StudyConfigError)
     for name, scale in config.step_scale.items():
-        if name not in recipes.names():
+        if name not in recipes.study_names():
             raise StudyConfigError(f"config.step_scale.{name}: not a model; expected names "
-                                   f"among {', '.join(recipes.names())}")
+                                   f"among {', '.join(recipes.study_names())}")
         if not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                 and 0 < scale <= 1):
             raise StudyConfigError(f"config.step_scale.{name}: expected a number in (0, 1], "

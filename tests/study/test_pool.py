@@ -195,16 +195,79 @@ def test_c1_does_not_hold(without, why):
     assert d["holds"] is False and d["status"] == "does not hold", why
 
 
-def test_c2_compares_the_last_layers_and_states_the_flops_per_step():
+def test_c2_in_one_call_shows_its_figures_and_decides_nothing():
     from maelm_jax.study import claims
 
-    higher = claims.c2(_ranked(MLM_GROWING, {"w": [60, 50, 45, 45], "wo": [60, 50, 45, 44]}))
-    assert higher["holds"] and (higher["maelm"], higher["mlm"], higher["difference"]) == (
-        44, 30, 14)
+    record = _ranked(MLM_GROWING, {"w": [60, 50, 45, 45], "wo": [60, 50, 45, 44]})
+    higher = claims.c2(record)
+    assert (higher["value"], higher["reference_value"], higher["difference"]) == (44, 30, 14)
     assert higher["flops_per_step"] == pytest.approx(1.16)  # same planned steps
-    assert "at 1.16x MLM's FLOPs per step: holds" in claims.c2_text(higher)
-    lower = claims.c2(_ranked(MLM_GROWING, {"w": [60, 50, 45, 45], "wo": [60, 50, 45, 29]}))
-    assert lower["holds"] is False and lower["difference"] == -1
+    assert higher["holds"] is None and higher["interval"] is None
+    assert claims.c2_text(higher) == ("MAE-LM 44 vs MLM 30 (+14), at 1.16x MLM's FLOPs per "
+                                      "step: one pretraining seed: not decidable")
+    # With the analysis's paired bootstrap difference (recorded as MAE-LM minus MLM).
+    record["rank"]["differences"] = [{"a": "maelm", "b": "mlm", "view": "uncentred",
+                                      "statistic": "without_mask", "difference": 14.0,
+                                      "interval": [12.5, 15.25]}]
+    assert "(+14 [+12.5, +15.2])" in claims.c2_text(claims.c2(record))
+
+
+def _spectral(mlm_last: float, other_last: float, other: str = "maelm",
+              mask=((1.0, 5.0, 8.0), (1.0, 2.0, 3.0))) -> dict:
+    """A call whose rank analysis has continuous ranks (statistics) of MLM and `other`:
+    last-layer ranks without [MASK]; mask: the [MASK]-row ranks of MLM and the other."""
+    def run(label, last, mask_only):
+        stats = {"with_mask": [40.0, 40.0, last + 5], "without_mask": [30.0, 35.0, last],
+                 "mask_only": list(mask_only)}
+        return {"label": label, "layers": [0, 1, 2],
+                **{k: [round(x) for x in v] for k, v in stats.items()},
+                "statistics": {"uncentred": {k: {"continuous": v} for k, v in stats.items()}}}
+
+    record = _record(0, {"mlm": {"SST-2": [80] * 3}, other: {"SST-2": [80] * 3}},
+                     rank=[run("mlm", mlm_last, mask[0]), run(other, other_last, mask[1])])
+    record["rank"]["tau"] = 0.9
+    return record
+
+
+def test_c0_reads_the_mask_rows_growing_in_mlm_and_above_maelm():
+    from maelm_jax.study import claims
+
+    d = claims.c0(_spectral(50.0, 50.0))
+    assert d["holds"] and (d["mlm_first"], d["mlm_last"], d["maelm_last"]) == (5, 8, 3)
+    assert claims.c0_text(d) == "MLM 5 -> 8 (layer 1 -> 2), MAE-LM 3 at layer 2: holds"
+    assert not claims.c0(_spectral(50.0, 50.0, mask=((1, 5, 4), (1, 2, 3))))["holds"]
+    assert not claims.c0(_spectral(50.0, 50.0, mask=((1, 5, 8), (1, 2, 9))))["holds"]
+
+
+@pytest.mark.parametrize("differences, status", [
+    ([1.0, 1.5, 0.8, 1.2, 1.1], "supported"),  # the interval above 0
+    ([0.1, -0.2, 0.0, 0.2, -0.1], "no effect at this scale"),  # upper bound < 2 % of 50
+    ([3.0, -2.0, 1.0, 4.0, -1.0], "not resolved"),
+    ([1.0, 1.5, 0.8, 1.2], "not decidable (4 pretraining seeds of the 5 needed)"),
+])
+def test_c2_and_c2_prime_over_pretraining_seeds_by_the_rule(differences, status):
+    from maelm_jax.study import claims
+
+    for rule, other in (("c2", "mlm"), ("c2'", "enc_mask")):
+        calls = []
+        for seed, d in enumerate(differences):
+            record = _spectral(50.0, 50.0 + d, other="maelm") if other == "mlm" else None
+            if other == "enc_mask":  # MAE-LM against the encoder with [MASK]
+                record = _spectral(50.0, 50.0, other="enc_mask")
+                runs = record["rank"]["runs"]
+                maelm = json.loads(json.dumps(runs[1]))
+                maelm["label"] = "maelm"
+                maelm["statistics"]["uncentred"]["without_mask"]["continuous"][-1] = 50.0 + d
+                runs.append(maelm)
+                record["pretraining"]["maelm"] = {"step": 1000, "train_flops": 100.0}
+            record["pretrain_seed"] = seed
+            calls.append(record)
+        found = claims.pooled(calls)[rule]["uncentred"]
+        assert found["status"] == status, rule
+        assert found["difference"] == pytest.approx(statistics.fmean(differences))
+    one = claims.pooled(calls[:1])["c2"]["uncentred"]
+    assert one["status"] == "one pretraining seed: not decidable"
+    assert claims.over_seeds_text(one) == f"{differences[0]:+.1f} (1 pretraining seed)"
 
 
 def test_centred_and_uncentred_are_decided_apart_and_missing_ones_not_measured():
@@ -248,10 +311,9 @@ def test_the_sign_test_over_calls_counts_only_the_calls_that_measure():
     assert (c["c1"]["uncentred"]["held"], c["c1"]["uncentred"]["n"]) == (5, 6)
     assert c["c1"]["uncentred"]["p"] == pytest.approx(expected)
     assert c["c1"]["uncentred"]["status"] == "not shown"  # p = 0.11
-    assert (c["c2"]["uncentred"]["held"], c["c2"]["uncentred"]["n"]) == (5, 5)
+    assert c["c2"]["uncentred"]["n"] == 5  # the plateaued call left out
     assert claims.pooled([stuck])["c2"]["centred"] == {
-        "n": 0, "held": 0, "p": None,
-        "status": "not measured (MAE-LM stayed on the unigram plateau)"}
+        "n": 0, "status": "not measured (MAE-LM stayed on the unigram plateau)"}
     # The pool states it per design: the rows of (c1) and (c2), uncentred and centred.
     text = pool.markdown(pool.pool_records([(f"{i}.json", r) for i, r in enumerate(holding)]))
     assert ("| (c1) | " + claims.RULES["c1"] + " | uncentred: 5 of 5 call(s) hold, p = 0.031; "
@@ -260,7 +322,7 @@ def test_the_sign_test_over_calls_counts_only_the_calls_that_measure():
 
 
 def test_the_call_report_shows_claim_c_per_rule_and_view():
-    from maelm_jax.study import report
+    from maelm_jax.study import claims, report
 
     record = _ranked(dict(MLM_GROWING, c=([50, 40, 40, 40], [30, 30, 35, 38])),
                      {"w": [60, 50, 1, 1], "wo": [60, 50, 1, 1]}, {"maelm": 0.05})
@@ -275,9 +337,9 @@ def test_the_call_report_shows_claim_c_per_rule_and_view():
             "(with minus without) larger there than at layer 1 | w. 40 / w/o 30; gap +1 at "
             "layer 1, +10 at layer 3: holds | w. 40 / w/o 38; gap +10 at layer 1, +2 at "
             "layer 3: does not hold |") in text
-    assert ("| (c2) MAE-LM's last-layer rank (no [MASK]) is above MLM's | not measured "
-            "(MAE-LM stayed on the unigram plateau) | not measured (MAE-LM stayed on the "
-            "unigram plateau) |") in text
+    assert ("| (c2) " + claims.RULES["c2"] + " | not measured (MAE-LM stayed on the unigram "
+            "plateau) | not measured (MAE-LM stayed on the unigram plateau) |") in text
+    assert claims.TABLE_3 in text
 
 
 # ---------------------------------------------- the design key: planned tokens per model
@@ -319,7 +381,8 @@ def test_the_readme_lists_each_call_with_its_tokens_gains_and_claim_c():
     key = pool.design(record)
     assert f"| `call` | {key} | MAE-LM | 64K (500) | — | 1.20x | +10.0 |" in text
     assert f"| `late` (unfinished: 1 of 3 parts) | {key} | MAE-LM |" in text
-    assert "MAE-LM 44 vs MLM 30 (+14), at 1.20x MLM's FLOPs per step: holds" in text
+    assert ("MAE-LM 44 vs MLM 30 (+14), at 1.20x MLM's FLOPs per step: one pretraining "
+            "seed: not decidable") in text
     assert "; MAE-LM at 1.20x MLM's FLOPs per step |" in text  # beside (b)
     assert "Unfinished, left out of the claims" in text
 

@@ -110,15 +110,26 @@ def names() -> tuple[str, ...]:
     return (*MODELS, *(name for name in objectives.names() if name not in MODELS))
 
 
+def study_names() -> tuple[str, ...]:
+    """The models a study may train: `names()` and MAE-LM Table 2's other rows (e.g.
+    `enc_mask`, the mechanism's own contrast to MAE-LM)."""
+    return (*names(), *(name for name in TABLE2 if name not in names()))
+
+
 def get(name: str) -> Recipe:
-    """The model called `name` (one of `names()`); KeyError listing them for any other."""
+    """The model called `name` (one of `names()`); KeyError listing them for any other. A
+    Table 2 row is MAE-LM with its changes, whatever objective the config had."""
     if name in MODELS:
         return MODELS[name]
+    if name in TABLE2:
+        row = TABLE2[name]
+        return Recipe(name, row.display_name, {"objective": "maelm", **row.changes})
     if name in objectives.names():
         return Recipe(name, name, {"objective": name})
     raise KeyError(f"unknown model {name!r}; expected one of {', '.join(names())}")
 
 
 def display_name(name: str) -> str:
-    """The papers' name of a model of `MODELS` (other names as they are)."""
-    return MODELS[name].display_name if name in MODELS else name
+    """The papers' name of a model of `MODELS` or a row of `TABLE2` (other names as they
+    are)."""
+    return get(name).display_name if name in MODELS or name in TABLE2 else name
