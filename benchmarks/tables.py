@@ -15,7 +15,9 @@ with the machine it ran on, so a figure always comes with its device, its jitted
 speed and the commit it measured. The block named `study` is the study's calls
 (benchmarks/results/study/: each call's study.json), pooled by the study's own code
 (maelm_jax/study/pool.py): the papers' claims per design, then every call on its own.
-tests/benchmarks/test_tables.py fails when a block is out of date with its records.
+The MAE-LM paper's Fig. 1 of the study's calls (maelm_jax/study/figures.py) is generated
+with them, into docs/figures/. tests/benchmarks/test_tables.py fails when a block or a
+figure is out of date with its records.
 """
 
 from __future__ import annotations
@@ -367,9 +369,27 @@ def regenerate(text: str, results: pathlib.Path = RESULTS_DIR) -> str:
                      + m.group("end"), text)
 
 
+def figures(results: pathlib.Path = RESULTS_DIR) -> dict[pathlib.Path, bytes]:
+    """The study's figures (maelm_jax/study/figures.py) drawn from its finished calls'
+    records: {file: its bytes}; none without a directory of the study's records."""
+    from maelm_jax.study import figures as study_figures
+    from maelm_jax.study import pool
+
+    directory = results / STUDY
+    if not directory.is_dir():
+        return {}
+    try:
+        found = pool.read_records(str(directory))
+    except pool.PoolError as e:
+        raise TableError(f"figures of {STUDY!r}: {e}") from None
+    return {REPO_ROOT / name: data for name, data in study_figures.render(found).items()}
+
+
 def stale(files=DOCS, results: pathlib.Path = RESULTS_DIR) -> list[str]:
-    """The files whose generated tables differ from their records'."""
-    return [str(f) for f in files if regenerate(f.read_text(), results) != f.read_text()]
+    """The files whose generated tables or figures differ from their records'."""
+    out = [str(f) for f in files if regenerate(f.read_text(), results) != f.read_text()]
+    return out + [str(f) for f, data in figures(results).items()
+                  if not f.is_file() or f.read_bytes() != data]
 
 
 def main(argv=None) -> int:
@@ -381,13 +401,18 @@ def main(argv=None) -> int:
         out_of_date = stale()
         if args.check:
             for f in out_of_date:
-                print(f"{f}: a generated table is out of date with benchmarks/results/; run "
+                print(f"{f}: generated from benchmarks/results/ and out of date with it; run "
                       "python benchmarks/tables.py", file=sys.stderr)
             return 1 if out_of_date else 0
         for f in DOCS:
             new = regenerate(f.read_text())
             if new != f.read_text():
                 f.write_text(new)
+                print(f"rewrote {f}")
+        for f, data in figures().items():
+            if not f.is_file() or f.read_bytes() != data:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_bytes(data)
                 print(f"rewrote {f}")
     except TableError as e:
         print(f"error: {e}", file=sys.stderr)

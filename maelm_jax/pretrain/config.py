@@ -161,6 +161,15 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     # whatever checkpoint_every says. The rank analysis and the export take one by its
     # path, <workdir>/checkpoints/<step>.
     c.train.keep_period = 0
+    # Continued pretraining (pretrain/continued.py, docs/continued.md): the model the run
+    # starts from, a pretraining or fine-tuning workdir of ours, one of its
+    # checkpoints/<step>, or a local Hugging Face RoBERTa/BERT directory; "" starts from
+    # random weights. The parameters both models hold (by name and shape) are loaded, the
+    # rest initialised; the optimiser, the step and the schedule start afresh.
+    c.train.init_from = ""
+    # With init_from a pretraining run of ours: read the data on from where it stopped
+    # (the batches of its steps skipped), rather than from the start.
+    c.train.continue_data = False
     c.train.keep_steps = ()
     # Where the metrics go besides stdout and metrics.jsonl (always written, the record):
     # a comma-separated list of options.TRACKERS, "" for none. "wandb" needs
@@ -250,6 +259,10 @@ FIELDS: dict[str, schema.Field] = {
     "train.checkpoint_every": schema.integer(1),
     "train.keep_checkpoints": schema.integer(1),
     "train.keep_period": schema.integer(0),
+    "train.init_from": schema.path("a pretraining or fine-tuning workdir, "
+                                   "<workdir>/checkpoints/<step>, a Hugging Face model "
+                                   "directory, or empty"),
+    "train.continue_data": schema.boolean(),
     "train.profile_steps": schema.Field(
         (str,), 'a window "START,COUNT" of ints >= 1, or empty',
         options.valid_profile_window),
@@ -333,6 +346,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"a divisor of train.batch_size={t.batch_size}",
         t.grad_accum_steps,
     )
+    _require(not t.continue_data or bool(t.init_from), "train.continue_data",
+             "False without train.init_from (there is no data stream to continue)",
+             t.continue_data)
     if t.warmup_steps > t.num_steps:
         logging.warning(
             "config.train.warmup_steps=%d exceeds config.train.num_steps=%d: the learning "

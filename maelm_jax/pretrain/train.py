@@ -20,7 +20,7 @@ from maelm_jax.data import loader, run_data, shards
 from maelm_jax.infra import distributed, errors, paths, sharding
 from maelm_jax.models import layers
 from maelm_jax.pretrain import config as pretrain_config
-from maelm_jax.pretrain import evaluation, mfu, time_budget
+from maelm_jax.pretrain import continued, evaluation, mfu, time_budget
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.training import budget as budget_lib
 from maelm_jax.training import checkpoint as checkpoint_lib
@@ -148,6 +148,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     mesh = sharding.make_mesh(config.mesh.shape, dcn_shape=config.mesh.dcn_shape)
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
+    # The model a continued run starts from, read before any data is prepared.
+    source = continued.read_source(config)
     if not config.data.prepared:  # else the corpus need not be on this machine at all
         run_data.validate_sources(config)
     tok, data = _tokenizer_and_blocks(config, workdir)
@@ -179,13 +181,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             f"config.data.validation_fraction: the validation split holds fewer blocks than "
             f"the {dp} data-parallel devices each need one of; raise it, or add text")
     program = setup_lib.build(config, tok.vocab_size, mesh, rules)
+    fresh = not checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)
+    init, offset, loaded = program.init, continued.data_offset(config, source), None
+    if source is not None and fresh:  # a resumed run's checkpoints hold what was loaded
+        try:
+            loaded = continued.load(source, program.state.abstract.params,
+                                    config.model.scan_layers)
+        except errors.UserError:
+            if distributed.is_leader():
+                workdir_lib.restore(workdir, before)
+            raise
+        logging.info("%s: %s", continued.FIELD, loaded.summary(source))
+        init = lambda: continued.initial_state(program.init(), loaded)  # noqa: E731
     # The config the run trains with: the given one, or with a time budget, scaled to its
     # plan (config.json records the given one; plan.json the plan).
     run_config, plan, planned_now = config, None, False
     spans = sharding.process_spans(mesh, t.batch_size)
 
     def batches(start_step: int = 0) -> Iterator[np.ndarray]:
-        return loader.train_batches(data, t.batch_size, config.seed, start_step=start_step,
+        # A continued run reading on where its source stopped skips the source's batches.
+        return loader.train_batches(data, t.batch_size, config.seed,
+                                    start_step=start_step + offset,
                                     spans=spans, prefetch=config.data.prefetch)
 
     if budgeted:
@@ -212,13 +228,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     records = [lambda: time_budget.record(workdir, plan)] if planned_now else []
     records.append(lambda: paths.write_text(workdir / layout.DATA_RECORD_FILE,
                                             json.dumps(data_record, indent=2)))
+    if loaded is not None:  # where the run started from, written once, with its config
+        records.append(lambda: paths.write_text(workdir / layout.INIT_FROM_FILE, json.dumps(
+            loaded.record(source, offset), indent=2)))
     # Its checkpoints are the run's: it continues from the latest, whatever the decision
     # (a changed config allowed continues too: PRETRAINING.override).
     keep = checkpoint_lib.Keep(t.keep_checkpoints, t.keep_period, tuple(t.keep_steps))
     tracked = ({"config": config.to_dict(),
                 "data_fingerprint": run_data.data_fingerprint(config, tok)}
                if set(trackers) - {"tensorboard"} else None)  # what W&B is told
-    with lifecycle.session(workdir, config, program.state.abstract, program.init, keep,
+    with lifecycle.session(workdir, config, program.state.abstract, init, keep,
                            resume=True, records=records, trackers=trackers,
                            tracked=tracked) as session:
         replanner = None

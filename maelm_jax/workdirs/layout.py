@@ -37,6 +37,8 @@ DATA_DIR = "data"  # <fingerprint>/: blocks prepared in the job (unless data.cac
 DATA_RECORD_FILE = "data.json"  # the data the run trains on: fingerprint, sources (run_data)
 PLAN_FILE = "plan.json"  # a run to a time budget: its planned steps (training/budget.py)
 FILL_MASK_FILE = "fill_mask.md"  # fill-mask examples after the run (train.fill_mask_examples)
+# Where a continued run started from (train.init_from): the source, what was loaded.
+INIT_FROM_FILE = "init_from.json"
 # Every process's stacks on SIGUSR1 (infra/stacks.py): process_<i>.txt; pretraining and
 # fine-tuning.
 STACKS_DIR = "stacks"
@@ -96,7 +98,7 @@ KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("pretrain", (CONFIG_FILE, TOKENIZER_FILE, HF_TOKENIZER_FILE, METRICS_FILE,
                       TENSORBOARD_DIR + "/", CHECKPOINTS + "/", DATA_DIR + "/", FILL_MASK_FILE,
                       STUDY_TIMES_FILE, PLAN_FILE, STACKS_DIR + "/", PROFILE_DIR + "/",
-                      TRACKERS_DIR + "/", DATA_RECORD_FILE)),
+                      TRACKERS_DIR + "/", DATA_RECORD_FILE, INIT_FROM_FILE)),
     Kind("prepare", (MANIFEST_FILE, TOKENIZER_FILE, HF_TOKENIZER_FILE),
          patterns=("*-*-of-*", "notes")),
     Kind("finetune", (CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR + "/", RESULTS_FILE,
