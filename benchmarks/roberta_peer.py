@@ -16,6 +16,8 @@ import numpy as np
 from maelm_jax.infra import timer
 from maelm_jax.text import tokenizer
 
+SP = tokenizer.SENTENCEPIECE_IDS  # the ids of a SentencePiece model of ours
+
 
 class PeerBench(timer.Samples):
     """RobertaForMaskedLM's train step, its times recorded as harness.Bench's are
@@ -79,7 +81,7 @@ class PeerBench(timer.Samples):
         masked = torch.bernoulli(full(self.mask_ratio)).bool()
         labels[~masked] = -100
         replaced = torch.bernoulli(full(0.8)).bool() & masked
-        ids[replaced] = tokenizer.MASK_ID
+        ids[replaced] = SP.mask
         randomized = torch.bernoulli(full(0.5)).bool() & masked & ~replaced
         ids[randomized] = torch.randint(self.vocab_size, ids.shape, device=self.device)[randomized]
         return ids, labels

@@ -20,6 +20,7 @@ from maelm_jax.workdirs import layout
 from conftest import REPO_ROOT, subprocess_env
 from tiny_config import tiny_config
 
+SP = tokenizer.SENTENCEPIECE_IDS
 pytestmark = pytest.mark.tier("integration")
 
 TEXT = "Return a <mask> of the items in the <mask>."
@@ -53,8 +54,8 @@ def test_the_command_prints_the_top_predictions_of_each_mask(maelm_run, capsys):
     for filled in (first, second):
         assert np.all(filled.top_probs > 0) and np.all(filled.top_probs <= 1)
         assert np.all(np.diff(filled.top_probs, axis=1) <= 0)
-        assert filled.ids[0] == tokenizer.BOS_ID and filled.ids[-1] == tokenizer.EOS_ID
-        assert np.all(filled.ids[filled.masked] == tokenizer.MASK_ID)
+        assert filled.ids[0] == SP.bos and filled.ids[-1] == SP.eos
+        assert np.all(filled.ids[filled.masked] == SP.mask)
     out = capsys.readouterr().out
     assert out.count("input: ") == 2 and "return a <mask> of the items in the <mask>." in out
     # The space before a mask is not a piece of its own: the mask is a word-initial piece.
@@ -86,7 +87,7 @@ def test_full_length_predictions_match_the_pretraining_model(maelm_run):
     L = masker.seq_len
     ids = np.arange(10, 10 + L, dtype=np.int32)
     masked = np.array([3, 7, L - 1])
-    ids[masked] = tokenizer.MASK_ID
+    ids[masked] = SP.mask
     filled = masker.predict(ids, masked, top_k=3)
     model = setup_lib.model(masker.config, masker.tok.vocab_size)
     kept = np.setdiff1d(np.arange(L), masked)

@@ -389,7 +389,7 @@ def test_tokenizer_training_skips_and_counts_overlong_lines(tmp_path, caplog):
 
 def test_packing_a_huge_document_in_one_call():
     """Blocks of a 2M-token document, in one call (a quadratic packer would not finish)."""
-    packer = packing.BlockPacker(32)
+    packer = packing.BlockPacker(32, tokenizer_lib.SENTENCEPIECE_IDS)
     ids = list(range(5, 2_000_005))
     blocks = packer.add(ids)
     assert len(blocks) == (len(ids) + 1) // 31 and blocks[1][1:3] == [36, 37]

@@ -57,6 +57,7 @@ def tiny_model(c, batch_size: int = 2, seed: int = 0):
     model = setup_lib.model(c, TINY_VOCAB)
     tokens = jnp.asarray(np.random.default_rng(seed).integers(
         tokenizer.NUM_SPECIAL, TINY_VOCAB, (batch_size, c.data.seq_len)), jnp.int32)
-    batch = masking.apply_mask(jax.random.PRNGKey(seed), tokens, counts, TINY_VOCAB)
+    batch = masking.apply_mask(jax.random.PRNGKey(seed), tokens, counts, TINY_VOCAB,
+                               tokenizer.SENTENCEPIECE_IDS)
     params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
     return model, batch, params

@@ -23,7 +23,6 @@ from maelm_jax.infra import paths
 from maelm_jax.text import masking
 from maelm_jax.text import tokenizer as tokenizer_lib
 
-PAD, MASK = tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID
 _ENCODE_CHUNK = 256  # documents per tokenizer call
 
 
@@ -31,7 +30,7 @@ def corpus_blocks(source: ml_collections.ConfigDict, tok: tokenizer_lib.Tokenize
                   seq_len: int, num_tokens: int) -> np.ndarray:
     """The source's documents packed into [N, seq_len] blocks as pretraining packs them,
     read until the blocks hold num_tokens tokens (or the source ends)."""
-    packer, blocks = packing.BlockPacker(seq_len), []
+    packer, blocks = packing.BlockPacker(seq_len, tok.special), []
     chunk: list[str] = []
 
     def flush():
@@ -105,13 +104,16 @@ def sequences(config: ml_collections.ConfigDict, workdir: paths.Path,
 
 
 def make_batches(rows: Iterable[np.ndarray], seq_len: int, batch_size: int, num_tokens: int,
-                 mask_ratio: float, seed: int) -> tuple[list[dict], int, int]:
-    """Masked and original batches holding the first num_tokens real tokens of `rows`.
+                 mask_ratio: float, seed: int, *, special: tokenizer_lib.SpecialIds
+                 ) -> tuple[list[dict], int, int]:
+    """Masked and original batches holding the first num_tokens real tokens of `rows`
+    (`special`: the tokenizer's ids, its PAD and MASK).
 
     Returns (batches, tokens counted, [MASK] tokens counted). Every batch is [batch_size,
-    seq_len] (rows padded with PAD_ID, the last batch filled with padding rows), so the
+    seq_len] (rows padded with PAD, the last batch filled with padding rows), so the
     step compiles once. See rank.make_gram_step for the arrays.
     """
+    pad = special.pad
     rng = np.random.default_rng(seed)
     arrays: dict[str, list[np.ndarray]] = {"original": [], "masked": [], "counted": [],
                                            "is_mask": []}
@@ -120,10 +122,10 @@ def make_batches(rows: Iterable[np.ndarray], seq_len: int, batch_size: int, num_
         if total >= num_tokens:
             break
         row = np.asarray(row, np.int32)[:seq_len]
-        real = np.flatnonzero(row != PAD)
+        real = np.flatnonzero(row != pad)
         if not len(real):
             continue
-        original = np.full(seq_len, PAD, np.int32)
+        original = np.full(seq_len, pad, np.int32)
         original[: len(row)] = row
         chosen = np.zeros(seq_len, bool)
         picked = rng.choice(real, masking.round_half_up(mask_ratio * len(real)), replace=False)
@@ -132,12 +134,12 @@ def make_batches(rows: Iterable[np.ndarray], seq_len: int, batch_size: int, num_
         counted[real[: num_tokens - total]] = 1.0
         total += int(counted.sum())
         arrays["original"].append(original)
-        arrays["masked"].append(np.where(chosen, np.int32(MASK), original))
+        arrays["masked"].append(np.where(chosen, np.int32(special.mask), original))
         arrays["counted"].append(counted)
         arrays["is_mask"].append(counted * chosen)
     fill = (-len(arrays["original"])) % batch_size
     for name, values in arrays.items():  # padding rows: nothing counted
-        values += [np.full(seq_len, PAD, np.int32) if name in ("original", "masked")
+        values += [np.full(seq_len, pad, np.int32) if name in ("original", "masked")
                    else np.zeros(seq_len, np.float32)] * fill
     batches = [{name: np.stack(values[start:start + batch_size])
                 for name, values in arrays.items()}

@@ -44,7 +44,6 @@ import numpy as np
 from maelm_jax.analysis import measures, spectrum
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
-from maelm_jax.text import tokenizer
 
 STATS = measures.STATS
 
@@ -109,14 +108,14 @@ def make_gram_step(encoder_cfg: encoder_lib.EncoderConfig) -> Callable:
     statistic's.
 
     batch: "original" and "masked" [B, n] int32 (the same sequences, without and with
-    [MASK]; PAD_ID pads both), "counted" [B, n] float32 (1 for the tokens that are rows of
-    H: real tokens within the analysis's budget) and "is_mask" [B, n] float32 (1 at the
-    counted [MASK] positions).
+    [MASK]; the tokenizer's PAD, encoder_cfg.special.pad, pads both), "counted" [B, n]
+    float32 (1 for the tokens that are rows of H: real tokens within the analysis's budget)
+    and "is_mask" [B, n] float32 (1 at the counted [MASK] positions).
     """
     encoder = encoder_lib.Encoder(encoder_cfg)
 
     def step(params, grams, batch):
-        key_mask = batch["original"] != tokenizer.PAD_ID
+        key_mask = batch["original"] != encoder_cfg.special.pad
         with_mask = hidden_states(encoder, params, batch["masked"], key_mask)
         without_mask = hidden_states(encoder, params, batch["original"], key_mask)
         added = {

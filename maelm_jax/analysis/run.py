@@ -123,7 +123,8 @@ def _analyse_run(config: ml_collections.ConfigDict, path: str, label: str, mesh,
     rows = inputs.sequences(config, run_workdir, run_cfg, pretrained.tokenizer, seq_len,
                             num_tokens)
     batches, n, n_mask = inputs.make_batches(rows, seq_len, config.batch_size, num_tokens,
-                                             config.mask_ratio, config.seed)
+                                             config.mask_ratio, config.seed,
+                                             special=pretrained.tokenizer.special)
     if n == 0:
         raise rank_config.RankConfigError(f"config.source: no text to read for {path}")
     if n < num_tokens:

@@ -51,20 +51,22 @@ def is_validation(document: str, validation_fraction: float) -> bool:
 
 
 class BlockPacker:
-    """Streams token ids into [<s>, L-1 tokens] blocks; `</s>` ends every document."""
+    """Streams token ids into [BOS, L-1 tokens] blocks; EOS ends every document (the
+    tokenizer's `special` ids: <s> and </s>, or BERT's [CLS] and [SEP])."""
 
-    def __init__(self, seq_len: int):
+    def __init__(self, seq_len: int, special: tokenizer_lib.SpecialIds):
         self.seq_len = seq_len
+        self.special = special
         self._buffer: list[int] = []
 
     def add(self, ids: Sequence[int]) -> list[list[int]]:
         """Adds one document; returns the blocks completed by it (in time linear in the
         document's length, however long)."""
         self._buffer.extend(ids)
-        self._buffer.append(tokenizer_lib.EOS_ID)
+        self._buffer.append(self.special.eos)
         body = self.seq_len - 1
         n = len(self._buffer) // body
-        blocks = [[tokenizer_lib.BOS_ID] + self._buffer[i * body:(i + 1) * body]
+        blocks = [[self.special.bos] + self._buffer[i * body:(i + 1) * body]
                   for i in range(n)]
         del self._buffer[:n * body]
         return blocks
@@ -102,7 +104,7 @@ def pack_source(
     dtype = token_dtype(tok.vocab_size)
     writers = {split: shards.ShardWriter(out_dir, split, name, seq_len, dtype, blocks_per_shard)
                for split in shards.SPLITS}
-    packers = {split: BlockPacker(seq_len) for split in writers}
+    packers = {split: BlockPacker(seq_len, tok.special) for split in writers}
     counts = {split: {"documents": 0, "tokens": 0} for split in writers}
     start = last_report = time.monotonic()
     for chunk in chunks(documents):
@@ -222,9 +224,10 @@ def _pack_into(tmp: pathlib.Path, final: paths.Path, sources, tok,
                 "config.data.validation_fraction: no validation block of "
                 f"data.seq_len={seq_len} was held out; raise it or add text"
             )
-        (tmp / layout.TOKENIZER_FILE).write_bytes(paths.Path(tok.model_path).read_bytes())
+        (tmp / layout.TOKENIZER_FILES[tok.kind]).write_bytes(
+            paths.Path(tok.model_path).read_bytes())
         manifest = shards.manifest(fingerprint, token_dtype(tok.vocab_size).str, seq_len,
-                                   validation_fraction, tok.model_path, tok.vocab_size, entries)
+                                   validation_fraction, tok, entries)
         (tmp / layout.MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
         lock.unlocked(tmp)
         if local:

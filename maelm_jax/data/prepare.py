@@ -77,20 +77,17 @@ def work_items(config: ml_collections.ConfigDict) -> list[tuple[str, int, dict]]
 class _Tokenise(beam.DoFn):
     """Beam DoFn: one work item's documents, split and tokenised; notes its statistics."""
 
-    def __init__(self, tokenizer_proto: bytes, validation_fraction: float,
+    def __init__(self, tokenizer_file: tuple[bytes, str], validation_fraction: float,
                  encoding_errors: str, notes_dir: str):
         super().__init__()
-        self.tokenizer_proto = tokenizer_proto
+        self.tokenizer_file = tokenizer_file  # (its bytes, its path: the kind)
         self.validation_fraction = validation_fraction
         self.encoding_errors = encoding_errors
         self.notes_dir = notes_dir
-        self._sp = None
+        self._tok = None
 
-    def setup(self):  # once per worker: the model is a few hundred KB
-        import sentencepiece as spm
-
-        self._sp = spm.SentencePieceProcessor()
-        self._sp.LoadFromSerializedProto(self.tokenizer_proto)
+    def setup(self):  # once per worker: the file is a few hundred KB to a few MB
+        self._tok = tokenizer_lib.from_bytes(*self.tokenizer_file)
 
     def process(self, item) -> Iterator[tuple[tuple[str, str], tuple[int, int, np.ndarray]]]:
         name, index, settings = item
@@ -100,11 +97,11 @@ class _Tokenise(beam.DoFn):
         position = 0
         for chunk in packing.chunks(documents):
             # One thread: the runner's workers are the parallelism.
-            encoded = self._sp.encode(chunk, out_type=int, num_threads=1)
+            encoded = self._tok.encode(chunk, num_threads=1)
             for text, ids in zip(chunk, encoded, strict=True):
                 split = ("valid" if packing.is_validation(text, self.validation_fraction)
                          else "train")
-                tokens = np.asarray(ids + [tokenizer_lib.EOS_ID], np.int32)
+                tokens = np.asarray(ids + [self._tok.special.eos], np.int32)
                 counts[split][0] += 1
                 counts[split][1] += len(tokens)
                 yield (name, split), (index, position, tokens)
@@ -152,11 +149,12 @@ class _WriteShard(beam.DoFn):
     """Beam DoFn: one shard's blocks assembled from their pieces and written."""
 
     def __init__(self, out_dir: str, notes_dir: str, seq_len: int, blocks_per_shard: int,
-                 dtype: str):
+                 dtype: str, bos: int):
         super().__init__()
         self.out_dir, self.notes_dir = out_dir, notes_dir
         self.seq_len, self.blocks_per_shard = seq_len, blocks_per_shard
         self.dtype = np.dtype(dtype)
+        self.bos = bos  # the tokenizer's BOS, which starts every block
 
     def process(self, keyed, totals):
         (name, split, shard), pieces = keyed
@@ -165,7 +163,7 @@ class _WriteShard(beam.DoFn):
         first = shard * self.blocks_per_shard
         blocks = np.zeros((min(self.blocks_per_shard, full_blocks - first), self.seq_len),
                           self.dtype)
-        blocks[:, 0] = tokenizer_lib.BOS_ID
+        blocks[:, 0] = self.bos
         for block, start, tokens in pieces:
             blocks[block - first, 1 + start:1 + start + len(tokens)] = tokens
         file = shards.shard_name(split, name, shard, count)
@@ -179,14 +177,17 @@ class _WriteShard(beam.DoFn):
         yield note
 
 
-def build_pipeline(root, items: list, tokenizer_proto: bytes, config: ml_collections.ConfigDict,
-                   out_dir: str, notes_dir: str, dtype: str) -> None:
-    """The preparation as transforms on the Beam pipeline `root`."""
+def build_pipeline(root, items: list, tok: tokenizer_lib.Tokenizer,
+                   config: ml_collections.ConfigDict, out_dir: str, notes_dir: str,
+                   dtype: str) -> None:
+    """The preparation as transforms on the Beam pipeline `root`; the workers rebuild `tok`
+    from its file's bytes."""
     d, p = config.data, config.prepare
+    tokenizer_file = (paths.Path(tok.model_path).read_bytes(), tok.model_path)
     tokenised = (root
                  | "work items" >> beam.Create(items)
                  | "spread" >> beam.Reshuffle()
-                 | "tokenise" >> beam.ParDo(_Tokenise(tokenizer_proto, d.validation_fraction,
+                 | "tokenise" >> beam.ParDo(_Tokenise(tokenizer_file, d.validation_fraction,
                                                       d.encoding_errors, notes_dir)))
     lengths = (tokenised
                | "lengths" >> beam.Map(lambda kv: (kv[0], (kv[1][0], kv[1][1], len(kv[1][2]))))
@@ -200,7 +201,7 @@ def build_pipeline(root, items: list, tokenizer_proto: bytes, config: ml_collect
          | "pieces" >> beam.ParDo(_Pieces(d.seq_len, p.blocks_per_shard), totals)
          | "per shard" >> beam.GroupByKey()
          | "write" >> beam.ParDo(_WriteShard(out_dir, notes_dir, d.seq_len, p.blocks_per_shard,
-                                             dtype), totals))
+                                             dtype, tok.special.bos), totals))
 
 
 def pipeline_options(config: ml_collections.ConfigDict) -> PipelineOptions:
@@ -259,8 +260,7 @@ def _manifest(notes_dir: paths.Path, config: ml_collections.ConfigDict, fingerpr
             entry[split]["shards"].sort(key=lambda s: s.pop("index"))
         entries[name] = entry
     return shards.manifest(fingerprint, dtype, config.data.seq_len,
-                           config.data.validation_fraction, tok.model_path, tok.vocab_size,
-                           entries)
+                           config.data.validation_fraction, tok, entries)
 
 
 def _clean(out: paths.Path) -> None:
@@ -319,8 +319,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     paths.make_dirs(out)
     try:  # tokenizer training, interrupted or failed, leaves no directory it made
         tok = run_data.setup_tokenizer(config, out)
-        if not (out / layout.TOKENIZER_FILE).exists():
-            paths.Path(tok.model_path).copy(out / layout.TOKENIZER_FILE)
+        if not (out / layout.TOKENIZER_FILES[tok.kind]).exists():
+            paths.Path(tok.model_path).copy(out / layout.TOKENIZER_FILES[tok.kind])
     except BaseException:
         if fresh:
             paths.remove(out)
@@ -350,8 +350,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 options = pipeline_options(config)
                 with beam.Pipeline(runner=pipeline_runner(config, options),
                                    options=options) as root:
-                    build_pipeline(root, items, paths.Path(tok.model_path).read_bytes(),
-                                   config, str(out), str(notes), dtype)
+                    build_pipeline(root, items, tok, config, str(out), str(notes), dtype)
             except Exception as e:
                 error = _user_error(e)
                 # One line of ours says it all, as does an interrupt (the workers print

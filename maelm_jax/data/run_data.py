@@ -41,10 +41,11 @@ def _documents(config: ml_collections.ConfigDict, name: str, stats: sources.Read
 def setup_tokenizer(
     config: ml_collections.ConfigDict, workdir: paths.Path
 ) -> tokenizer_lib.Tokenizer:
-    """The configured model file, else the workdir's, else one trained on the sources."""
+    """The configured file (a SentencePiece model or a Hugging Face tokenizer.json), else
+    the workdir's, else a SentencePiece model trained on the sources."""
     tok_cfg = config.tokenizer
     if tok_cfg.model_path:
-        return tokenizer_lib.load_tokenizer(tok_cfg.model_path)
+        return tokenizer_lib.load_tokenizer(tok_cfg.model_path, "config.tokenizer.model_path")
     path = workdir / layout.TOKENIZER_FILE
     if path.exists():
         tok = tokenizer_lib.load_tokenizer(str(path))
@@ -82,18 +83,19 @@ def setup_tokenizer(
 def shards_tokenizer(config: ml_collections.ConfigDict,
                        workdir: paths.Path) -> tokenizer_lib.Tokenizer:
     """The tokenizer of config.data.prepared, copied into the workdir (where fine-tuning
-    and fill-mask look for it). tokenizer.model_path, if set, must be the same model."""
-    source = paths.Path(config.data.prepared) / layout.TOKENIZER_FILE
-    if not source.is_file():
+    and fill-mask look for it). tokenizer.model_path, if set, must be the same file."""
+    prepared = paths.Path(config.data.prepared)
+    source = layout.tokenizer_file(prepared)
+    if source is None:
         raise shards.PreparedDataError(f"config.data.prepared: {config.data.prepared} has no "
-                                       f"{layout.TOKENIZER_FILE}; prepare it with "
-                                       "--config.mode=prepare")
+                                       f"{layout.TOKENIZER_FILE} or {layout.HF_TOKENIZER_FILE}; "
+                                       "prepare it with --config.mode=prepare")
     own = config.tokenizer.model_path
     if own and paths.Path(own).read_bytes() != source.read_bytes():
         raise tokenizer_lib.TokenizerError(
             f"config.tokenizer.model_path: {own} is not the tokenizer {config.data.prepared} "
             "was prepared with; leave it empty to use that one")
-    path = workdir / layout.TOKENIZER_FILE
+    path = workdir / source.name
     if not path.exists():
         paths.write_atomically(path, source.read_bytes())
     tok = tokenizer_lib.load_tokenizer(str(path))

@@ -6,7 +6,7 @@ A prepared directory (mode prepare's workdir, or an in-job set under
 `seq_len` tokens in order, cut into shards of at most `blocks_per_shard` blocks::
 
     manifest.json                    written last: its presence marks the set complete
-    tokenizer.model                  the tokenizer the blocks were cut with
+    tokenizer.model | tokenizer.json the tokenizer the blocks were cut with
     train_<source>-00000-of-00004.blocks, ...
     valid_<source>-00000-of-00001.blocks, ...
 
@@ -18,9 +18,9 @@ bucket, and checks it by its own checksum.
 
 ``manifest.json``: the format, dtype and seq_len, the fingerprint (the same as in-job
 preparation's: sources' content, tokenizer, seq_len, validation fraction), the validation
-fraction, the tokenizer's vocabulary size and SHA-256, and per source and split the
-shards in order with their block counts, sizes and SHA-256, plus the source's statistics
-(documents, tokens, blocks, what the readers cleaned).
+fraction, the tokenizer's file name, vocabulary size, SHA-256 and special ids, and per
+source and split the shards in order with their block counts, sizes and SHA-256, plus
+the source's statistics (documents, tokens, blocks, what the readers cleaned).
 
 Before a run trusts a prepared directory (`check_run`), the manifest must fit the run
 (seq_len, validation fraction, vocabulary), the tokenizer must be the one it records,
@@ -153,8 +153,10 @@ class ShardWriter:
 
 
 def manifest(fingerprint: str, dtype: str, seq_len: int, validation_fraction: float,
-             tokenizer_path: str, vocab_size: int, sources: dict) -> dict:
-    """A prepared set's manifest.json (see the module docstring); `sources`: per source
+             tok, sources: dict) -> dict:
+    """A prepared set's manifest.json (see the module docstring): `tok`, the tokenizer
+    that cut the blocks (text/tokenizer.py; its file is recorded by name, kind and
+    digest, its special ids for the record); `sources`: per source
     {"train": {"shards": [...], "documents", "tokens"}, "valid": {...}, "read": {...}}
     (each split's "blocks" is added from its shards)."""
     for entry in sources.values():
@@ -162,8 +164,9 @@ def manifest(fingerprint: str, dtype: str, seq_len: int, validation_fraction: fl
             entry[split]["blocks"] = sum(s["blocks"] for s in entry[split]["shards"])
     return {"format": FORMAT, "fingerprint": fingerprint, "dtype": np.dtype(dtype).str,
             "seq_len": seq_len, "validation_fraction": validation_fraction,
-            "tokenizer": layout.TOKENIZER_FILE, "vocab_size": vocab_size,
-            "tokenizer_sha256": file_digest(tokenizer_path)[1], "sources": sources}
+            "tokenizer": layout.TOKENIZER_FILES[tok.kind], "vocab_size": tok.vocab_size,
+            "tokenizer_sha256": file_digest(tok.model_path)[1],
+            "special_ids": tok.special.to_json(), "sources": sources}
 
 
 def read_manifest(directory: paths.Path) -> dict:
@@ -238,7 +241,7 @@ def check_run(config) -> dict:
             f"config.data.prepared: {directory / layout.MANIFEST_FILE} records no validation "
             "block, and a run evaluates on them; prepare it again (a larger "
             "data.validation_fraction or more text)")
-    tokenizer = directory / layout.TOKENIZER_FILE
+    tokenizer = directory / manifest.get("tokenizer", layout.TOKENIZER_FILE)
     if "tokenizer_sha256" in manifest and (
             not tokenizer.is_file() or file_digest(tokenizer)[1] != manifest["tokenizer_sha256"]):
         raise PreparedDataError(f"config.data.prepared: {tokenizer} is missing or not the "

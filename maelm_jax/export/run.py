@@ -12,7 +12,10 @@ writes, into ``--workdir``:
 * ``model.safetensors``: every parameter of the run (encoder, and the decoder and LM head
   of a pretraining run or the head of a fine-tuning run), float32, written with
   safetensors' numpy API (exporting needs no PyTorch);
-* ``tokenizer.model``, ``tokenizer_config.json``, ``special_tokens_map.json``;
+* ``tokenizer.json``: the fast tokenizer (export/fast_tokenizer.py; AutoTokenizer loads
+  it as a PreTrainedTokenizerFast, with offset mappings), ``tokenizer_config.json``,
+  ``special_tokens_map.json``, and for a SentencePiece tokenizer ``tokenizer.model`` (the
+  slow tokenizer, remote/tokenization_maelm.py, giving the same ids);
 * ``README.md``, the model card; ``training_config.json``, the run's own config.json.
 
 The export is written to a temporary directory beside ``--workdir`` and renamed into
@@ -36,7 +39,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import run_configs, runs
-from maelm_jax.export import card
+from maelm_jax.export import card, fast_tokenizer
 from maelm_jax.export import config as export_config
 from maelm_jax.export.config import ExportError
 from maelm_jax.infra import paths
@@ -58,6 +61,8 @@ AUTO_MAP = {
     "AutoModelForQuestionAnswering": "modeling_maelm.MaelmForQuestionAnswering",
 }
 WEIGHTS_FILE = "model.safetensors"
+HF_TOKENIZER_FILE = "tokenizer.json"  # the fast tokenizer, every export
+SLOW_TOKENIZER_FILE = "tokenizer.model"  # the SentencePiece model, when the run has one
 # Objectives whose models the PyTorch code reproduces (the decoder kinds of maelm included).
 OBJECTIVES = ("mlm", "maelm")
 
@@ -106,7 +111,7 @@ def _read_run(init_from: str) -> dict[str, Any]:
     step = int(step_dir.name)
     params = runs.restore_params(step_dir)
     if run_cfg.get("mode", "pretrain") == "finetune":
-        hf_config, head, facts = _finetuned(run_dir, run_cfg, params)
+        hf_config, head, facts = _finetuned(run_dir, run_cfg, params, tok)
     else:
         hf_config, head, facts = _pretrained(run_dir, run_cfg, tok, step)
     vocab = np.shape(params["encoder"]["word_embeddings"]["embedding"])[0]
@@ -137,16 +142,21 @@ def _encoder_fields(arch: dict[str, Any], model: ml_collections.ConfigDict) -> d
     }
 
 
-def _base_config(architectures: list[str], fields: dict[str, Any]) -> dict[str, Any]:
+def _base_config(architectures: list[str], fields: dict[str, Any],
+                 special: tokenizer_lib.SpecialIds = tokenizer_lib.SENTENCEPIECE_IDS
+                 ) -> dict[str, Any]:
+    """config.json's fields every export has; `special`: the run's tokenizer's ids."""
     return {"architectures": architectures, "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
             "torch_dtype": "float32", "layer_norm_eps": 1e-5,
-            "pad_token_id": tokenizer_lib.PAD_ID, "bos_token_id": tokenizer_lib.BOS_ID,
-            "eos_token_id": tokenizer_lib.EOS_ID, "mask_token_id": tokenizer_lib.MASK_ID,
-            **fields}
+            "pad_token_id": special.pad, "bos_token_id": special.bos,
+            "eos_token_id": special.eos, "mask_token_id": special.mask, **fields}
 
 
-def pretraining_config(run_cfg: ml_collections.ConfigDict, vocab_size: int) -> dict:
-    """config.json of a pretraining run (MaelmForMaskedLM, with its decoder if it has one)."""
+def pretraining_config(run_cfg: ml_collections.ConfigDict, vocab_size: int,
+                       special: tokenizer_lib.SpecialIds = tokenizer_lib.SENTENCEPIECE_IDS
+                       ) -> dict:
+    """config.json of a pretraining run (MaelmForMaskedLM, with its decoder if it has one)
+    whose tokenizer has `vocab_size` ids and the `special` ids."""
     m = run_cfg.model
     if run_cfg.objective not in OBJECTIVES:
         raise ExportError(f"config.init_from: the run was pretrained with objective "
@@ -166,7 +176,8 @@ def pretraining_config(run_cfg: ml_collections.ConfigDict, vocab_size: int) -> d
                    "activation_dropout": 0.0}
     return _base_config(["MaelmForMaskedLM"], {
         **_encoder_fields(arch, m), "objective": run_cfg.objective,
-        "misaligned_positions": bool(m.misaligned_positions), "pretraining_decoder": decoder})
+        "misaligned_positions": bool(m.misaligned_positions), "pretraining_decoder": decoder},
+        special)
 
 
 def _pretrained(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
@@ -177,14 +188,15 @@ def _pretrained(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
              "tokens_seen": step * int(run_cfg.train.batch_size) * int(run_cfg.data.seq_len),
              "metrics": _last_eval(run_dir, step), "corpus": _corpus(run_dir, run_cfg, tok),
              "max_length": int(run_cfg.data.seq_len)}
-    return pretraining_config(run_cfg, tok.vocab_size), None, facts
+    return pretraining_config(run_cfg, tok.vocab_size, tok.special), None, facts
 
 
-def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict
+def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict,
+                      special: tokenizer_lib.SpecialIds = tokenizer_lib.SENTENCEPIECE_IDS
                       ) -> tuple[dict, str, str]:
     """(config.json, the head's PyTorch name, the task's name) of a fine-tuning run whose
-    encoder has the architecture record `arch`; the task's kind (finetune/tasks) says which
-    PyTorch model it is."""
+    encoder has the architecture record `arch` (and whose tokenizer the `special` ids); the
+    task's kind (finetune/tasks) says which PyTorch model it is."""
     from maelm_jax.finetune import tasks
 
     try:
@@ -198,10 +210,12 @@ def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict
     fields = {**_encoder_fields(arch, run_cfg.model), "objective": "mlm",
               "classifier_dropout": float(run_cfg.model.classifier_dropout),
               "pooling": run_cfg.model.pooling, **exported.fields}
-    return (_base_config([exported.architecture], fields), exported.head, exported.task)
+    return (_base_config([exported.architecture], fields, special), exported.head,
+            exported.task)
 
 
-def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: Any):
+def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: Any,
+               tok: tokenizer_lib.Tokenizer):
     """config.json, head name and model-card facts of a fine-tuning run."""
     path = run_dir / layout.ENCODER_FILE
     try:
@@ -210,7 +224,7 @@ def _finetuned(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict, params: 
     except encoder_lib.ArchitectureError as e:
         raise ExportError(str(e)) from None
     arch = encoder_lib.architecture(encoder_cfg)
-    hf_config, head, task = finetuning_config(arch, run_cfg)
+    hf_config, head, task = finetuning_config(arch, run_cfg, tok.special)
     if head == "classifier":
         outputs = np.shape(params["head"]["out"]["kernel"])[-1]
         if outputs != len(hf_config["id2label"]):
@@ -238,19 +252,29 @@ def _corpus(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
 
 
 def _tokenizer_files(tok: tokenizer_lib.Tokenizer, max_length: int) -> dict[str, bytes]:
-    piece = tokenizer_lib.SPECIAL_TOKENS
-    bos, eos = piece[tokenizer_lib.BOS_ID], piece[tokenizer_lib.EOS_ID]
-    # RoBERTa's roles: <s> begins (and classifies), </s> ends and separates a pair.
-    specials = {"bos_token": bos, "eos_token": eos, "sep_token": eos, "cls_token": bos,
-                "unk_token": piece[tokenizer_lib.UNK_ID], "pad_token": piece[tokenizer_lib.PAD_ID],
-                "mask_token": piece[tokenizer_lib.MASK_ID]}
+    """tokenizer.json (the fast tokenizer: export/fast_tokenizer.py), tokenizer_config.json
+    and special_tokens_map.json, and for a SentencePiece model its tokenizer.model (the slow
+    tokenizer, remote/tokenization_maelm.py)."""
+    ids = tok.special
+    piece = {role: tok.id_to_piece(getattr(ids, role))
+             for role in ("bos", "eos", "unk", "pad", "mask")}
+    # RoBERTa's roles: <s> begins (and classifies), </s> ends and separates a pair (BERT's
+    # [CLS] and [SEP] alike).
+    specials = {"bos_token": piece["bos"], "eos_token": piece["eos"], "sep_token": piece["eos"],
+                "cls_token": piece["bos"], "unk_token": piece["unk"], "pad_token": piece["pad"],
+                "mask_token": piece["mask"]}
+    files = {HF_TOKENIZER_FILE: fast_tokenizer.tokenizer_json(tok)}
+    if tok.kind == "sentencepiece":
+        files[SLOW_TOKENIZER_FILE] = paths.Path(tok.model_path).read_bytes()
+        loader = {"tokenizer_class": "MaelmTokenizer",
+                  "auto_map": {"AutoTokenizer": ["tokenization_maelm.MaelmTokenizer",
+                                                 "tokenization_maelm.MaelmTokenizerFast"]}}
+    else:  # a Hugging Face tokenizer has no slow class of ours
+        loader = {"tokenizer_class": "PreTrainedTokenizerFast"}
     tokenizer_config = {
-        "tokenizer_class": "MaelmTokenizer",
-        "auto_map": {"AutoTokenizer": ["tokenization_maelm.MaelmTokenizer", None]},
-        "model_max_length": max_length, "padding_side": "right", "truncation_side": "right",
-        "clean_up_tokenization_spaces": False, **specials}
-    return {"tokenizer.model": paths.Path(tok.model_path).read_bytes(),
-            "tokenizer_config.json": _json(tokenizer_config),
+        **loader, "model_max_length": max_length, "padding_side": "right",
+        "truncation_side": "right", "clean_up_tokenization_spaces": False, **specials}
+    return {**files, "tokenizer_config.json": _json(tokenizer_config),
             "special_tokens_map.json": _json(specials)}
 
 

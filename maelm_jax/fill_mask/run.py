@@ -3,7 +3,8 @@
     python main.py --config=configs/fill_mask.py --workdir=runs/quickstart \
         --config.text="The <mask> module provides functions for working with files."
 
-One ``<mask>`` is one piece (the tokenizer encodes the literal to ``MASK_ID``). The model
+One ``<mask>`` (``[MASK]`` for a BERT tokenizer: the tokenizer's mask token) is one piece
+(the tokenizer encodes the literal to its mask id). The model
 is the pretraining run's whole network: for MAE-LM and 3ML the masked positions are left
 out of the encoder and the decoder predicts them, exactly as in pretraining; for MLM the
 encoder reads ``<mask>`` there. The workdir is only read. A pretraining run with
@@ -35,7 +36,6 @@ from maelm_jax.text import masking
 from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.workdirs import layout
 
-MASK_MARK = tokenizer_lib.SPECIAL_TOKENS[tokenizer_lib.MASK_ID]
 # Held-out examples mask this share of a block's word-initial pieces, as pretraining masks
 # 15 % of positions.
 EXAMPLE_MASK_RATIO = 0.15
@@ -48,7 +48,7 @@ _EXAMPLE_POOL = 4096
 class Filled:
     """One text's predictions: `top_ids`/`top_probs` [k, top_k] per masked position."""
 
-    ids: np.ndarray  # [n] the input ids, MASK_ID at the masked positions
+    ids: np.ndarray  # [n] the input ids, the mask id at the masked positions
     masked: np.ndarray  # [k] masked positions, ascending
     top_ids: np.ndarray
     top_probs: np.ndarray
@@ -89,14 +89,16 @@ class FillMasker:
         spans the whole sequence is built for n positions)."""
         if n not in self._applies:
             objective = pretrain_config.objective(self.config)
+            run_shape = setup_lib.shape(self.config, self.tok.vocab_size, self.tok.special)
             cfg, params = objective.for_length(
-                setup_lib.model_config(self.config, self.tok.vocab_size), self.params, n)
+                setup_lib.model_config(self.config, self.tok.vocab_size, run_shape),
+                self.params, n)
             self._applies[n] = (jax.jit(objective.model(cfg).apply), params)
         return self._applies[n]
 
     def predict(self, ids: Sequence[int], masked: Sequence[int], top_k: int = 5,
                 targets: Sequence[int] | None = None) -> Filled:
-        """ids [n] with MASK_ID at `masked` [k] (ascending positions)."""
+        """ids [n] with the mask id at `masked` [k] (ascending positions)."""
         ids, masked = np.asarray(ids, np.int32), np.asarray(sorted(masked), np.int32)
         n, k = len(ids), len(masked)
         kept = np.setdiff1d(np.arange(n, dtype=np.int32), masked)
@@ -118,17 +120,19 @@ class FillMasker:
 
     def encode_text(self, text: str, field: str = "config.text") -> tuple[np.ndarray, np.ndarray]:
         """(<s> text </s> as ids [n], the positions of its <mask> marks [k])."""
+        special, mark = self.tok.special, mask_mark(self.tok)
         pieces = self.tok.encode([text])[0]
-        # "word <mask>" encodes the space as a piece of its own before <mask>; the mask
-        # then stands for a word-initial piece ("▁os"), as in pretraining.
+        # SentencePiece encodes "word <mask>" with the space as a piece of its own before
+        # <mask>; the mask then stands for a word-initial piece ("▁os"), as in pretraining.
+        # (RoBERTa's <mask> takes the space itself; BERT's tokens carry no spaces.)
         space = [i for i, p in enumerate(pieces[:-1])
-                 if pieces[i + 1] == tokenizer_lib.MASK_ID and self.tok.id_to_piece(p) == "▁"]
+                 if pieces[i + 1] == special.mask and self.tok.id_to_piece(p) == "▁"]
         pieces = [p for i, p in enumerate(pieces) if i not in set(space)]
-        ids = np.asarray([tokenizer_lib.BOS_ID, *pieces, tokenizer_lib.EOS_ID], np.int32)
-        masked = np.flatnonzero(ids == tokenizer_lib.MASK_ID)
+        ids = np.asarray([special.bos, *pieces, special.eos], np.int32)
+        masked = np.flatnonzero(ids == special.mask)
         if not len(masked):
-            raise FillMaskError(f"{field}: {text!r} has no {MASK_MARK}; mark each piece to "
-                                f"predict with {MASK_MARK}")
+            raise FillMaskError(f"{field}: {text!r} has no {mark}; mark each piece to "
+                                f"predict with {mark}")
         if len(ids) > self.seq_len:
             raise FillMaskError(f"{field}: {text!r} is {len(ids)} pieces with <s> and </s>; "
                                 f"the model was pretrained on {self.seq_len}")
@@ -144,39 +148,45 @@ def examples_from_blocks(masker: FillMasker, blocks: np.ndarray, count: int, see
     out = []
     for i in chosen:
         block = np.asarray(blocks[i], np.int32)
-        starts = [j for j, t in enumerate(block) if t >= tokenizer_lib.NUM_SPECIAL
-                  and masker.tok.id_to_piece(int(t)).startswith("▁")
-                  and len(masker.tok.id_to_piece(int(t))) > 1]
+        starts = [j for j, t in enumerate(block) if masker.tok.is_word_start(int(t))]
         if not starts:
             continue
         k = max(1, round(EXAMPLE_MASK_RATIO * len(starts)))
         masked = np.sort(rng.choice(starts, size=k, replace=False))
         ids = block.copy()
-        ids[masked] = tokenizer_lib.MASK_ID
+        ids[masked] = masker.tok.special.mask
         out.append(masker.predict(ids, masked, top_k, targets=block[masked]))
     return out
 
 
 def format_filled(filled: Filled, tok: tokenizer_lib.Tokenizer) -> str:
     """The text with <mask>, then a line per mask: (true piece,) top-k with probabilities."""
-    body = [int(t) for t in filled.ids if t not in (tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID)]
+    body = [int(t) for t in filled.ids if t not in (tok.special.bos, tok.special.eos)]
     lines = [f"input: {_decode(body, tok)}"]
     for m in range(len(filled.masked)):
         guesses = " | ".join(f"{tok.id_to_piece(int(t))} {p:.3f}"
                              for t, p in zip(filled.top_ids[m], filled.top_probs[m], strict=False))
         truth = ("" if filled.targets is None
                  else f" (true: {tok.id_to_piece(int(filled.targets[m]))})")
-        lines.append(f"  {MASK_MARK} {m + 1}{truth}: {guesses}")
+        lines.append(f"  {mask_mark(tok)} {m + 1}{truth}: {guesses}")
     return "\n".join(lines)
+
+
+def mask_mark(tok: tokenizer_lib.Tokenizer) -> str:
+    """The text that marks a piece to predict: the tokenizer's mask token."""
+    return tok.id_to_piece(tok.special.mask)
 
 
 def _decode(ids: list[int], tok: tokenizer_lib.Tokenizer) -> str:
     """Decodes around each <mask> (sentencepiece drops the spaces next to a user-defined
     symbol): a mask stands for a word-initial piece, and a run after it starts with a space
-    only if its first piece does ("the <mask> module", "the <mask>.")."""
+    only if its first piece does ("the <mask> module", "the <mask>."). A Hugging Face
+    tokenizer decodes its mask token in place."""
+    if tok.kind != "sentencepiece":
+        return tok.decode(ids)
     text, run = "", []
     for t in ids + [None]:
-        if t is not None and t != tokenizer_lib.MASK_ID:
+        if t is not None and t != tok.special.mask:
             run.append(t)
             continue
         if run:
@@ -184,7 +194,7 @@ def _decode(ids: list[int], tok: tokenizer_lib.Tokenizer) -> str:
             text += space + tok.decode(run)
             run = []
         if t is not None:
-            text += (" " if text else "") + MASK_MARK
+            text += (" " if text else "") + mask_mark(tok)
     return text
 
 

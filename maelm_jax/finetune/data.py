@@ -17,7 +17,9 @@ import numpy as np
 from maelm_jax.infra import errors
 from maelm_jax.text import tokenizer as tokenizer_lib
 
-BOS, EOS, PAD = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.PAD_ID
+# The id at a batch's padded positions: key_mask masks them out of attention and nothing
+# reads their outputs, so any id does; the tokenizer's PAD is not needed (nor assumed) here.
+PAD = 0
 
 
 class FinetuneDataError(errors.UserError):
@@ -44,16 +46,21 @@ def truncate_longest_first(len_a: int, len_b: int, budget: int) -> tuple[int, in
     return len_a, len_b
 
 
-def encode_single(a: Sequence[int], max_len: int) -> np.ndarray:
-    """``<s> A </s>``, A cut to max_len - 2 tokens. Returns [n] int32."""
+def encode_single(a: Sequence[int], max_len: int,
+                  special: tokenizer_lib.SpecialIds) -> np.ndarray:
+    """``<s> A </s>`` (the tokenizer's BOS and EOS), A cut to max_len - 2 tokens. Returns
+    [n] int32."""
     a = list(a)[: max_len - 2]
-    return np.asarray([BOS, *a, EOS], np.int32)
+    return np.asarray([special.bos, *a, special.eos], np.int32)
 
 
-def encode_pair(a: Sequence[int], b: Sequence[int], max_len: int) -> np.ndarray:
-    """``<s> A </s></s> B </s>`` with longest-first truncation to max_len. Returns [n] int32."""
+def encode_pair(a: Sequence[int], b: Sequence[int], max_len: int,
+                special: tokenizer_lib.SpecialIds) -> np.ndarray:
+    """``<s> A </s></s> B </s>`` (RoBERTa's pair layout, in the tokenizer's BOS and EOS)
+    with longest-first truncation to max_len. Returns [n] int32."""
     len_a, len_b = truncate_longest_first(len(a), len(b), max_len - 4)
-    return np.asarray([BOS, *a[:len_a], EOS, EOS, *b[:len_b], EOS], np.int32)
+    bos, eos = special.bos, special.eos
+    return np.asarray([bos, *a[:len_a], eos, eos, *b[:len_b], eos], np.int32)
 
 
 def encode_texts(tok: tokenizer_lib.Tokenizer, texts: Sequence[Sequence[str]],
@@ -63,8 +70,8 @@ def encode_texts(tok: tokenizer_lib.Tokenizer, texts: Sequence[Sequence[str]],
         raise FinetuneDataError(f"config.data.max_seq_len: expected at least 8, got {max_len}")
     columns = [tok.encode(list(column)) for column in texts]
     if len(columns) == 1:
-        return [encode_single(a, max_len) for a in columns[0]]
-    return [encode_pair(a, b, max_len) for a, b in zip(*columns, strict=False)]
+        return [encode_single(a, max_len, tok.special) for a in columns[0]]
+    return [encode_pair(a, b, max_len, tok.special) for a, b in zip(*columns, strict=False)]
 
 
 def buckets_for(max_len: int, buckets: Sequence[int]) -> tuple[int, ...]:

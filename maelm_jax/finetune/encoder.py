@@ -4,6 +4,7 @@ built by models/builder.py with this run's dropout, dtype and attention kernel."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_collections
@@ -34,11 +35,13 @@ def scratch_architecture(config: ml_collections.ConfigDict, vocab_size: int) -> 
                                           max_positions=config.model.max_positions)
 
 
-def build(config: ml_collections.ConfigDict,
-          architecture: dict[str, Any]) -> encoder_lib.EncoderConfig:
-    """The encoder of `architecture` as the fine-tuning `config` runs it."""
+def build(config: ml_collections.ConfigDict, architecture: dict[str, Any],
+          special: tokenizer_lib.SpecialIds) -> encoder_lib.EncoderConfig:
+    """The encoder of `architecture` as the fine-tuning `config` runs it, with its
+    tokenizer's `special` ids."""
     try:
-        return builder.encoder(architecture, run_settings(config))
+        return builder.encoder(architecture,
+                               dataclasses.replace(run_settings(config), special=special))
     except builder.BuildError as e:
         raise finetune_config.FinetuneConfigError(str(e)) from None
 
@@ -56,8 +59,8 @@ def encoder_and_tokenizer(config: ml_collections.ConfigDict, weights: bool = Tru
         description = (p.description if pretrained
                        else f"random weights in the architecture of {p.description}")
         return p.encoder_cfg, p.params, p.tokenizer, description
-    tok = tokenizer_lib.load_tokenizer(config.tokenizer_path)
-    return (build(config, scratch_architecture(config, tok.vocab_size)), None, tok,
+    tok = tokenizer_lib.load_tokenizer(config.tokenizer_path, "config.tokenizer_path")
+    return (build(config, scratch_architecture(config, tok.vocab_size), tok.special), None, tok,
             "from scratch (no init_from)")
 
 

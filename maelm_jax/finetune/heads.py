@@ -17,7 +17,6 @@ from maelm_jax.config import options
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
 from maelm_jax.models.dropout import Dropout
-from maelm_jax.text import tokenizer as tokenizer_lib
 
 # Padded positions' span logits; finite so start + end logits cannot overflow.
 _MASKED_LOGIT = -1e9
@@ -110,11 +109,12 @@ class SpanHead(nn.Module):
         return logits[..., 0], logits[..., 1]
 
 
-def answer_positions(tokens: jax.Array, key_mask: jax.Array) -> jax.Array:
+def answer_positions(tokens: jax.Array, key_mask: jax.Array, eos: int) -> jax.Array:
     """[B, n] bool: where a span may start or end in ``<s> question </s></s> context </s>``
-    windows: the context tokens, and position 0 (``<s>``, the no-answer span). The
-    question and the special tokens are excluded, as the official SQuAD head does."""
-    is_eos = tokens == tokenizer_lib.EOS_ID
+    windows (`eos`: the tokenizer's </s>): the context tokens, and position 0 (``<s>``,
+    the no-answer span). The question and the special tokens are excluded, as the
+    official SQuAD head does."""
+    is_eos = tokens == eos
     # Context tokens come after the second </s> and are not </s> themselves.
     context = (jnp.cumsum(is_eos, axis=1) >= 2) & ~is_eos & key_mask
     return context.at[:, 0].set(True)
@@ -137,7 +137,8 @@ class SpanExtractor(nn.Module):
         context_only the question and special tokens) masked."""
         hidden = self.encoder(tokens, positions_like(tokens), key_mask, deterministic)
         start, end = self.head(hidden)
-        allowed = answer_positions(tokens, key_mask) if self.context_only else key_mask
+        allowed = (answer_positions(tokens, key_mask, self.encoder_cfg.special.eos)
+                   if self.context_only else key_mask)
         return (jnp.where(allowed, start, _MASKED_LOGIT), jnp.where(allowed, end, _MASKED_LOGIT))
 
 

@@ -28,11 +28,11 @@ def save_finetuned(workdir: paths.Path, step: int, params: Any,
                    encoder_cfg: encoder_lib.EncoderConfig,
                    tokenizer: tokenizer_lib.Tokenizer) -> paths.Path:
     """Writes checkpoints/<step>/state ({"params": {"encoder", "head"}}), encoder.json and
-    tokenizer.model, so the workdir can be another run's init_from. `workdir` is
-    absolute (or a bucket's URI). Every process of a job calls it with the same host
-    `params`: orbax's save is collective (process 0 writes the arrays), and process 0
-    alone writes the other two files. A resume state saved at `step` gives way to it
-    (the others stay until results.json is written)."""
+    the tokenizer's file (tokenizer.model or tokenizer.json), so the workdir can be another
+    run's init_from. `workdir` is absolute (or a bucket's URI). Every process of a job
+    calls it with the same host `params`: orbax's save is collective (process 0 writes
+    the arrays), and process 0 alone writes the other two files. A resume state saved at
+    `step` gives way to it (the others stay until results.json is written)."""
     import orbax.checkpoint as ocp
 
     with distributed.as_one("fine-tuning checkpoint"):
@@ -41,8 +41,9 @@ def save_finetuned(workdir: paths.Path, step: int, params: Any,
     if distributed.is_leader():
         record = encoder_lib.architecture(encoder_cfg)
         paths.write_text(workdir / layout.ENCODER_FILE, json.dumps(record, indent=2))
-        if not paths.same(tokenizer.model_path, workdir / layout.TOKENIZER_FILE):
-            paths.Path(tokenizer.model_path).copy(workdir / layout.TOKENIZER_FILE, overwrite=True)
+        own = workdir / layout.TOKENIZER_FILES[tokenizer.kind]
+        if not paths.same(tokenizer.model_path, own):
+            paths.Path(tokenizer.model_path).copy(own, overwrite=True)
     manager = ocp.CheckpointManager(
         workdir / layout.CHECKPOINTS,
         options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,

@@ -20,6 +20,7 @@ from maelm_jax.config import options, schema
 from maelm_jax.infra import errors
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layers
+from maelm_jax.text import tokenizer
 
 
 class BuildError(errors.UserError):
@@ -51,6 +52,9 @@ class Run:
     remat_policy: str = "none"  # options.REMAT_POLICIES, "auto" resolved by `encoder`
     rel_pos_init: str = "normal"
     output_dtype: str = "float32"
+    # The run's tokenizer's (EncoderConfig.special); a run with a Hugging Face tokenizer
+    # sets its own.
+    special: tokenizer.SpecialIds = tokenizer.SENTENCEPIECE_IDS
 
 
 def attention_impl(run: Run, head_dim: int, backend: str | None = None) -> str:
@@ -101,7 +105,7 @@ def encoder(architecture: Mapping[str, Any], run: Run,
             raise BuildError(str(e)) from None
     return encoder_lib.from_architecture(
         architecture, where=record or run.where, dtype=run.dtype, rel_pos_init=run.rel_pos_init,
-        output_dtype=run.output_dtype, dropout=run.dropout,
+        output_dtype=run.output_dtype, special=run.special, dropout=run.dropout,
         attention_dropout=run.attention_dropout, activation_dropout=run.activation_dropout,
         attention_impl=impl, pallas=pallas, scan_layers=run.scan_layers,
         remat_policy=remat_policy(run, impl))

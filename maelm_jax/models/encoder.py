@@ -21,6 +21,7 @@ from maelm_jax.infra import errors
 from maelm_jax.models import layers, relative_position
 from maelm_jax.models import stack as stack_lib
 from maelm_jax.models.dropout import Dropout
+from maelm_jax.text import tokenizer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,6 +39,9 @@ class EncoderConfig:
     # The masked-LM output layer's dot against the tied table (options.OUTPUT_DTYPES):
     # "float32" (TF32 on GPUs), or "compute" (the stack's dtype, float32 accumulation).
     output_dtype: str = "float32"
+    # The tokenizer's special ids (not part of the architecture: the tokenizer file records
+    # them): what the maskers insert and the models, heads and exports look for.
+    special: tokenizer.SpecialIds = tokenizer.SENTENCEPIECE_IDS
 
 
 class ArchitectureError(errors.UserError):
@@ -89,6 +93,7 @@ def model_architecture(model: Mapping[str, Any], *, vocab_size: int,
 
 def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "float32",
                       rel_pos_init: str = "normal", output_dtype: str = "float32",
+                      special: tokenizer.SpecialIds = tokenizer.SENTENCEPIECE_IDS,
                       **run: Any) -> EncoderConfig:
     """The EncoderConfig an architecture record describes, with a run's own settings.
 
@@ -97,7 +102,8 @@ def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "f
     ArchitectureError raised for a missing, mistyped or unknown field, e.g. the file.
     dtype: the compute dtype (a layers.DTYPES name, "auto" included, or a dtype).
     rel_pos_init: how a fresh relative bias is initialised. output_dtype: the masked-LM
-    output layer's (EncoderConfig.output_dtype). run: the StackConfig fields
+    output layer's (EncoderConfig.output_dtype). special: the run's tokenizer's special
+    ids (EncoderConfig.special). run: the StackConfig fields
     outside the architecture (dropout, attention_dropout, activation_dropout,
     attention_impl, scan_layers, remat_policy); StackConfig's defaults for those not given.
     """
@@ -105,6 +111,7 @@ def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "f
     stack = layers.StackConfig(**{k: v for k, v in arch.items() if k in _STACK_FIELDS},
                                dtype=layers.resolve_dtype(dtype), **run)
     return EncoderConfig(stack=stack, rel_pos_init=rel_pos_init, output_dtype=output_dtype,
+                         special=special,
                          **{k: v for k, v in arch.items() if k not in _STACK_FIELDS})
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from maelm_jax.models import decoder as decoder_lib
 from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import heads, layers
-from maelm_jax.text import masking, tokenizer
+from maelm_jax.text import masking
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,8 +77,9 @@ class MaeLmModel(nn.Module):
         )
         if self.cfg.decoder.kind != "self":
             return self._cross_logits(batch, hidden, shared_positions, deterministic)
-        mask_embedding = self.encoder.embed_token(tokenizer.MASK_ID)
-        reset = batch.inputs == tokenizer.MASK_ID if self.cfg.decoder.reset_masks else None
+        mask_id = self.cfg.encoder.special.mask
+        mask_embedding = self.encoder.embed_token(mask_id)
+        reset = batch.inputs == mask_id if self.cfg.decoder.reset_masks else None
         hidden = self.decoder(
             hidden, batch.enc_index, mask_embedding, shared_positions, deterministic, reset
         )  # [B, L, D_dec]

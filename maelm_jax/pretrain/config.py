@@ -53,7 +53,9 @@ def pretrain_defaults() -> ml_collections.ConfigDict:
     c.seed = 0  # parameters, data order, masks and dropout all derive from it
 
     c.tokenizer = ml_collections.ConfigDict()
-    c.tokenizer.model_path = ""  # an existing sentencepiece .model; "" trains one into the workdir
+    # An existing SentencePiece .model or Hugging Face tokenizer.json (its own special ids and
+    # vocabulary); "" trains a SentencePiece model into the workdir.
+    c.tokenizer.model_path = ""
     c.tokenizer.vocab_size = 32768
     c.tokenizer.model_type = "bpe"  # "bpe" or "unigram"
     c.tokenizer.lowercase = True  # the paper's base setting is uncased
@@ -213,7 +215,8 @@ FIELDS: dict[str, schema.Field] = {
                               f"{', '.join(objectives.names())}; maelm_jax/pretrain/objectives)",
                               lambda v: v in objectives.names()),
     "seed": schema.integer(0),
-    "tokenizer.model_path": schema.path("a sentencepiece .model file, or empty to train one"),
+    "tokenizer.model_path": schema.path("a SentencePiece .model or a Hugging Face "
+                                        "tokenizer.json, or empty to train one"),
     # Training one needs >= 262 (train_tokenizer says so); benchmarks use small tables.
     "tokenizer.vocab_size": schema.integer(17),
     "tokenizer.model_type": schema.choice(*tokenizer_lib.MODEL_TYPES),

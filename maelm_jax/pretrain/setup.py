@@ -29,7 +29,7 @@ from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import flops
 from maelm_jax.pretrain import steps as pretrain_steps
-from maelm_jax.text import masking
+from maelm_jax.text import masking, tokenizer
 from maelm_jax.training import optimizer as optimizer_lib
 from maelm_jax.training import state as state_lib
 from maelm_jax.training import steps
@@ -46,6 +46,7 @@ class Shape:
     objective: Any  # objectives.Objective
     counts: masking.MaskCounts
     vocab_size: int
+    special: tokenizer.SpecialIds  # the tokenizer's special ids (EncoderConfig.special)
 
     def paper_flops(self, config: ml_collections.ConfigDict) -> int:
         """Training FLOPs of one step as 3ML Appendix D counts them (backward = forward;
@@ -58,10 +59,13 @@ class Shape:
         return flops.model_flops(self.paper_flops(config))
 
 
-def shape(config: ml_collections.ConfigDict, vocab_size: int) -> Shape:
-    """`config`'s Shape (ConfigError for a config that does not validate its objective)."""
+def shape(config: ml_collections.ConfigDict, vocab_size: int,
+          special: tokenizer.SpecialIds = tokenizer.SENTENCEPIECE_IDS) -> Shape:
+    """`config`'s Shape (ConfigError for a config that does not validate its objective),
+    for a tokenizer of `vocab_size` ids with the `special` ids (a run passes its
+    tokenizer's; the default is a SentencePiece model of ours, as the benchmarks' ids)."""
     return Shape(pretrain_config.objective(config), pretrain_config.mask_counts(config),
-                 vocab_size)
+                 vocab_size, special)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +186,8 @@ def encoder_run(config: ml_collections.ConfigDict, run_shape: Shape | None = Non
         attention_impl=m.attention_impl, pallas=pretrain_config.kernel_options(config),
         other_stacks=tuple((s.d_model // s.num_heads, s.attention_dropout) for s in stacks),
         length=length, fit_tiles=True, scan_layers=m.scan_layers,
-        remat_policy=m.remat_policy, rel_pos_init=m.rel_pos_init, output_dtype=m.output_dtype)
+        remat_policy=m.remat_policy, rel_pos_init=m.rel_pos_init, output_dtype=m.output_dtype,
+        special=run_shape.special if run_shape else tokenizer.SENTENCEPIECE_IDS)
 
 
 def encoder_config(config: ml_collections.ConfigDict, vocab_size: int,
@@ -231,15 +236,16 @@ def step_flops(config: ml_collections.ConfigDict, vocab_size: int) -> int:
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh: Mesh | None = None,
-          rules: tuple | None = None) -> Program:
+          rules: tuple | None = None,
+          special: tokenizer.SpecialIds = tokenizer.SENTENCEPIECE_IDS) -> Program:
     """The program a validated pretraining `config` describes, on `mesh` (default: the
     config's mesh.shape and dcn_shape over all devices) with `rules` (default:
-    config.sharding_rules)."""
+    config.sharding_rules), for a tokenizer of `vocab_size` ids with the `special` ids."""
     t = config.train
     mesh = mesh if mesh is not None else sharding.make_mesh(config.mesh.shape,
                                                             dcn_shape=config.mesh.dcn_shape)
     rules = rules if rules is not None else sharding.rules_from_config(config.sharding_rules)
-    run_shape = shape(config, vocab_size)
+    run_shape = shape(config, vocab_size, special)
     counts, objective = run_shape.counts, run_shape.objective
     model_cfg = model_config(config, vocab_size, run_shape)
     model = objective.model(model_cfg)

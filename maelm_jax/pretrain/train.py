@@ -180,7 +180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise errors.UserError(
             f"config.data.validation_fraction: the validation split holds fewer blocks than "
             f"the {dp} data-parallel devices each need one of; raise it, or add text")
-    program = setup_lib.build(config, tok.vocab_size, mesh, rules)
+    program = setup_lib.build(config, tok.vocab_size, mesh, rules, tok.special)
     fresh = not checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)
     init, offset, loaded = program.init, continued.data_offset(config, source), None
     if source is not None and fresh:  # a resumed run's checkpoints hold what was loaded

@@ -116,12 +116,14 @@ def time_pretraining(c: ml_collections.ConfigDict, vocab_size: int,
 
 
 def finetune_encoder(pretrain: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
-                     vocab_size: int):
+                     vocab_size: int,
+                     special: tokenizer_lib.SpecialIds = tokenizer_lib.SENTENCEPIECE_IDS):
     """The encoder of `pretrain` as a fine-tuning part with config `c` rebuilds it from the
     pretraining checkpoint (finetune/train.py): timed alike, the measured program is the one
-    the parts find again in the compilation cache."""
+    the parts find again in the compilation cache. `special`: the tokenizer's ids (the
+    sizing's estimate needs none: they change no shape)."""
     return finetune_encoder_lib.build(c, runs.pretrained_architecture(pretrain.to_dict(),
-                                                                     vocab_size))
+                                                                     vocab_size), special)
 
 
 def time_finetuning(pretrain: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
@@ -138,7 +140,7 @@ def time_finetuning(pretrain: ml_collections.ConfigDict, c: ml_collections.Confi
                    num_epochs=1, warmup_ratio=c.grid.warmup_ratio[0])
     c.tokenizer_path = tok.model_path
     max_len = c.data.max_seq_len
-    encoder = finetune_encoder(pretrain, c, tok.vocab_size)
+    encoder = finetune_encoder(pretrain, c, tok.vocab_size, tok.special)
     buckets = (max_len,)
     group = (finetune_setup.Runs(seeds, keys, (finetune_setup.schedule_of(c.train, 1000),)
                                  * len(keys)) if len(keys) > 1 else None)
@@ -196,7 +198,8 @@ def time_rank(study: ml_collections.ConfigDict, c: ml_collections.ConfigDict,
     num_tokens = study.rank_tokens or rank_config.DEFAULT_TOKENS_PER_DIM * c.model.d_model
     rows = _random_rows(c, vocab_size, -(-num_tokens // c.data.seq_len))
     batches, _, _ = rank_inputs.make_batches(rows, c.data.seq_len, r.batch_size, num_tokens,
-                                             r.mask_ratio, r.seed)
+                                             r.mask_ratio, r.seed,
+                                             special=encoder.special)
     r.mesh.shape = (1, 1, 1)  # as study/run.py runs it
     mesh = sharding.fixed_mesh(r.mesh.shape, r.mesh.dcn_shape)
     seconds = []

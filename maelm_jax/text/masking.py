@@ -133,9 +133,11 @@ def _scatter_set(x: jax.Array, index: jax.Array, values: jax.Array,
 
 
 def apply_mask(
-    key: jax.Array, tokens: jax.Array, counts: MaskCounts, vocab_size: int
+    key: jax.Array, tokens: jax.Array, counts: MaskCounts, vocab_size: int,
+    special: tokenizer.SpecialIds,
 ) -> MaskedBatch:
-    """Samples the corruption of `tokens` [B, L] with exactly `counts` per sequence.
+    """Samples the corruption of `tokens` [B, L] with exactly `counts` per sequence;
+    `special`: the tokenizer's ids (PAD is never predicted, MASK is inserted).
 
     Padding sorts after every real token, so it is chosen only when a sequence holds
     fewer than k real tokens (never in packed pretraining blocks), and then weighs 0.
@@ -145,7 +147,7 @@ def apply_mask(
         raise ValueError(f"tokens have length {L}, masking counts were built for {counts.seq_len}")
     c = counts
     score_key, random_key = jax.random.split(key)
-    is_pad = tokens == tokenizer.PAD_ID
+    is_pad = tokens == special.pad
     scores = jax.random.uniform(score_key, (B, L)) + is_pad.astype(jnp.float32)
     order = jnp.argsort(scores, axis=1).astype(jnp.int32)
 
@@ -154,12 +156,10 @@ def apply_mask(
     mask_pos = order[:, : c.k_mask]
     random_pos = order[:, c.k_mask : c.k_mask + c.k_random]
 
-    inputs = _scatter_set(tokens, mask_pos, jnp.int32(tokenizer.MASK_ID))
+    inputs = _scatter_set(tokens, mask_pos, jnp.int32(special.mask))
     if c.k_random:
-        # Random replacements never produce a special token.
-        random_tokens = jax.random.randint(
-            random_key, (B, c.k_random), tokenizer.NUM_SPECIAL, vocab_size, jnp.int32
-        )
+        random_tokens = random_ordinary_tokens(random_key, (B, c.k_random), vocab_size,
+                                               special)
         inputs = _scatter_set(inputs, random_pos, random_tokens)
 
     # The first k_in_enc [MASK] positions stay in the encoder (delta); the rest leave it.
@@ -177,11 +177,24 @@ def apply_mask(
     )
     pred_index, category = jax.lax.sort((order[:, : c.k], category), dimension=1, num_keys=1)
     targets = _gather(tokens, pred_index)
-    weights = (targets != tokenizer.PAD_ID).astype(jnp.float32)
+    weights = (targets != special.pad).astype(jnp.float32)
     return MaskedBatch(
         inputs.astype(jnp.int32), enc_index, pred_index, targets.astype(jnp.int32), weights,
         category,
     )
+
+
+def random_ordinary_tokens(key: jax.Array, shape: tuple[int, ...], vocab_size: int,
+                           special: tokenizer.SpecialIds) -> jax.Array:
+    """Uniform int32 ids of `shape` over the vocabulary bar the special ids: a draw over
+    vocab_size - #special values, each moved past the special ids at or below it. With
+    the special ids first (SentencePiece's 0-4), this draws what randint(key, shape,
+    #special, vocab_size) draws."""
+    ids = special.ids
+    x = jax.random.randint(key, shape, 0, vocab_size - len(ids), jnp.int32)
+    for s in ids:  # ascending: each step skips one special id
+        x = jnp.where(x >= s, x + 1, x)
+    return x
 
 
 def gather_tokens(x: jax.Array, index: jax.Array) -> jax.Array:

@@ -57,8 +57,6 @@ class SpecialIds:
 SENTENCEPIECE_IDS = SpecialIds(pad=0, bos=1, eos=2, unk=3, mask=4)
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
 NUM_SPECIAL = len(SPECIAL_TOKENS)
-# Kept while callers move to `Tokenizer.special`.
-PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = 0, 1, 2, 3, 4
 
 MODEL_TYPES = ("bpe", "unigram")
 # SentencePiece skips training sentences longer than this many bytes; the default (4192)
@@ -69,6 +67,7 @@ MODEL_TYPES = ("bpe", "unigram")
 # our own sample of at most max_sentences lines, this bounds what one document can cost.
 _MAX_SENTENCE_BYTES = 16384
 _MAX_PIECE_CHARS = 16  # SentencePiece's default, stated: candidate pieces stay short
+_WORD_MARK = "▁"  # SentencePiece's mark of a space before a piece
 
 
 class TokenizerError(errors.UserError):
@@ -80,7 +79,7 @@ class Tokenizer:
 
     The interface every tokenizer kind has (HfTokenizer too): `kind`,
     `model_path`, `special`, `vocab_size`, `encode`, `decode`, `encode_with_offsets`,
-    `id_to_piece`, `token_to_id`."""
+    `id_to_piece`, `token_to_id`, `is_word_start`."""
 
     kind = "sentencepiece"
     special = SENTENCEPIECE_IDS
@@ -122,6 +121,12 @@ class Tokenizer:
         token_id = self._sp.piece_to_id(piece)
         return token_id if self._sp.id_to_piece(token_id) == piece else None
 
+    def is_word_start(self, token_id: int) -> bool:
+        """Whether the piece starts a word with text of its own ("▁os", not "▁" or "os")."""
+        piece = self._sp.id_to_piece(int(token_id))
+        return (token_id not in self.special.ids and piece.startswith(_WORD_MARK)
+                and len(piece) > 1)
+
     def __repr__(self) -> str:
         return f"Tokenizer({self.model_path!r}, vocab_size={self.vocab_size})"
 
@@ -133,11 +138,17 @@ def load_tokenizer(path: str, field: str = "tokenizer model") -> Tokenizer:
     file = paths.Path(path)
     if not file.is_file():
         raise TokenizerError(f"{field} {path!r} does not exist")
-    if str(path).endswith(".json"):
-        return _load_hf(file, field)
+    return from_bytes(file.read_bytes(), str(path), field)
+
+
+def from_bytes(data: bytes, path: str, field: str = "tokenizer model") -> Tokenizer:
+    """The tokenizer whose file `path` holds `data` (its name decides the kind, as for
+    load_tokenizer): how a worker that was sent the file's bytes rebuilds it."""
+    if path.endswith(".json"):
+        return _load_hf(data, path, field)
     processor = spm.SentencePieceProcessor()
     try:
-        processor.LoadFromSerializedProto(file.read_bytes())
+        processor.LoadFromSerializedProto(data)
     except RuntimeError:
         raise TokenizerError(f"{field} {path!r} is not a SentencePiece model (it does not "
                              "parse as one) nor a Hugging Face tokenizer.json") from None
@@ -207,17 +218,27 @@ class HfTokenizer:
     def token_to_id(self, piece: str) -> int | None:
         return self._tok.token_to_id(piece)
 
+    def is_word_start(self, token_id: int) -> bool:
+        """Whether the token starts a word: byte-level BPE's "Ġword" (a space before it),
+        WordPiece's tokens but "##" continuations."""
+        if token_id in self.special.ids:
+            return False
+        piece = self._tok.id_to_token(int(token_id))
+        if type(self._tok.model).__name__ == "WordPiece":
+            return not piece.startswith(self._tok.model.continuing_subword_prefix)
+        return piece.startswith("Ġ") and len(piece) > 1
+
     def __repr__(self) -> str:
         return f"HfTokenizer({self.model_path!r}, vocab_size={self.vocab_size})"
 
 
-def _load_hf(file: paths.Path, field: str) -> HfTokenizer:
+def _load_hf(data: bytes, path: str, field: str) -> HfTokenizer:
     import tokenizers  # the SentencePiece path never needs it
 
     try:
-        tok = tokenizers.Tokenizer.from_str(file.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, Exception) as e:  # the library raises plain Exception
-        raise TokenizerError(f"{field} {str(file)!r} is not a Hugging Face tokenizer.json "
+        tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as e:  # the library raises plain Exception; bad UTF-8 a ValueError
+        raise TokenizerError(f"{field} {path!r} is not a Hugging Face tokenizer.json "
                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                              ) from None
     found = {}
@@ -225,14 +246,14 @@ def _load_hf(file: paths.Path, field: str) -> HfTokenizer:
         ids = [tok.token_to_id(n) for n in names]
         present = [(n, i) for n, i in zip(names, ids, strict=True) if i is not None]
         if not present:
-            raise TokenizerError(f"{field} {str(file)!r} has no {role} token (expected one of "
+            raise TokenizerError(f"{field} {path!r} has no {role} token (expected one of "
                                  f"{' '.join(names)})")
         found[role] = present[0][1]
     special = SpecialIds(**found)
     if len(special.ids) != 5:
-        raise TokenizerError(f"{field} {str(file)!r}: two special tokens share an id "
+        raise TokenizerError(f"{field} {path!r}: two special tokens share an id "
                              f"({special.to_json()})")
-    return HfTokenizer(tok, str(file), special)
+    return HfTokenizer(tok, path, special)
 
 
 def train_tokenizer(documents: Iterable[str], model_prefix_or_path: str, vocab_size: int,

@@ -27,6 +27,8 @@ from maelm_jax.workdirs import layout
 from conftest import REPO_ROOT, require_shared_data, subprocess_env
 from tiny_config import tiny_config
 
+SP = tokenizer.SENTENCEPIECE_IDS
+
 pytestmark = pytest.mark.tier("integration")
 
 
@@ -88,8 +90,8 @@ def _mask_gap_encoder(d=16, k=8, num_layers=2, vocab=64, seed=0):
     rng = np.random.default_rng(seed)
     table = np.zeros((vocab, d), np.float32)
     table[:, :k] = rng.normal(size=(vocab, k))
-    table[tokenizer.MASK_ID] = 0.0
-    table[tokenizer.MASK_ID, k:] = rng.normal(size=d - k)
+    table[SP.mask] = 0.0
+    table[SP.mask, k:] = rng.normal(size=d - k)
     params["word_embeddings"]["embedding"] = table
     params["position_embeddings"]["embedding"][:] = 0.0
     for i in range(num_layers):
@@ -105,8 +107,8 @@ def test_an_encoder_whose_mask_inputs_use_extra_dimensions_shows_the_gap():
     cfg, params = _mask_gap_encoder()
     rng = np.random.default_rng(1)
     rows = rng.integers(tokenizer.NUM_SPECIAL, 64, (60, 32)).astype(np.int32)
-    rows[:, 20:] = tokenizer.PAD_ID  # padding is never a row of H
-    batches, n, n_mask = inputs.make_batches(rows, 32, 8, 1000, 0.15, seed=0)
+    rows[:, 20:] = SP.pad  # padding is never a row of H
+    batches, n, n_mask = inputs.make_batches(rows, 32, 8, 1000, 0.15, seed=0, special=SP)
     assert (n, n_mask) == (1000, 150)  # 50 sequences of 20 real tokens, 3 masked in each
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     grouped = analysis_run.gram_sums(cfg, params, batches, mesh, groups=4)
@@ -128,7 +130,7 @@ def test_an_encoder_whose_mask_inputs_use_extra_dimensions_shows_the_gap():
 
 def test_batches_count_exactly_the_asked_tokens_and_mask_only_real_ones():
     rows = [np.arange(n, dtype=np.int32) + tokenizer.NUM_SPECIAL for n in (10, 3, 12, 7)]
-    batches, n, n_mask = inputs.make_batches(rows, 12, 2, 20, 0.3, seed=2)
+    batches, n, n_mask = inputs.make_batches(rows, 12, 2, 20, 0.3, seed=2, special=SP)
     assert (n, len(batches)) == (20, 2)  # 10 + 3 + the first 7 of the third row's 12
     assert all(b[k].shape == (2, 12) for b in batches for k in b)
     counted = np.concatenate([b["counted"] for b in batches])
@@ -136,9 +138,9 @@ def test_batches_count_exactly_the_asked_tokens_and_mask_only_real_ones():
     original = np.concatenate([b["original"] for b in batches])
     masked = np.concatenate([b["masked"] for b in batches])
     is_mask = np.concatenate([b["is_mask"] for b in batches])
-    assert np.all(original[3:] == tokenizer.PAD_ID) and np.all(counted[original == 0] == 0)
+    assert np.all(original[3:] == SP.pad) and np.all(counted[original == 0] == 0)
     changed = masked != original
-    assert np.all(masked[changed] == tokenizer.MASK_ID)
+    assert np.all(masked[changed] == SP.mask)
     assert changed.sum(axis=1)[:3].tolist() == [3, 1, 4]  # round(0.3 x real tokens)
     assert np.all(is_mask <= changed) and n_mask == int(is_mask.sum())
 
@@ -149,7 +151,7 @@ def test_gram_sums_agree_on_a_mesh():
     params = jax.tree.map(lambda x: x + np.random.default_rng(0).normal(0, 0.02, x.shape)
                           .astype(np.float32), params)  # every layer does something
     rows = np.random.default_rng(3).integers(tokenizer.NUM_SPECIAL, 64, (16, 32))
-    batches, _, _ = inputs.make_batches(rows, 32, 8, 512, 0.15, seed=0)
+    batches, _, _ = inputs.make_batches(rows, 32, 8, 512, 0.15, seed=0, special=SP)
     one = analysis_run.gram_sums(cfg, params, batches,
                                  sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
     many = analysis_run.gram_sums(cfg, params, batches,

@@ -13,13 +13,14 @@ from maelm_jax.text import tokenizer
 
 from tiny_config import tiny_config
 
+SP = tokenizer.SENTENCEPIECE_IDS
 pytestmark = pytest.mark.tier("unit")
 
 
 def test_packer_makes_full_sentences_blocks():
-    packer = packing.BlockPacker(seq_len=5)
+    packer = packing.BlockPacker(seq_len=5, special=SP)
     blocks = packer.add([10, 11, 12]) + packer.add([20, 21, 22, 23, 24]) + packer.add([30])
-    B, E = tokenizer.BOS_ID, tokenizer.EOS_ID
+    B, E = SP.bos, SP.eos
     # Stream: 10 11 12 </s> 20 21 22 23 24 </s> 30 </s>; each block is <s> + 4 tokens.
     assert blocks == [[B, 10, 11, 12, E], [B, 20, 21, 22, 23], [B, 24, E, 30, E]]
 
@@ -46,12 +47,12 @@ def test_prepare_packs_every_token_and_reuses_the_result(tmp_path, tiny_tokenize
     train, valid = np.asarray(data.train["main"]), np.asarray(data.valid["main"])
     L = c.data.seq_len
     assert train.shape[1] == valid.shape[1] == L and len(valid) > 0
-    assert np.all(train[:, 0] == tokenizer.BOS_ID)
-    assert tokenizer.BOS_ID not in train[:, 1:] and tokenizer.PAD_ID not in train
+    assert np.all(train[:, 0] == SP.bos)
+    assert SP.bos not in train[:, 1:] and SP.pad not in train
     # Every training document's tokens appear in order, each followed by </s>.
     train_docs = [d for d in docs if not packing.is_validation(d, c.data.validation_fraction)]
     stream = np.concatenate([train[:, 1:].ravel()])
-    expected = np.concatenate([ids + [tokenizer.EOS_ID]
+    expected = np.concatenate([ids + [SP.eos]
                                for ids in tiny_tokenizer.encode(train_docs)])
     n = len(stream)
     assert n == (len(expected) // (L - 1)) * (L - 1)

@@ -9,6 +9,7 @@ import sentencepiece as spm
 from maelm_jax.data import builtin_corpus
 from maelm_jax.text import tokenizer as tk
 
+SP = tk.SENTENCEPIECE_IDS
 pytestmark = pytest.mark.tier("unit")
 
 
@@ -25,7 +26,7 @@ def quickstart(documents, tmp_path_factory):
 
 def test_special_token_constants_agree():
     assert tk.SPECIAL_TOKENS == ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
-    assert (tk.PAD_ID, tk.BOS_ID, tk.EOS_ID, tk.UNK_ID, tk.MASK_ID) == (0, 1, 2, 3, 4)
+    assert tk.SENTENCEPIECE_IDS == tk.SpecialIds(pad=0, bos=1, eos=2, unk=3, mask=4)
     assert tk.NUM_SPECIAL == 5
 
 
@@ -40,8 +41,8 @@ def test_encode_is_batched_adds_no_bos_eos_and_keeps_mask(quickstart):
     ids = quickstart.encode(texts)
     assert len(ids) == 2 and all(ids)
     flat = [i for seq in ids for i in seq]
-    assert tk.BOS_ID not in flat and tk.EOS_ID not in flat and tk.PAD_ID not in flat
-    assert tk.MASK_ID in ids[1] and tk.MASK_ID not in ids[0]
+    assert SP.bos not in flat and SP.eos not in flat and SP.pad not in flat
+    assert SP.mask in ids[1] and SP.mask not in ids[0]
     assert quickstart.decode(ids) == texts
     assert quickstart.decode(np.asarray(ids[0])) == texts[0]
     with pytest.raises(TypeError, match="sequence of texts"):
@@ -51,7 +52,7 @@ def test_encode_is_batched_adds_no_bos_eos_and_keeps_mask(quickstart):
 def test_byte_fallback_avoids_unk(quickstart):
     text = "Ünïcödé 漢字 and an emoji 🙂"
     ids = quickstart.encode([text])[0]
-    assert tk.UNK_ID not in ids
+    assert SP.unk not in ids
     assert quickstart.decode(ids) == text
 
 

@@ -40,6 +40,7 @@ from conftest import REPO_ROOT, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config
 
 # End-to-end: left out of the fast inner loop (pytest -m "not slow").
+SP = tokenizer_lib.SENTENCEPIECE_IDS
 pytestmark = pytest.mark.tier("slow")
 
 torch = pytest.importorskip("torch", reason="the export's tests need PyTorch "
@@ -120,7 +121,7 @@ def _padded(rows):
 def _our_logits(c, params, ids):
     """Our model's logits [k, V] at the <mask>s of one text, as fill-mask computes them."""
     ids = np.asarray(ids, np.int32)
-    masked = np.flatnonzero(ids == tokenizer_lib.MASK_ID).astype(np.int32)
+    masked = np.flatnonzero(ids == SP.mask).astype(np.int32)
     objective = pretrain_config.objective(c)
     cfg, fitted = objective.for_length(setup_lib.model_config(c, TINY_VOCAB), params, len(ids))
     kept = np.setdiff1d(np.arange(len(ids), dtype=np.int32), masked)
@@ -227,8 +228,8 @@ def test_the_tokenizer_gives_our_ids(tiny_tokenizer):
     assert max(map(len, got)) == 32  # the long pairs were truncated, longest first
     # The special tokens are RoBERTa's roles on our ids.
     assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id, hf.mask_token_id) == (
-        tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID)
-    assert hf.cls_token_id == tokenizer_lib.BOS_ID and hf.sep_token_id == tokenizer_lib.EOS_ID
+        SP.bos, SP.eos, SP.pad, SP.mask)
+    assert hf.cls_token_id == SP.bos and hf.sep_token_id == SP.eos
 
 
 # ------------------------------------------------------------------ exported runs, end to end

@@ -11,7 +11,8 @@ from conftest import require_shared_data
 
 pytestmark = pytest.mark.tier("unit")
 
-BOS, EOS, PAD = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID, tokenizer_lib.PAD_ID
+SP = tokenizer_lib.SENTENCEPIECE_IDS
+BOS, EOS, PAD = SP.bos, SP.eos, data.PAD
 
 
 # --- encoding ----------------------------------------------------------------------------
@@ -33,12 +34,12 @@ def test_truncation_is_longest_first():
 
 
 def test_pairs_and_singles_are_encoded_as_roberta_does():
-    assert data.encode_single([7, 8], 16).tolist() == [BOS, 7, 8, EOS]
-    assert data.encode_pair([7, 8], [9], 16).tolist() == [BOS, 7, 8, EOS, EOS, 9, EOS]
+    assert data.encode_single([7, 8], 16, SP).tolist() == [BOS, 7, 8, EOS]
+    assert data.encode_pair([7, 8], [9], 16, SP).tolist() == [BOS, 7, 8, EOS, EOS, 9, EOS]
     long_a, short_b = list(range(10, 30)), [5, 6]
-    pair = data.encode_pair(long_a, short_b, 12)  # 8 text tokens: A keeps 6, B both
+    pair = data.encode_pair(long_a, short_b, 12, SP)  # 8 text tokens: A keeps 6, B both
     assert pair.tolist() == [BOS, 10, 11, 12, 13, 14, 15, EOS, EOS, 5, 6, EOS]
-    assert data.encode_single(long_a, 8).tolist() == [BOS, 10, 11, 12, 13, 14, 15, EOS]
+    assert data.encode_single(long_a, 8, SP).tolist() == [BOS, 10, 11, 12, 13, 14, 15, EOS]
 
 
 def test_encode_texts_uses_the_tokenizer(tiny_tokenizer):

@@ -68,7 +68,7 @@ def test_span_softmax_excludes_the_question_and_special_tokens():
     # <s> q q </s></s> c c c </s> pad pad
     tokens = jnp.asarray([[1, 9, 9, 2, 2, 7, 7, 7, 2, 0, 0]], jnp.int32)
     mask = tokens != 0
-    allowed = np.asarray(heads.answer_positions(tokens, mask))[0]
+    allowed = np.asarray(heads.answer_positions(tokens, mask, 2))[0]
     np.testing.assert_array_equal(allowed, [1, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0])
     cfg = encoder_lib.from_architecture(ARCH)
     for context_only, expected in ((True, allowed), (False, np.asarray(mask)[0])):

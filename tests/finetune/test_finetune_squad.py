@@ -14,6 +14,7 @@ from maelm_jax.text import tokenizer as tokenizer_lib
 import squad_official
 from conftest import require_shared_data
 
+SP = tokenizer_lib.SENTENCEPIECE_IDS
 pytestmark = pytest.mark.tier("integration")
 
 CONTEXT = "The cat sat on the mat."
@@ -158,9 +159,9 @@ def test_windows_and_targets_map_back_to_the_answer_text(sample, tiny_tokenizer)
     found = set()
     for i, seq in enumerate(f.sequences):
         assert len(seq) <= max_len
-        assert seq[0] == tokenizer_lib.BOS_ID and seq[-1] == tokenizer_lib.EOS_ID
+        assert seq[0] == SP.bos and seq[-1] == SP.eos
         c0 = f.context_start[i]
-        assert seq[c0 - 2] == seq[c0 - 1] == tokenizer_lib.EOS_ID  # <s> q </s></s> context </s>
+        assert seq[c0 - 2] == seq[c0 - 1] == SP.eos  # <s> q </s></s> context </s>
         e = sample[f.example_index[i]]
         if f.start_positions[i] == 0:
             assert f.end_positions[i] == 0

@@ -20,6 +20,7 @@ from maelm_jax.text import masking, tokenizer
 from conftest import HANG_SECONDS, subprocess_env
 from tiny_config import TINY_VOCAB, tiny_config, tiny_model
 
+SP = tokenizer.SENTENCEPIECE_IDS
 pytestmark = pytest.mark.tier("integration")
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -124,8 +125,8 @@ def test_reset_puts_the_mask_embedding_back_in_the_decoder():
         model, batch, params = _setup(_enc_mask_config(reset))
         x = _decoder_input(model, params, batch)  # [B, L, D]: input + decoder positions
         positions = np.asarray(params["decoder"]["position_embeddings"]["embedding"])
-        mask_row = np.asarray(params["encoder"]["word_embeddings"]["embedding"][tokenizer.MASK_ID])
-        is_mask = np.asarray(batch.inputs) == tokenizer.MASK_ID
+        mask_row = np.asarray(params["encoder"]["word_embeddings"]["embedding"][SP.mask])
+        is_mask = np.asarray(batch.inputs) == SP.mask
         assert is_mask.any()
         at_masks = (x - positions[None, : x.shape[1]])[is_mask]
         # reset: every [MASK] reads the [MASK] embedding; else each its encoder output.

@@ -67,7 +67,7 @@ def _params(objective: str, **decoder_options):
     model = setup_lib.model(c, PAIRS_VOCAB)
     batch = masking.apply_mask(
         jax.random.PRNGKey(0), jnp.asarray(_pairs(np.random.default_rng(0), 2)),
-        pretrain_config.mask_counts(c), PAIRS_VOCAB,
+        pretrain_config.mask_counts(c), PAIRS_VOCAB, tokenizer.SENTENCEPIECE_IDS,
     )
     return model, batch, nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch)["params"])
 

@@ -33,7 +33,8 @@ def _batch(counts, seed=0, batch=3):
     tokens = jax.random.randint(
         jax.random.PRNGKey(seed), (batch, counts.seq_len), tokenizer.NUM_SPECIAL, VOCAB
     )
-    return masking.apply_mask(jax.random.PRNGKey(seed + 1), tokens, counts, VOCAB)
+    return masking.apply_mask(jax.random.PRNGKey(seed + 1), tokens, counts, VOCAB,
+                              tokenizer.SENTENCEPIECE_IDS)
 
 
 def _model(objective="maelm", **overrides):

@@ -7,6 +7,8 @@ import pytest
 
 from maelm_jax.text import masking, tokenizer
 
+SP = tokenizer.SENTENCEPIECE_IDS
+
 pytestmark = pytest.mark.tier("unit")
 
 VOCAB = 1000
@@ -17,7 +19,7 @@ def random_tokens(seed: int, batch: int, length: int, pad_tail: int = 0) -> jnp.
     # Real tokens never use a special id, so [MASK] in the output can only come from masking.
     tokens = rng.integers(tokenizer.NUM_SPECIAL, VOCAB, size=(batch, length))
     if pad_tail:
-        tokens[:, length - pad_tail :] = tokenizer.PAD_ID
+        tokens[:, length - pad_tail :] = SP.pad
     return jnp.asarray(tokens, jnp.int32)
 
 
@@ -92,7 +94,7 @@ def _check_batch(tokens, b: masking.MaskedBatch, c: masking.MaskCounts):
         assert np.all(np.diff(enc[row]) > 0) and np.all(np.diff(pred[row]) > 0)
         predicted = set(pred[row])
         assert len(predicted) == c.k
-        is_mask = inputs[row] == tokenizer.MASK_ID
+        is_mask = inputs[row] == SP.mask
         assert is_mask.sum() == c.k_mask
         assert set(np.flatnonzero(is_mask)) <= predicted
         # Outside the predicted positions nothing changes.
@@ -103,12 +105,12 @@ def _check_batch(tokens, b: masking.MaskedBatch, c: masking.MaskCounts):
         assert changed.sum() <= c.k_random
         assert np.all(inputs[row, changed] >= tokenizer.NUM_SPECIAL)
         # The encoder holds all unmasked positions and exactly k_in_enc [MASK]s (delta).
-        assert (inputs[row, enc[row]] == tokenizer.MASK_ID).sum() == (
+        assert (inputs[row, enc[row]] == SP.mask).sum() == (
             c.k_in_enc if c.remove_masked else c.k_mask
         )
         removed = np.setdiff1d(np.arange(L), enc[row])
         assert len(removed) == c.k_removed
-        assert np.all(inputs[row, removed] == tokenizer.MASK_ID)
+        assert np.all(inputs[row, removed] == SP.mask)
     np.testing.assert_array_equal(b.targets, np.take_along_axis(tokens, pred, axis=1))
 
 
@@ -125,8 +127,8 @@ def test_invariants(mask_frac, random_frac, delta, remove):
     c = masking.MaskCounts.create(64, 0.4, mask_frac, random_frac, delta, remove_masked=remove)
     for seed in range(3):
         tokens = random_tokens(seed, 4, 64)
-        batch = jax.jit(masking.apply_mask, static_argnums=(2, 3))(
-            jax.random.PRNGKey(seed), tokens, c, VOCAB
+        batch = jax.jit(masking.apply_mask, static_argnums=(2, 3, 4))(
+            jax.random.PRNGKey(seed), tokens, c, VOCAB, SP
         )
         _check_batch(tokens, batch, c)
         assert np.all(np.asarray(batch.weights) == 1.0)
@@ -141,8 +143,8 @@ def test_categories_align_with_pred_index(mask_frac, random_frac, remove):
     a random (non-special) token, or the original token."""
     c = masking.MaskCounts.create(64, 0.4, mask_frac, random_frac, remove_masked=remove)
     tokens = random_tokens(5, 16, 64)
-    b = jax.jit(masking.apply_mask, static_argnums=(2, 3))(jax.random.PRNGKey(4), tokens, c,
-                                                            VOCAB)
+    b = jax.jit(masking.apply_mask, static_argnums=(2, 3, 4))(jax.random.PRNGKey(4), tokens,
+                                                               c, VOCAB, SP)
     category, pred = np.asarray(b.category), np.asarray(b.pred_index)
     assert category.shape == pred.shape and category.dtype == np.int32
     seen = np.take_along_axis(np.asarray(b.inputs), pred, axis=1)
@@ -151,8 +153,8 @@ def test_categories_align_with_pred_index(mask_frac, random_frac, remove):
         assert np.bincount(category[row], minlength=3).tolist() == [c.k_mask, c.k_random, c.k_keep]
     is_mask, is_random, is_kept = (category == v for v in (masking.MASKED, masking.RANDOM,
                                                             masking.UNCHANGED))
-    assert np.all(seen[is_mask] == tokenizer.MASK_ID)
-    assert np.all(seen[~is_mask] != tokenizer.MASK_ID)
+    assert np.all(seen[is_mask] == SP.mask)
+    assert np.all(seen[~is_mask] != SP.mask)
     assert np.all(seen[is_random] >= tokenizer.NUM_SPECIAL)
     if c.k_random:  # a random draw hits the original token with probability ~1/995
         assert np.mean(seen[is_random] != targets[is_random]) > 0.95
@@ -162,7 +164,7 @@ def test_categories_align_with_pred_index(mask_frac, random_frac, remove):
 def test_random_fraction_really_replaces_tokens():
     c = masking.MaskCounts.create(64, 0.5, 0.0, 1.0)  # every corrupted token is random
     tokens = random_tokens(0, 8, 64)
-    b = masking.apply_mask(jax.random.PRNGKey(0), tokens, c, VOCAB)
+    b = masking.apply_mask(jax.random.PRNGKey(0), tokens, c, VOCAB, SP)
     changed = (np.asarray(b.inputs) != np.asarray(tokens)).sum()
     # Each of the 8 * 32 draws hits the original token with probability ~1/995.
     assert changed >= 8 * 32 - 3
@@ -171,26 +173,26 @@ def test_random_fraction_really_replaces_tokens():
 def test_padding_is_never_chosen_when_avoidable():
     c = masking.MaskCounts.create(64, 0.25)
     tokens = random_tokens(1, 16, 64, pad_tail=40)  # 24 real tokens >= k = 16
-    b = masking.apply_mask(jax.random.PRNGKey(3), tokens, c, VOCAB)
+    b = masking.apply_mask(jax.random.PRNGKey(3), tokens, c, VOCAB, SP)
     assert np.all(np.asarray(b.pred_index) < 24)
-    assert np.all(np.asarray(b.targets) != tokenizer.PAD_ID)
+    assert np.all(np.asarray(b.targets) != SP.pad)
 
 
 def test_padding_chosen_only_when_forced_and_weighs_zero():
     c = masking.MaskCounts.create(64, 0.25)  # k = 16
     tokens = random_tokens(1, 2, 64, pad_tail=54)  # only 10 real tokens
-    b = masking.apply_mask(jax.random.PRNGKey(3), tokens, c, VOCAB)
+    b = masking.apply_mask(jax.random.PRNGKey(3), tokens, c, VOCAB, SP)
     weights = np.asarray(b.weights)
     assert np.all(weights.sum(axis=1) == 10)
-    np.testing.assert_array_equal(weights == 0, np.asarray(b.targets) == tokenizer.PAD_ID)
+    np.testing.assert_array_equal(weights == 0, np.asarray(b.targets) == SP.pad)
 
 
 def test_masks_depend_only_on_the_key():
     c = masking.MaskCounts.create(64, 0.15)
     tokens = random_tokens(0, 4, 64)
-    a = masking.apply_mask(jax.random.PRNGKey(7), tokens, c, VOCAB)
-    b = masking.apply_mask(jax.random.PRNGKey(7), tokens, c, VOCAB)
-    d = masking.apply_mask(jax.random.PRNGKey(8), tokens, c, VOCAB)
+    a = masking.apply_mask(jax.random.PRNGKey(7), tokens, c, VOCAB, SP)
+    b = masking.apply_mask(jax.random.PRNGKey(7), tokens, c, VOCAB, SP)
+    d = masking.apply_mask(jax.random.PRNGKey(8), tokens, c, VOCAB, SP)
     np.testing.assert_array_equal(a.pred_index, b.pred_index)
     assert not np.array_equal(a.pred_index, d.pred_index)
 
@@ -198,7 +200,7 @@ def test_masks_depend_only_on_the_key():
 def test_masked_positions_are_uniform():
     c = masking.MaskCounts.create(32, 0.25)
     tokens = random_tokens(0, 4000, 32)
-    b = masking.apply_mask(jax.random.PRNGKey(0), tokens, c, VOCAB)
+    b = masking.apply_mask(jax.random.PRNGKey(0), tokens, c, VOCAB, SP)
     freq = np.bincount(np.asarray(b.pred_index).ravel(), minlength=32) / 4000
     np.testing.assert_allclose(freq, 0.25, atol=0.03)
 
@@ -206,7 +208,7 @@ def test_masked_positions_are_uniform():
 def test_gather_scatter_round_trip():
     c = masking.MaskCounts.create(48, 0.3)
     tokens = random_tokens(2, 3, 48)
-    b = masking.apply_mask(jax.random.PRNGKey(1), tokens, c, VOCAB)
+    b = masking.apply_mask(jax.random.PRNGKey(1), tokens, c, VOCAB, SP)
     hidden = jax.random.normal(jax.random.PRNGKey(2), (3, 48, 8))
     kept = masking.gather_tokens(hidden, b.enc_index)  # [B, n_enc, D]
     fill = jnp.full((3, 48, 8), -7.0)
@@ -222,3 +224,14 @@ def test_gather_scatter_round_trip():
         masking.gather_tokens(b.inputs, b.enc_index),
         np.take_along_axis(np.asarray(b.inputs), enc, axis=1),
     )
+
+
+def test_random_replacements_skip_special_ids_wherever_they_are():
+    key = jax.random.PRNGKey(4)
+    # SentencePiece's 0-4 first: the draw is randint(5, vocab)'s, as before the ids moved.
+    np.testing.assert_array_equal(masking.random_ordinary_tokens(key, (64, 64), 40, SP),
+                                  jax.random.randint(key, (64, 64), 5, 40, jnp.int32))
+    # BERT's layout, the ids spread over the vocabulary: every other id, never a special.
+    bert = tokenizer.SpecialIds(pad=0, unk=3, bos=4, eos=5, mask=6)
+    drawn = np.asarray(masking.random_ordinary_tokens(key, (64, 64), 12, bert))
+    assert set(np.unique(drawn)) == {1, 2, 7, 8, 9, 10, 11}

@@ -35,6 +35,7 @@ from conftest import REPO_ROOT
 from support import preempt_at
 from tiny_config import TINY_VOCAB, tiny_config
 
+SP = tokenizer.SENTENCEPIECE_IDS
 pytestmark = pytest.mark.tier("unit")
 
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden" / "param_trees.json"
@@ -94,10 +95,10 @@ class Toy(base.Objective):
         rows = jnp.arange(B)[:, None]
         targets = jnp.take_along_axis(tokens, pred_index, axis=1)
         return masking.MaskedBatch(
-            inputs=tokens.at[rows, pred_index].set(tokenizer.MASK_ID),
+            inputs=tokens.at[rows, pred_index].set(SP.mask),
             enc_index=jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L)),
             pred_index=pred_index, targets=targets,
-            weights=(targets != tokenizer.PAD_ID).astype(jnp.float32),
+            weights=(targets != SP.pad).astype(jnp.float32),
             category=jnp.full((B, counts.k), masking.MASKED, jnp.int32))
 
     def loss_sums(self, model_cfg, logits, batch, per_category=False):

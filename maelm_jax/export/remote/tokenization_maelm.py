@@ -13,7 +13,7 @@ import os
 import shutil
 
 import sentencepiece as spm
-from transformers import PreTrainedTokenizer
+from transformers import PreTrainedTokenizer, PreTrainedTokenizerFast
 
 SPACE = "\u2581"
 
@@ -84,3 +84,12 @@ class MaelmTokenizer(PreTrainedTokenizer):
         if os.path.abspath(self.vocab_file) != os.path.abspath(path):
             shutil.copyfile(self.vocab_file, path)
         return (path,)
+
+
+class MaelmTokenizerFast(PreTrainedTokenizerFast):
+    """The same ids from tokenizer.json, the export's conversion of the SentencePiece
+    model (maelm_jax/export/fast_tokenizer.py), with offset mappings."""
+
+    vocab_files_names = {"vocab_file": "tokenizer.model", "tokenizer_file": "tokenizer.json"}
+    model_input_names = ["input_ids", "attention_mask"]
+    slow_tokenizer_class = MaelmTokenizer

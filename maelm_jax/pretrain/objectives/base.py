@@ -80,8 +80,9 @@ class Objective(abc.ABC):
         """The corrupted batch of `tokens` [B, L] int32, with exactly the static sizes of
         `counts` (n_enc encoder positions, k predicted), drawn from `key`; runs inside the
         jitted train and eval steps. `model_cfg`: this objective's `model_config`, which
-        carries whatever of its own fields the corruption reads."""
-        return masking.apply_mask(key, tokens, counts, vocab_size)
+        carries whatever of its own fields the corruption reads, and its encoder's
+        config the tokenizer's special ids."""
+        return masking.apply_mask(key, tokens, counts, vocab_size, model_cfg.encoder.special)
 
     def attention_stacks(self, config: ml_collections.ConfigDict
                          ) -> list[ml_collections.ConfigDict]:

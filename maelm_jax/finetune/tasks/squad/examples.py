@@ -20,8 +20,6 @@ from absl import logging
 from maelm_jax.infra import errors, paths
 from maelm_jax.text import tokenizer as tokenizer_lib
 
-BOS, EOS = tokenizer_lib.BOS_ID, tokenizer_lib.EOS_ID
-
 
 class SquadDataError(errors.UserError):
     """A SQuAD file or setting that cannot be used (one-line message)."""
@@ -189,9 +187,10 @@ def make_features(examples: Sequence[SquadExample], tok: tokenizer_lib.Tokenizer
         context_start = len(q_ids) + 3
         spans = windows(len(ids), max_seq_len - len(q_ids) - 4, doc_stride)
         is_max_context = max_context_masks(spans, len(ids))
+        bos, eos = tok.special.bos, tok.special.eos
         for (w_start, w_len), is_max in zip(spans, is_max_context, strict=True):
             out.sequences.append(np.asarray(
-                [BOS, *q_ids, EOS, EOS, *ids[w_start:w_start + w_len], EOS], np.int32))
+                [bos, *q_ids, eos, eos, *ids[w_start:w_start + w_len], eos], np.int32))
             out.example_index.append(e_index)
             out.context_start.append(context_start)
             out.window_start.append(w_start)
