@@ -41,7 +41,7 @@ def write_json(path: paths.Path, report: dict) -> None:
     paths.write_text(path, dumps(report) + "\n")
 
 
-def _continuous(run: dict, view: str, stat: str, tau: float) -> list[float]:
+def continuous_ranks(run: dict, view: str, stat: str, tau: float) -> list[float]:
     """A run's continuous rank_tau per layer: stored, or recomputed from its spectra; an
     older record without either has its integer ranks."""
     stored = run.get("statistics", {}).get(view, {}).get(stat, {}).get("continuous")
@@ -62,7 +62,7 @@ def _interval(run: dict, view: str, stat: str) -> list | None:
 
 def rank_text(run: dict, view: str, stat: str, tau: float, layer: int = -1) -> str:
     """`86.4 [85.1, 87.9]`: the continuous rank with its 95 % interval (if any)."""
-    value = _continuous(run, view, stat, tau)[layer]
+    value = continuous_ranks(run, view, stat, tau)[layer]
     bounds = _interval(run, view, stat)
     return f"{value:.1f}" + ("" if bounds is None else
                              f" [{bounds[layer][0]:.1f}, {bounds[layer][1]:.1f}]")
@@ -177,7 +177,7 @@ def figures(runs: list[dict], tau: float) -> dict:
                 color = f"C{i % 10}"
                 for stat, style, what in stats:
                     label = run["label"] if len(stats) == 1 else f"{run['label']}: {what}"
-                    ax.plot(run["layers"], _continuous(run, view, stat, tau), style,
+                    ax.plot(run["layers"], continuous_ranks(run, view, stat, tau), style,
                             color=color, marker="o", markersize=3, label=label)
                     bounds = _interval(run, view, stat)
                     if bounds is not None:
