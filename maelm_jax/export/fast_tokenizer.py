@@ -2,7 +2,9 @@
 (the `tokenizers` library), which transformers loads as a PreTrainedTokenizerFast with
 offset mappings (what its question-answering and token-classification scripts need).
 
-A Hugging Face tokenizer's own file is copied as it is. A SentencePiece model of ours is
+A Hugging Face tokenizer's own file is copied with one change: its post-processor adds
+the special tokens as fine-tuning does (`_our_layout`; RoBERTa's is the same, BERT's pair
+differs). A SentencePiece model of ours is
 converted with the `tokenizers` library alone (exporting needs no transformers), as
 transformers' SpmConverter does: the model's vocabulary and scores, for BPE the merges
 read back from the vocabulary (a merge's rank is its result's score, which is the order
@@ -29,14 +31,30 @@ _BPE = 2  # TrainerSpec.model_type's BPE (1 is unigram)
 
 
 def tokenizer_json(tok: tokenizer_lib.Tokenizer) -> bytes:
-    """tokenizer.json of `tok`: a Hugging Face tokenizer's file as it is, or the conversion
-    of a SentencePiece model, whose post-processor adds ``<s> A </s>`` and
-    ``<s> A </s></s> B </s>`` as fine-tuning does (truncation and padding are the
-    caller's, as transformers asks for them)."""
+    """tokenizer.json of `tok`: a Hugging Face tokenizer's file, or the conversion of a
+    SentencePiece model, whose post-processor adds ``<s> A </s>`` and
+    ``<s> A </s></s> B </s>`` in `tok`'s ids as fine-tuning does (truncation and padding
+    are the caller's, as transformers asks for them)."""
+    data = paths.Path(tok.model_path).read_bytes()
     if tok.kind == "huggingface":
-        return paths.Path(tok.model_path).read_bytes()
-    return from_sentencepiece(paths.Path(tok.model_path).read_bytes(), tok.special).to_str(
-        pretty=True).encode("utf-8")
+        from tokenizers import Tokenizer
+
+        converted = Tokenizer.from_str(data.decode("utf-8"))
+        converted.post_processor = _our_layout(tok.special, tok.id_to_piece)
+    else:
+        converted = from_sentencepiece(data, tok.special)
+    return converted.to_str(pretty=True).encode("utf-8")
+
+
+def _our_layout(special: tokenizer_lib.SpecialIds, piece):
+    """The post-processor of fine-tuning's layout (finetune/data.py): ``<s> A </s>`` and
+    ``<s> A </s></s> B </s>`` in the tokenizer's BOS and EOS (`piece`: id -> token)."""
+    from tokenizers import processors
+
+    bos, eos = piece(special.bos), piece(special.eos)
+    return processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} {eos} $B {eos}",
+        special_tokens=[(bos, special.bos), (eos, special.eos)])
 
 
 def from_sentencepiece(model: bytes, special: tokenizer_lib.SpecialIds):
@@ -49,7 +67,6 @@ def from_sentencepiece(model: bytes, special: tokenizer_lib.SpecialIds):
         models,
         normalizers,
         pre_tokenizers,
-        processors,
     )
 
     sp = spm.SentencePieceProcessor()
@@ -79,10 +96,7 @@ def from_sentencepiece(model: bytes, special: tokenizer_lib.SpecialIds):
                                   for t in tokens.values()])
     tokenizer.add_special_tokens([AddedToken(sp.id_to_piece(special.mask), lstrip=True,
                                              normalized=False, special=True)])
-    bos, eos = tokens["bos"], tokens["eos"]
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} {eos} $B {eos}",
-        special_tokens=[(bos, special.bos), (eos, special.eos)])
+    tokenizer.post_processor = _our_layout(special, sp.id_to_piece)
     return tokenizer
 
 

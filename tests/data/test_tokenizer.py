@@ -1,7 +1,10 @@
-"""Tests for the SentencePiece tokenizer and the special token ids."""
+"""Tests for the tokenizers (SentencePiece, a Hugging Face tokenizer.json) and the
+special token ids."""
 
+import json
 import os
 
+import hf_tokenizers
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -128,3 +131,52 @@ def test_load_and_train_errors_are_clear(tmp_path):
         tk.train_tokenizer(["tiny corpus"], tmp_path / "small", 100)
     with pytest.raises(tk.TokenizerError, match=r"^model_type: expected one of bpe, unigram"):
         tk.train_tokenizer(["tiny corpus"], tmp_path / "wp", 1000, model_type="wordpiece")
+
+
+# ------------------------------------------------------------- Hugging Face tokenizer.json
+
+
+@pytest.fixture(scope="module")
+def hf_files(documents, tmp_path_factory):
+    """RoBERTa- and BERT-like tokenizer.json files built locally (tests/hf_tokenizers.py)."""
+    directory = tmp_path_factory.mktemp("hf")
+    return {"roberta": hf_tokenizers.roberta_like(documents, directory / "roberta.json"),
+            "bert": hf_tokenizers.bert_like(documents, directory / "bert.json")}
+
+
+def test_a_hugging_face_tokenizer_brings_its_own_special_ids(hf_files):
+    roberta = tk.load_tokenizer(str(hf_files["roberta"]))
+    assert roberta.kind == "huggingface" and roberta.vocab_size == 600
+    # RoBERTa's layout: <s> <pad> </s> <unk> at 0-3, <mask> the last id (50264 in roberta-base).
+    assert roberta.special == tk.SpecialIds(bos=0, pad=1, eos=2, unk=3, mask=599)
+    bert = tk.load_tokenizer(str(hf_files["bert"]))
+    assert bert.special == tk.SpecialIds(pad=0, unk=3, bos=4, eos=5, mask=6)
+    # The interface SentencePiece's has: no special tokens added, a batch of texts.
+    ids = roberta.encode(["Fill the <mask> here.", "Fill the<mask>here."])
+    assert all(roberta.special.mask in row and roberta.special.bos not in row for row in ids)
+    assert roberta.decode(ids[0]) == "Fill the<mask> here."  # <mask> took the space (lstrip)
+    (encoded,) = bert.encode_with_offsets(["Return the VALUE."])
+    text = "Return the VALUE."
+    assert [text[a:b].lower() for a, b in encoded["offsets"]] == [
+        bert.id_to_piece(i).removeprefix("##") for i in encoded["ids"]]
+    words = [bert.is_word_start(i) for i in encoded["ids"]]
+    assert words[0] and sum(words) == 4 and not bert.is_word_start(bert.special.mask)
+    assert roberta.is_word_start(roberta.token_to_id("Ġthe"))
+    assert not roberta.is_word_start(roberta.token_to_id("the"))
+
+
+def test_a_hugging_face_tokenizer_that_cannot_serve_is_one_line(hf_files, tmp_path):
+    without_mask = json.loads(hf_files["roberta"].read_text())
+    without_mask["added_tokens"] = [t for t in without_mask["added_tokens"]
+                                    if t["content"] != "<mask>"]
+    (tmp_path / "no_mask.json").write_text(json.dumps(without_mask))
+    with pytest.raises(tk.TokenizerError, match=r"^config.tokenizer.model_path '.*no_mask\.json' "
+                                               r"has no mask token \(expected one of <mask> "
+                                               r"\[MASK\]\)$"):
+        tk.load_tokenizer(str(tmp_path / "no_mask.json"), "config.tokenizer.model_path")
+    (tmp_path / "bad.json").write_text('{"not": "a tokenizer"}')
+    with pytest.raises(tk.TokenizerError, match=r"'.*bad\.json' is not a Hugging Face "
+                                               r"tokenizer\.json \("):
+        tk.load_tokenizer(str(tmp_path / "bad.json"))
+    with pytest.raises(tk.TokenizerError, match=r"'.*missing\.json' does not exist"):
+        tk.load_tokenizer(str(tmp_path / "missing.json"))
