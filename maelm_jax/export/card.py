@@ -53,6 +53,7 @@ def model_card(hf_config: dict, facts: dict, run_dir: paths.Path, command: str) 
                              for name, s in corpus["sources"].items()))
         lines += ["## Training", "", _table([
             ("objective", facts["objective"]),
+            ("started from", facts.get("init_from") or "random initialisation"),
             ("steps", facts["step"]),
             ("tokens seen", f"{facts['tokens_seen']:,}"),
             ("corpus fingerprint", corpus["fingerprint"] if corpus else "unknown"),

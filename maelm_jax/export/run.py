@@ -187,8 +187,15 @@ def _pretrained(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
              "step": step,
              "tokens_seen": step * int(run_cfg.train.batch_size) * int(run_cfg.data.seq_len),
              "metrics": _last_eval(run_dir, step), "corpus": _corpus(run_dir, run_cfg, tok),
-             "max_length": int(run_cfg.data.seq_len)}
+             "max_length": int(run_cfg.data.seq_len), "init_from": _started_from(run_dir)}
     return pretraining_config(run_cfg, tok.vocab_size, tok.special), None, facts
+
+
+def _started_from(run_dir: paths.Path) -> str:
+    """Where a continued pretraining run started from (its init_from.json), else ""."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return json.loads(paths.read_text(run_dir / layout.INIT_FROM_FILE))["description"]
+    return ""
 
 
 def finetuning_config(arch: dict[str, Any], run_cfg: ml_collections.ConfigDict,

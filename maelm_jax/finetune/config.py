@@ -58,9 +58,10 @@ def finetune_defaults() -> ml_collections.ConfigDict:
     # "3ml" (the mean of F1 and accuracy, of Pearson and Spearman, of MNLI-m and -mm).
     # SQuAD is compared by F1 either way.
     c.metric = "maelm"
-    # A pretraining workdir, one of its checkpoints/<step> directories, or a fine-tuning
-    # workdir (e.g. MNLI's, to start RTE/MRPC/STS-B from it): the encoder and the tokenizer
-    # come from there, the head is new. "" trains from scratch (a control).
+    # A pretraining workdir, one of its checkpoints/<step> directories, a fine-tuning
+    # workdir (e.g. MNLI's, to start RTE/MRPC/STS-B from it), or a local Hugging Face
+    # RoBERTa/BERT directory (a published baseline, docs/finetuning.md): the encoder and the
+    # tokenizer come from there, the head is new. "" trains from scratch (a control).
     c.init_from = ""
     # "pretrained" loads init_from's encoder weights; "random" keeps its architecture and
     # tokenizer but starts from fresh weights: the from-scratch control of a pretraining
@@ -175,7 +176,8 @@ COMMON_FIELDS: dict[str, schema.Field] = {
     "seed": schema.integer(0),
     "metric": schema.choice(*PAPERS),
     "init_from": schema.path("a pretraining or fine-tuning workdir, one of its "
-                             "checkpoints/<step>, or empty"),
+                             "checkpoints/<step>, a Hugging Face RoBERTa/BERT directory, "
+                             "or empty"),
     "init_weights": schema.choice(*INIT_WEIGHTS),
     "tokenizer_path": schema.path("a sentencepiece .model file, or empty"),
     **config_sections.ENCODER.fields("model"),

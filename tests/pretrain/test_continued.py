@@ -1,13 +1,15 @@
 """Continued pretraining (train.init_from): an MLM run continued as MAE-LM at twice its
 length loads the encoder and the LM head, starts the decoder, copies the position table
-over the new positions, records where it started, and resumes exactly; shapes that cannot
-be reconciled are one line naming the parameter."""
+over the new positions, records where it started (and its export's model card says so),
+and resumes exactly; shapes that cannot be reconciled are one line naming the parameter."""
 
 import json
 import logging
 
 import pytest
 
+from maelm_jax.export import config as export_config
+from maelm_jax.export import run as export_run
 from maelm_jax.pretrain import continued
 from maelm_jax.pretrain import train as pretrain_train
 
@@ -70,6 +72,18 @@ def test_an_mlm_run_continues_as_maelm_at_a_longer_length_and_resumes_exactly(
         _continued(tiny_tokenizer.model_path, mlm_run, 4), str(stopped))
     assert _losses(stopped) == _losses(whole) and sorted(_losses(whole)) == [1, 2, 3, 4]
     assert json.loads((stopped / "init_from.json").read_text()) == record
+
+    # Exported, the model card says where it started; transformers loads it.
+    c = export_config.export_defaults()
+    c.init_from = str(whole)
+    export_run.run(c, str(tmp_path / "hf"))
+    assert (f"| started from | pretraining checkpoint {mlm_run}/checkpoints/4 |"
+            in (tmp_path / "hf" / "README.md").read_text())
+    transformers = pytest.importorskip("transformers", reason="loading the export needs "
+                                       "transformers (pip install -r requirements-hf.txt)")
+    model = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf",
+                                                              trust_remote_code=True)
+    assert model.config.max_position_embeddings == 64 and model.config.objective == "maelm"
 
 
 @pytest.mark.parametrize("change, named", [
