@@ -455,7 +455,7 @@ def test_the_export_is_a_model_directory_with_a_card(exports):
     names = sorted(p.name for p in export_dir.iterdir())
     assert names == sorted(["config.json", "configuration_maelm.py", "modeling_maelm.py",
                             "tokenization_maelm.py", "model.safetensors", "tokenizer.model",
-                            "tokenizer_config.json", "special_tokens_map.json", "README.md",
+                            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md",
                             "training_config.json"])
     # The shipped code imports only these (and its own files, relatively); the fresh
     # process of the test above cannot import maelm_jax or JAX at all.
