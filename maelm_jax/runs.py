@@ -1,7 +1,10 @@
 """A finished run, read back from its workdir: config, tokenizer, checkpoints, encoder.
 
 Fine-tuning (its init_from), the rank analysis, fill-mask and the study read pretraining
-and fine-tuning runs through this module only. A run's workdir holds
+and fine-tuning runs through this module only; a local Hugging Face RoBERTa/BERT directory
+reads as an encoder too. Each is resolved and its config read once, into a
+sources.source.Source, from which the checks, the tokenizer and the architecture here
+derive. A run's workdir holds
 
 * ``config.json``: the run's config (``mode`` says its kind; absent means pretraining),
   read over its kind's defaults so a run recorded before a field existed still reads;
@@ -12,9 +15,8 @@ and fine-tuning runs through this module only. A run's workdir holds
 * a pretraining run's prepared data (its validation blocks), under data.cache_dir or
   the shards of data.prepared.
 
-Parameters are read partially (only ``params["encoder"]`` for an encoder: the decoder, the
-LM head and the optimiser state stay on disk) as numpy arrays, whatever devices and
-sharding wrote them, and checked against the architecture the config describes.
+Parameters are read partially (sources/source.py) and checked here against the
+architecture the config describes.
 """
 
 from __future__ import annotations
