@@ -21,6 +21,7 @@ from conftest import REPO_ROOT, subprocess_env
 from tiny_config import tiny_config
 
 SP = tokenizer.SENTENCEPIECE_IDS
+
 pytestmark = pytest.mark.tier("integration")
 
 TEXT = "Return a <mask> of the items in the <mask>."
