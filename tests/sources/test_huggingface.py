@@ -117,35 +117,46 @@ def test_a_model_it_cannot_map_is_one_line(tmp_path):
         source_lib.read(str(tmp_path / "other")).params()
 
 
-def test_a_hugging_face_model_fine_tunes_in_the_glue_harness(tiny_tokenizer, tmp_path):
-    """A local RoBERTa directory as fine-tuning's init_from: its encoder, a new head, the
-    harness unchanged (RTE's reference rows: the format, not the task)."""
+def test_a_hugging_face_model_fine_tunes_in_the_glue_harness(tmp_path):
+    """A local RoBERTa directory (its weights, config.json and its own byte-level BPE
+    tokenizer.json, RoBERTa's special ids) as fine-tuning's init_from: its encoder and
+    tokenizer, a new head, the harness unchanged (RTE's reference rows: the format, not
+    the task)."""
+    import hf_tokenizers
+
     from configs.finetune import glue as glue_config
+    from maelm_jax.data import builtin_corpus
     from maelm_jax.finetune import train
     from maelm_jax.models import builder
+    from maelm_jax.text import tokenizer as tokenizer_lib
 
     from conftest import require_shared_data
 
+    glue = require_shared_data("glue")
+    model_dir = tmp_path / "roberta"
+    model_dir.mkdir()
+    tok = tokenizer_lib.load_tokenizer(str(hf_tokenizers.roberta_like(
+        builtin_corpus.iter_documents(), model_dir / "tokenizer.json")))
     torch.manual_seed(0)
-    config = transformers.RobertaConfig(**{**SIZES, "vocab_size": tiny_tokenizer.vocab_size},
+    config = transformers.RobertaConfig(**{**SIZES, "vocab_size": tok.vocab_size},
                                         max_position_embeddings=66, type_vocab_size=1)
-    transformers.RobertaForMaskedLM(config).save_pretrained(tmp_path / "roberta")
-    # The model's own tokenizer.json is its default; this tiny one has none, so the
-    # SentencePiece model of the same size is given.
-    with pytest.raises(runs.CheckpointError, match=r"has no tokenizer.json; set "
-                       r"config.tokenizer_path"):
-        runs.load_pretrained(str(tmp_path / "roberta"), builder.Run())
-    p = runs.load_pretrained(str(tmp_path / "roberta"), builder.Run(),
-                             tiny_tokenizer.model_path)
+    transformers.RobertaForMaskedLM(config).save_pretrained(model_dir)
+    p = runs.load_pretrained(str(model_dir), builder.Run())
     assert p.encoder_cfg.max_positions == 64 and p.encoder_cfg.rel_pos_buckets == 0
+    assert p.tokenizer.special == tok.special and tok.special.pad == 1  # RoBERTa's own ids
     c = glue_config.get_config("rte")
-    c.init_from, c.tokenizer_path = str(tmp_path / "roberta"), tiny_tokenizer.model_path
-    c.data.data_dir = str(require_shared_data("glue"))
+    c.init_from = str(model_dir)
+    c.data.data_dir = str(glue)
     c.data.max_seq_len, c.data.buckets = 64, (64,)
     c.train.batch_size = c.train.eval_batch_size = 8
     c.mesh.shape = (1, 1, 1)
     c.fast_compile = True  # 5 steps: compiling dominates
     c.train.num_epochs, c.train.log_every = 1, 1
     results = train.run(c, str(tmp_path / "rte"))
-    assert results["init_from"] == f"Hugging Face roberta model {tmp_path / 'roberta'}"
+    assert results["init_from"] == f"Hugging Face roberta model {model_dir}"
     assert results["num_steps"] == 5 and 0.0 <= results["dev"]["accuracy"] <= 100.0
+    # Without a tokenizer.json the tokenizer to use is asked for.
+    (model_dir / "tokenizer.json").unlink()
+    with pytest.raises(runs.CheckpointError, match=r"has no tokenizer.json; set "
+                       r"config.tokenizer_path"):
+        runs.load_pretrained(str(model_dir), builder.Run())
