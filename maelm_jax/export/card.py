@@ -25,13 +25,39 @@ def objective_name(run_cfg: ml_collections.ConfigDict) -> str:
             f"), {run_cfg.masking.mask_ratio:.0%} of positions predicted")
 
 
+def _loading(stock: bool) -> list[str]:
+    """How to load the export: transformers' own RoBERTa classes, or ours from the code
+    shipped beside the weights."""
+    if stock:
+        intro = ("The encoder is a plain RoBERTa (post-LN, learned absolute positions), "
+                 "written in transformers' own RoBERTa classes: no code ships with it.")
+        remote = ""
+    else:
+        intro = ("The modelling code ships in this directory (stock transformers classes "
+                 "have no T5 relative position bias in an encoder, no pre-LN final LayerNorm "
+                 "and no MAE-LM decoder), so loading needs `trust_remote_code=True`:")
+        remote = ", trust_remote_code=True"
+    return [intro, "", "```python",
+            "from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, pipeline",
+            f"tokenizer = AutoTokenizer.from_pretrained(path{remote})",
+            f"encoder = AutoModel.from_pretrained(path{remote})",
+            "hidden = encoder(**tokenizer(\"A text.\", return_tensors=\"pt\")).last_hidden_state",
+            "fill = pipeline(\"fill-mask\", model=AutoModelForMaskedLM.from_pretrained(",
+            f"    path{remote}), tokenizer=tokenizer)",
+            "```", "",
+            "The tokenizer is a fast one (`tokenizer.json`), with offset mappings for "
+            "transformers' question-answering and token-classification scripts.", ""]
+
+
 def _table(rows: list[tuple[str, Any]]) -> str:
     """A key-value table: no column names (a blank header), a row per (key, value)."""
     return "\n".join(markdown.table([markdown.BLANK] * 2, rows))
 
 
-def model_card(hf_config: dict, facts: dict, run_dir: paths.Path, command: str) -> str:
-    """The README.md text."""
+def model_card(hf_config: dict, facts: dict, run_dir: paths.Path, command: str,
+               stock: bool = False) -> str:
+    """The README.md text; `hf_config` is the export's config.json in our classes, `stock`
+    says it was written in transformers' RoBERTa classes (export/roberta.py)."""
     c = hf_config
     arch = [("layers", c["num_hidden_layers"]), ("hidden size", c["hidden_size"]),
             ("heads", c["num_attention_heads"]), ("FFN size", c["intermediate_size"]),
@@ -41,8 +67,10 @@ def model_card(hf_config: dict, facts: dict, run_dir: paths.Path, command: str) 
                                         f"({c['rel_pos_bucket_fn']}), max distance "
                                         f"{c['rel_pos_max_distance']}")
              if c["rel_pos_buckets"] else "none"),
-            ("vocabulary", f"{c['vocab_size']} SentencePiece pieces")]
-    head = c["architectures"][0]
+            ("vocabulary", f"{c['vocab_size']} {facts['tokenizer']} pieces")]
+    head = c["architectures"][0] if not stock else (
+        "RobertaForMaskedLM" if c["architectures"] == ["MaelmForMaskedLM"]
+        and c["objective"] == "mlm" else "RobertaModel")
     lines = [f"# A maelm_jax {facts['kind']} export", "",
              f"Exported from `{run_dir}` by maelm_jax. Main class: `{head}`.", ""]
     if facts["kind"] == "pretraining":
@@ -67,18 +95,7 @@ def model_card(hf_config: dict, facts: dict, run_dir: paths.Path, command: str) 
     lines += ["## Last evaluation", "",
               "```json", json.dumps(facts["metrics"], indent=2, sort_keys=True), "```", "",
               "## Architecture", "", _table(arch), "",
-              "## Load it", "",
-              "The modelling code ships in this directory (stock transformers classes have "
-              "no T5 relative position bias in an encoder, no pre-LN final LayerNorm and "
-              "no MAE-LM decoder), so loading needs `trust_remote_code=True`:", "",
-              "```python",
-              "from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, pipeline",
-              "tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
-              "encoder = AutoModel.from_pretrained(path, trust_remote_code=True)",
-              "hidden = encoder(**tokenizer(\"A text.\", return_tensors=\"pt\")).last_hidden_state",
-              "fill = pipeline(\"fill-mask\", model=AutoModelForMaskedLM.from_pretrained(",
-              "    path, trust_remote_code=True), tokenizer=tokenizer)",
-              "```", "",
+              "## Load it", "", *_loading(stock),
               "`AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering` load "
               "the encoder with a new head (or this run's head, if it was fine-tuned for "
               "that).", "",

@@ -20,6 +20,11 @@ def export_defaults() -> ml_collections.ConfigDict:
     # The run to export: a pretraining or fine-tuning workdir (its newest finished
     # checkpoint) or one of its checkpoints/<step> directories.
     c.init_from = ""
+    # The PyTorch classes: "maelm", our own (every architecture; the code ships beside the
+    # weights, loaded with trust_remote_code=True), or "roberta", transformers' own
+    # RobertaForMaskedLM / RobertaModel, for an encoder that is a plain RoBERTa
+    # (model.pre_ln=False, model.rel_pos_buckets=0; export/roberta.py).
+    c.classes = "maelm"
     return c
 
 
@@ -27,6 +32,7 @@ FIELDS: dict[str, schema.Field] = {
     "mode": schema.choice("export"),
     "init_from": schema.Field((str,), "a pretraining or fine-tuning workdir, or "
                               "<workdir>/checkpoints/<step>", bool, path=True),
+    "classes": schema.choice("maelm", "roberta"),
 }
 
 

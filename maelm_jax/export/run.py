@@ -39,7 +39,7 @@ import ml_collections
 import numpy as np
 
 from maelm_jax import run_configs, runs
-from maelm_jax.export import card, fast_tokenizer
+from maelm_jax.export import card, fast_tokenizer, roberta
 from maelm_jax.export import config as export_config
 from maelm_jax.export.config import ExportError
 from maelm_jax.infra import paths
@@ -76,7 +76,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         exported = _read_run(config.init_from)
     except runs.CheckpointError as e:
         raise ExportError(str(e)) from None
-    files = _files(exported)
+    files = _files(exported, config.classes)
     _publish(files, out)
     return {"workdir": str(out), "files": sorted(files), "hf_config": exported["hf_config"]}
 
@@ -90,7 +90,8 @@ def _check_output(out: paths.Path) -> None:
         return
     config = out / "config.json"
     try:
-        earlier = json.loads(paths.read_text(config)).get("model_type") == MODEL_TYPE
+        earlier = json.loads(paths.read_text(config)).get("model_type") in (
+            MODEL_TYPE, roberta.MODEL_TYPE)
     except (OSError, ValueError, AttributeError):
         earlier = False
     if not earlier:
@@ -118,6 +119,8 @@ def _read_run(init_from: str) -> dict[str, Any]:
     if vocab != tok.vocab_size:
         raise ExportError(f"config.init_from: {step_dir} has a vocabulary of {vocab} pieces "
                           f"but the run's tokenizer {tok.model_path} has {tok.vocab_size}")
+    facts["tokenizer"] = ("SentencePiece" if tok.kind == "sentencepiece"
+                          else "Hugging Face tokenizer.json")
     return {"run_dir": run_dir, "step": step, "recorded": recorded, "run_cfg": run_cfg,
             "tokenizer": tok, "hf_config": hf_config,
             "state": torch_names.state_dict(params, head), "facts": facts}
@@ -258,10 +261,12 @@ def _corpus(run_dir: paths.Path, run_cfg: ml_collections.ConfigDict,
     return None
 
 
-def _tokenizer_files(tok: tokenizer_lib.Tokenizer, max_length: int) -> dict[str, bytes]:
+def _tokenizer_files(tok: tokenizer_lib.Tokenizer, max_length: int,
+                     stock: bool = False) -> dict[str, bytes]:
     """tokenizer.json (the fast tokenizer: export/fast_tokenizer.py), tokenizer_config.json
     and special_tokens_map.json, and for a SentencePiece model its tokenizer.model (the slow
-    tokenizer, remote/tokenization_maelm.py)."""
+    tokenizer, remote/tokenization_maelm.py) unless the export is `stock` (transformers'
+    classes alone: the fast tokenizer as a plain PreTrainedTokenizerFast)."""
     ids = tok.special
     piece = {role: tok.id_to_piece(getattr(ids, role))
              for role in ("bos", "eos", "unk", "pad", "mask")}
@@ -271,12 +276,12 @@ def _tokenizer_files(tok: tokenizer_lib.Tokenizer, max_length: int) -> dict[str,
                 "cls_token": piece["bos"], "unk_token": piece["unk"], "pad_token": piece["pad"],
                 "mask_token": piece["mask"]}
     files = {HF_TOKENIZER_FILE: fast_tokenizer.tokenizer_json(tok)}
-    if tok.kind == "sentencepiece":
+    if tok.kind == "sentencepiece" and not stock:
         files[SLOW_TOKENIZER_FILE] = paths.Path(tok.model_path).read_bytes()
         loader = {"tokenizer_class": "MaelmTokenizer",
                   "auto_map": {"AutoTokenizer": ["tokenization_maelm.MaelmTokenizer",
                                                  "tokenization_maelm.MaelmTokenizerFast"]}}
-    else:  # a Hugging Face tokenizer has no slow class of ours
+    else:  # a Hugging Face tokenizer has no slow class of ours; a stock export no code
         loader = {"tokenizer_class": "PreTrainedTokenizerFast"}
     tokenizer_config = {
         **loader, "model_max_length": max_length, "padding_side": "right",
@@ -289,16 +294,24 @@ def _json(value: Any) -> bytes:
     return (json.dumps(value, indent=2) + "\n").encode("utf-8")
 
 
-def _files(exported: dict[str, Any]) -> dict[str, bytes | np.ndarray]:
-    """File name -> content (the weights as their state dict, written last)."""
+def _files(exported: dict[str, Any], classes: str) -> dict[str, bytes | np.ndarray]:
+    """File name -> content (the weights as their state dict, written last), in our
+    PyTorch classes or (`classes` "roberta") transformers' RoBERTa ones."""
     command = " ".join(shlex.quote(a) for a in [os.path.basename(sys.argv[0]), *sys.argv[1:]])
-    files: dict[str, Any] = {name: (REMOTE_DIR / name).read_bytes() for name in REMOTE_FILES}
-    files.update(_tokenizer_files(exported["tokenizer"], exported["facts"]["max_length"]))
+    ours, state, stock = exported["hf_config"], exported["state"], classes == "roberta"
+    files: dict[str, Any] = ({} if stock else
+                             {name: (REMOTE_DIR / name).read_bytes() for name in REMOTE_FILES})
+    files.update(_tokenizer_files(exported["tokenizer"], exported["facts"]["max_length"],
+                                  stock))
     files["training_config.json"] = _json(exported["recorded"])
-    files["README.md"] = card.model_card(exported["hf_config"], exported["facts"],
-                                         exported["run_dir"], command).encode("utf-8")
-    files["config.json"] = _json(exported["hf_config"])
-    files[WEIGHTS_FILE] = exported["state"]
+    files["README.md"] = card.model_card(ours, exported["facts"], exported["run_dir"], command,
+                                         stock).encode("utf-8")
+    if stock:
+        masked_lm = roberta.is_masked_lm(ours)
+        ours, state = (roberta.hf_config(ours),
+                       roberta.state_dict(state, ours["pad_token_id"], masked_lm))
+    files["config.json"] = _json(ours)
+    files[WEIGHTS_FILE] = state
     return files
 
 

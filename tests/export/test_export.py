@@ -162,6 +162,60 @@ def test_every_architecture_computes_ours_in_pytorch(name):
                                    rtol=TOLERANCE)
 
 
+def test_a_plain_encoder_exports_in_the_stock_roberta_classes(tiny_tokenizer, tmp_path):
+    """classes="roberta": a post-LN MLM run without the relative bias is transformers' own
+    RobertaForMaskedLM (loaded without trust_remote_code, its tokenizer a plain fast one)
+    computing our hidden states and masked-LM logits; a model RoBERTa cannot hold is one
+    line."""
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    c = _config("mlm", {"model.rel_pos_buckets": 0}, tiny_tokenizer.model_path)
+    model = setup_lib.model(c, TINY_VOCAB)
+    batch = jax.tree.map(np.asarray, masking.apply_mask(
+        jax.random.PRNGKey(0), jax.numpy.full((1, c.data.seq_len), 7, np.int32),
+        pretrain_config.mask_counts(c), TINY_VOCAB, SP))
+    params = _perturbed(nn.meta.unbox(model.init(jax.random.PRNGKey(0), batch))["params"])
+    exported = {"hf_config": export_run.pretraining_config(c, TINY_VOCAB),
+                "state": torch_names.state_dict(params), "tokenizer": tiny_tokenizer,
+                "recorded": c.to_dict(), "run_dir": tmp_path, "facts": {
+                    "kind": "pretraining", "objective": "MLM", "step": 1, "tokens_seen": 1,
+                    "metrics": {}, "corpus": None, "max_length": c.data.seq_len,
+                    "tokenizer": "SentencePiece"}}
+    files = export_run._files(exported, "roberta")
+    out = tmp_path / "roberta"
+    out.mkdir()
+    for name, content in files.items():
+        if name == export_run.WEIGHTS_FILE:
+            save_file(content, str(out / name), metadata={"format": "pt"})
+        else:
+            (out / name).write_bytes(content)
+    assert not any(name.endswith(".py") for name in files) and "trust_remote" not in (
+        out / "README.md").read_text().split("## How it was made")[0]
+    torch_model = AutoModelForMaskedLM.from_pretrained(str(out)).eval()
+    assert type(torch_model).__name__ == "RobertaForMaskedLM"
+    tok = AutoTokenizer.from_pretrained(str(out))
+    texts = ["Return a <mask> of the items in the <mask>.", "The <mask> module."]
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out_hf = torch_model(**enc, output_hidden_states=True)
+    encoder_cfg = setup_lib.model_config(c, TINY_VOCAB).encoder
+    for row in range(len(texts)):
+        ids = [t for t in enc["input_ids"][row].tolist() if t != SP.pad]
+        ours = encoder_lib.Encoder(encoder_cfg).apply(
+            {"params": params["encoder"]}, np.asarray([ids], np.int32),
+            np.arange(len(ids), dtype=np.int32)[None])
+        np.testing.assert_allclose(out_hf.hidden_states[-1][row, :len(ids)].numpy(),
+                                   np.asarray(ours)[0], atol=TOLERANCE, rtol=TOLERANCE)
+        expected, masked = _our_logits(c, params, ids)
+        np.testing.assert_allclose(out_hf.logits[row, masked].numpy(), expected,
+                                   atol=TOLERANCE, rtol=TOLERANCE)
+    exported["hf_config"] = export_run.pretraining_config(_config("mlm", {}), TINY_VOCAB)
+    with pytest.raises(export_config.ExportError, match=r"^config.classes: 'roberta' needs a "
+                       r"plain RoBERTa encoder .*model.rel_pos_buckets=8;"):
+        export_run._files(exported, "roberta")
+
+
 def test_bucketing_is_ours_at_every_distance():
     relative = np.arange(-2048, 2049)
     for fn in ("t5", "maelm"):
@@ -455,8 +509,8 @@ def test_the_export_is_a_model_directory_with_a_card(exports):
     names = sorted(p.name for p in export_dir.iterdir())
     assert names == sorted(["config.json", "configuration_maelm.py", "modeling_maelm.py",
                             "tokenization_maelm.py", "model.safetensors", "tokenizer.model",
-                            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md",
-                            "training_config.json"])
+                            "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                            "README.md", "training_config.json"])
     # The shipped code imports only these (and its own files, relatively); the fresh
     # process of the test above cannot import maelm_jax or JAX at all.
     allowed = {"math", "os", "shutil", "types", "torch", "transformers", "sentencepiece"}
