@@ -97,8 +97,8 @@ def model_card(hf_config: dict, facts: dict, run_dir: paths.Path, command: str,
               "## Architecture", "", _table(arch), "",
               "## Load it", "", *_loading(stock),
               "`AutoModelForSequenceClassification` and `AutoModelForQuestionAnswering` load "
-              "the encoder with a new head (or this run's head, if it was fine-tuned for "
-              "that).", "",
+              "the encoder with a new head" + ("." if stock else " (or this run's head, if it "
+                                               "was fine-tuned for that)."), "",
               "## How it was made", "", "```", command, "```", "",
               "The run's own config is `training_config.json`.", ""]
     return "\n".join(lines)
