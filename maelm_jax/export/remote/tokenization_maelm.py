@@ -7,6 +7,10 @@ one of its pieces), so the ids are exactly maelm_jax's: ``<s> A </s>`` for one t
 ``<s> A </s></s> B </s>`` for a pair, truncated longest-first from the right. A lone
 "▁" piece before ``<mask>`` is dropped, as maelm_jax's fill-mask does: ``<mask>`` then
 stands for a word-initial piece, as in pretraining.
+
+``MaelmTokenizerFast``, what AutoTokenizer loads, gives the same ids from the export's
+``tokenizer.json`` (the SentencePiece model converted by maelm_jax's export), with offset
+mappings; ``MaelmTokenizer`` is the slow one, from ``tokenizer.model``.
 """
 
 import os
