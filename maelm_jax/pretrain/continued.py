@@ -44,7 +44,8 @@ class Loaded:
     """The source's parameters laid onto this run's model.
 
     params: this model's parameter structure, a numpy array at each leaf loaded and None
-    at each new one. loaded, new, dropped: parameter names (jax key paths).
+    at each new one. loaded, new, dropped: parameter names (jax key paths; a Hugging Face
+    checkpoint's tensors without a place here by their own names, among the dropped).
     extended: (name, the source's rows, this run's) of each position table resized."""
 
     params: Any
@@ -56,7 +57,10 @@ class Loaded:
     def summary(self, source: source_lib.Source) -> str:
         """The one log line: what was loaded, what is new, what was dropped."""
         def parts(names: list[str]) -> str:
-            groups = sorted({n.split("']")[0].lstrip("['") for n in names})
+            # By top-level module: ['encoder']... of ours, pooler of roberta.pooler.dense.bias
+            groups = sorted({n.split("']")[0].lstrip("['") if n.startswith("[") else
+                             n.removeprefix("roberta.").removeprefix("bert.").split(".")[0]
+                             for n in names})
             return f"{len(names)} ({', '.join(groups)})" if names else "0"
 
         line = (f"started from {source.description}: loaded {parts(self.loaded)}, new "
@@ -105,8 +109,9 @@ def data_offset(config: ml_collections.ConfigDict, source: source_lib.Source | N
 def load(source: source_lib.Source, abstract: Any, stacked: bool) -> Loaded:
     """The source's parameters matched to `abstract` (this run's parameters' shapes, in
     the layout `stacked` says); a ContinuedError for shapes that cannot be reconciled."""
+    unmapped: list[str] = []  # a Hugging Face checkpoint's tensors without a place here
     try:
-        given = source.params(stacked=stacked)
+        given = source.params(stacked=stacked, unmapped=unmapped)
     except source_lib.CheckpointError as e:
         raise ContinuedError(str(e).replace("config.init_from", FIELD)) from None
     ours = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(abstract)}
@@ -129,7 +134,7 @@ def load(source: source_lib.Source, abstract: Any, stacked: bool) -> Loaded:
             value = _resized(value, want.shape[0])
         values[name] = value.astype(want.dtype)
         loaded.append(name)
-    dropped = sorted(set(theirs) - set(ours))
+    dropped = sorted(set(theirs) - set(ours)) + sorted(unmapped)
     params = jax.tree_util.tree_map_with_path(
         lambda k, _: values.get(jax.tree_util.keystr(k)), abstract)
     return Loaded(params, loaded, new, dropped, extended)

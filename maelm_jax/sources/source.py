@@ -63,15 +63,19 @@ class Source:
             return f"Hugging Face {self.config.get('model_type')} model {self.path}"
         return f"{self.kind} checkpoint {self.step_dir}"
 
-    def params(self, part: str | None = None, stacked: bool = False) -> Any:
+    def params(self, part: str | None = None, stacked: bool = False,
+               unmapped: list[str] | None = None) -> Any:
         """The parameters (or only params[part]) as numpy arrays, the layers per layer or
-        `stacked` (models/layer_layout.py)."""
+        `stacked` (models/layer_layout.py). `unmapped`, a list, gets the names of a Hugging
+        Face checkpoint's tensors that our model has no place for (a pooler, a head)."""
         if self.kind != HUGGING_FACE:
             return restore_params(self.step_dir, part, self.field, stacked)
         try:
-            tree, _ = huggingface.params(self.path, self.config)
+            tree, left_out = huggingface.params(self.path, self.config)
         except huggingface.HuggingFaceError as e:
             raise CheckpointError(str(e)) from None
+        if unmapped is not None:
+            unmapped.extend(left_out)
         if part is not None and part not in tree:
             raise CheckpointError(f"{self.field}: {self.path} holds no {part!r}")
         return layer_layout.to_layout(tree[part] if part else tree, stacked)

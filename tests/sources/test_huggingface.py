@@ -160,3 +160,41 @@ def test_a_hugging_face_model_fine_tunes_in_the_glue_harness(tmp_path):
     with pytest.raises(runs.CheckpointError, match=r"has no tokenizer.json; set "
                        r"config.tokenizer_path"):
         runs.load_pretrained(str(model_dir), builder.Run())
+
+
+def test_a_hugging_face_model_continues_pretraining(tmp_path, caplog):
+    """train.init_from a RoBERTa directory, with its tokenizer.json: the encoder and the LM
+    head loaded, its 16 positions copied over the run's 32, the pooler dropped."""
+    import logging
+
+    import hf_tokenizers
+
+    from maelm_jax.data import builtin_corpus
+    from maelm_jax.pretrain import train as pretrain_train
+    from maelm_jax.text import tokenizer as tokenizer_lib
+
+    from tiny_config import tiny_config
+
+    model_dir = tmp_path / "roberta"
+    model_dir.mkdir()
+    path = hf_tokenizers.roberta_like(builtin_corpus.iter_documents(),
+                                      model_dir / "tokenizer.json")
+    tok = tokenizer_lib.load_tokenizer(str(path))
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(**{**SIZES, "vocab_size": tok.vocab_size},
+                                        max_position_embeddings=18, type_vocab_size=1)
+    model = transformers.RobertaForMaskedLM(config)
+    model.roberta.pooler = transformers.models.roberta.modeling_roberta.RobertaPooler(config)
+    model.save_pretrained(model_dir)
+    c = tiny_config("mlm", str(path))
+    c.model.rel_pos_buckets = 0  # RoBERTa has none
+    c.tokenizer.vocab_size = tok.vocab_size
+    c.train.init_from = str(model_dir)
+    c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 2
+    c.train.fill_mask_examples = 0
+    with caplog.at_level(logging.INFO):
+        pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
+    (summary,) = [r.getMessage() for r in caplog.records if "started from" in r.getMessage()]
+    assert (f"started from Hugging Face roberta model {model_dir}: loaded 41 (encoder, "
+            "lm_head), new 0, dropped 2 (pooler) parameter arrays; ['encoder']"
+            "['position_embeddings']['embedding'] 16 -> 32 rows" in summary), summary
