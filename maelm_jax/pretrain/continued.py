@@ -22,6 +22,7 @@ rows. The relative position bias is per bucket, whatever the length.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -31,8 +32,11 @@ import jax
 import ml_collections
 import numpy as np
 
+from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.sources import source as source_lib
+from maelm_jax.training import checkpoint as checkpoint_lib
+from maelm_jax.workdirs import layout
 
 FIELD = "config.train.init_from"
 _POSITIONS = "['position_embeddings']['embedding']"
@@ -83,11 +87,14 @@ class ContinuedError(pretrain_config.ConfigError):
     """A source that cannot start this run's model; the message names the parameter."""
 
 
-def read_source(config: ml_collections.ConfigDict) -> source_lib.Source | None:
-    """The source config.train.init_from names (None: a fresh model), its config read
-    once; a ConfigError for one that cannot be read or cannot continue the data."""
+def read_source(config: ml_collections.ConfigDict,
+                workdir: paths.Path) -> source_lib.Source | None:
+    """The source config.train.init_from names, its config read once; a ConfigError for
+    one that cannot be read or cannot continue the data. None without init_from, and for
+    a continued run resumed in `workdir` (a checkpoint and its init_from.json): its
+    checkpoints hold what was loaded, and the source may since have moved."""
     t = config.train
-    if not t.init_from:
+    if not t.init_from or _resumed(workdir):
         return None
     try:
         source = source_lib.read(t.init_from, FIELD)
@@ -100,10 +107,22 @@ def read_source(config: ml_collections.ConfigDict) -> source_lib.Source | None:
     return source
 
 
-def data_offset(config: ml_collections.ConfigDict, source: source_lib.Source | None) -> int:
+def data_offset(config: ml_collections.ConfigDict, source: source_lib.Source | None,
+                workdir: paths.Path) -> int:
     """The batches of the data stream skipped before this run's first step: the source's
-    step with train.continue_data, else 0."""
-    return int(source.step) if source is not None and config.train.continue_data else 0
+    step with train.continue_data (a resumed run's, as its init_from.json recorded it),
+    else 0."""
+    if source is None:
+        if not (config.train.init_from and _resumed(workdir)):
+            return 0
+        return int(json.loads(paths.read_text(workdir / layout.INIT_FROM_FILE))["data_offset"])
+    return int(source.step) if config.train.continue_data else 0
+
+
+def _resumed(workdir: paths.Path) -> bool:
+    """Whether `workdir` holds a continued run that has saved a checkpoint."""
+    return ((workdir / layout.INIT_FROM_FILE).is_file()
+            and bool(checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)))
 
 
 def load(source: source_lib.Source, abstract: Any, stacked: bool) -> Loaded:

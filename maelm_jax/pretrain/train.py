@@ -149,7 +149,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sharding.check_batch(mesh, t.batch_size, t.grad_accum_steps)
     rules = sharding.rules_from_config(config.sharding_rules)
     # The model a continued run starts from, read before any data is prepared.
-    source = continued.read_source(config)
+    source = continued.read_source(config, workdir)
     if not config.data.prepared:  # else the corpus need not be on this machine at all
         run_data.validate_sources(config)
     tok, data = _tokenizer_and_blocks(config, workdir)
@@ -182,7 +182,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             f"the {dp} data-parallel devices each need one of; raise it, or add text")
     program = setup_lib.build(config, tok.vocab_size, mesh, rules, tok.special)
     fresh = not checkpoint_lib.finished_steps(workdir / layout.CHECKPOINTS)
-    init, offset, loaded = program.init, continued.data_offset(config, source), None
+    init, offset, loaded = program.init, continued.data_offset(config, source, workdir), None
     if source is not None and fresh:  # a resumed run's checkpoints hold what was loaded
         try:
             loaded = continued.load(source, program.state.abstract.params,

@@ -64,12 +64,18 @@ def test_an_mlm_run_continues_as_maelm_at_a_longer_length_and_resumes_exactly(
     assert recorded["train"]["init_from"] == str(mlm_run)
 
     # Stopped after 2 steps and started again: the steps an uninterrupted run takes (the
-    # source is not read again; its parameters are in the checkpoint).
+    # source is not read again: its parameters are in the checkpoint, the data offset in
+    # init_from.json).
     stopped = tmp_path / "stopped"
     pretrain_train.train_and_evaluate(
         _continued(tiny_tokenizer.model_path, mlm_run, 2), str(stopped))
-    pretrain_train.train_and_evaluate(
-        _continued(tiny_tokenizer.model_path, mlm_run, 4), str(stopped))
+    moved = mlm_run.with_name(mlm_run.name + "_moved")  # nor need it be where it was
+    mlm_run.rename(moved)
+    try:
+        pretrain_train.train_and_evaluate(
+            _continued(tiny_tokenizer.model_path, mlm_run, 4), str(stopped))
+    finally:
+        moved.rename(mlm_run)
     assert _losses(stopped) == _losses(whole) and sorted(_losses(whole)) == [1, 2, 3, 4]
     assert json.loads((stopped / "init_from.json").read_text()) == record
 
@@ -92,14 +98,15 @@ def test_an_mlm_run_continues_as_maelm_at_a_longer_length_and_resumes_exactly(
     ({"num_layers": 3}, r"parameter \['encoder'\]\['stack'\]\['layer_2'\]\S+ is only in this "
      r"run's model \(another depth\)"),
 ])
-def test_shapes_that_cannot_be_reconciled_are_one_line(mlm_run, tiny_tokenizer, change, named):
+def test_shapes_that_cannot_be_reconciled_are_one_line(mlm_run, tiny_tokenizer, change, named,
+                                                       tmp_path):
     c = tiny_config("maelm", tiny_tokenizer.model_path)
     for name, value in change.items():
         c.model[name] = value
     c.train.init_from = str(mlm_run)
     _, _, params = tiny_model(c)
     with pytest.raises(continued.ContinuedError, match=named):
-        continued.load(continued.read_source(c), params, stacked=False)
+        continued.load(continued.read_source(c, tmp_path), params, stacked=False)
 
 
 def test_a_hugging_face_model_has_no_data_to_continue(tmp_path):
@@ -110,4 +117,4 @@ def test_a_hugging_face_model_has_no_data_to_continue(tmp_path):
     c.train.init_from, c.train.continue_data = str(tmp_path / "hf"), True
     with pytest.raises(continued.ContinuedError, match=r"^config.train.continue_data: .* is a "
                        r"huggingface model, not a pretraining run"):
-        continued.read_source(c)
+        continued.read_source(c, tmp_path)
