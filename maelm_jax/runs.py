@@ -101,15 +101,12 @@ def pretrained_architecture(run_config: Mapping[str, Any], vocab_size: int) -> d
                                           max_positions=int(merged["data"]["seq_len"]))
 
 
-def find_tokenizer(source: source_lib.Source | paths.Path,
-                   configured: str) -> tokenizer_lib.Tokenizer:
+def find_tokenizer(source: source_lib.Source, configured: str) -> tokenizer_lib.Tokenizer:
     """config.tokenizer_path, else the workdir's tokenizer.model, else the pretraining
     config's tokenizer.model_path (a run given an existing model does not copy it); a
     Hugging Face model's own tokenizer.json."""
     if configured:
         return tokenizer_lib.load_tokenizer(configured)
-    if not isinstance(source, source_lib.Source):  # a workdir of ours
-        source = source_lib.read(str(source))
     if source.kind == source_lib.HUGGING_FACE:
         path = source.path / layout.HF_TOKENIZER_FILE
         if not path.is_file():

@@ -32,6 +32,7 @@ from maelm_jax.fill_mask.config import FillMaskError
 from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
+from maelm_jax.sources import source as source_lib
 from maelm_jax.text import masking
 from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.workdirs import layout
@@ -70,13 +71,16 @@ class FillMasker:
     def from_workdir(cls, workdir: str) -> FillMasker:
         """The newest finished checkpoint of a pretraining workdir (read only)."""
         try:
-            run_dir, step_dir = runs.resolve_checkpoint(workdir)
-            recorded = runs.read_json(run_dir / layout.CONFIG_FILE)
+            source = source_lib.read(workdir)  # its config.json read once
+            if source.step_dir is None:
+                raise FillMaskError(f"--workdir: {workdir} is a Hugging Face model; fill-mask "
+                                    "reads a pretraining workdir of ours")
+            run_dir, step_dir, recorded = source.path, source.step_dir, source.config
             if recorded.get("mode", "pretrain") != "pretrain":
                 raise FillMaskError(f"--workdir: {run_dir} is a {recorded['mode']} run; "
                                     "fill-mask needs a pretraining workdir (its decoder and "
                                     "LM head)")
-            tok = runs.find_tokenizer(run_dir, "")
+            tok = runs.find_tokenizer(source, "")
             config = run_configs.run_config(recorded)
             params = runs.restore_params(step_dir, field="--workdir",
                                             stacked=config.model.scan_layers)
