@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One call of the study on a lent GPU machine: the one-call design (configs/study/gpu.py:
-# one_call) or a seed call (:seeds), sized at its start to end within MINUTES. Run it from
-# the project root there; it brings back the call's record, however the call ends.
+# one_call), a seed call (:seeds) or a mechanism call (:mechanism), sized at its start to
+# end within MINUTES. Run it from the project root there; it brings back the call's record
+# and its pretrained encoders, however the call ends.
 #
 #   benchmarks/gpu_study.sh OUT_DIR [PRESET [MINUTES [main.py flags ...]]]
 #
-# PRESET: one_call (default), seeds (add --config.pretrain.seed=N, one N per call) or gpu
-# (the whole study, in several calls; the parts merge with configs/study/merge.py).
+# PRESET: one_call (default), seeds or mechanism (add --config.pretrain.seed=N, one N per
+# call; mechanism pretrains and analyses only, no GLUE) or gpu (the whole study, in several
+# calls; the parts merge with configs/study/merge.py).
 # MINUTES: main.py's --time_limit_minutes (default 9; a fraction is allowed). The study
 # stops itself there (status 75); main.py also runs under `timeout -s TERM` at MINUTES plus
 # STUDY_TIMEOUT_MARGIN seconds (default 20), whose SIGTERM takes the study's stop path
@@ -30,11 +32,15 @@
 #
 # On ANY exit (finished, the time limit, the outer timeout, an error, this script itself
 # sent SIGTERM or SIGINT, which it passes on to the study and waits STUDY_STOP_GRACE for)
-# a trap copies into OUT_DIR what the workdir holds: study.json (the record: commit it as
-# benchmarks/results/study/<date>_<preset>_seed<N>_<device>.json), study.md, sizing.json
-# and the plots (*.png), the log's last 400 lines (study.log), and call.json:
-# {"setup_seconds", "main_seconds", "exit_status", "outcome", "minutes",
-# "timeout_seconds", "preset"}. That is 8 files, all a lent machine brings back.
+# a trap writes into OUT_DIR records.tar.gz, the small files in one archive: study.json
+# (the record: commit it as benchmarks/results/study/<date>_<preset>_seed<N>_<device>.json),
+# study.md, sizing.json and the plots (*.png), the log's last 400 lines (study.log), and
+# call.json: {"setup_seconds", "main_seconds", "exit_status", "outcome", "minutes",
+# "timeout_seconds", "preset"}; and beside it encoder_<model>.npz, each pretrained encoder
+# the study packed (bfloat16 with its config and tokenizer, about 14 MB at 6 x 256;
+# maelm_jax/study/encoders.py: `python scripts/unpack_encoder.py --file=F --out=DIR` makes a
+# workdir of it). A lent machine brings back 8 files of at most 16 MiB: the archive and up
+# to 7 encoders.
 # STUDY_WORKDIR (default /tmp/study_<preset>) and STUDY_DATA_DIR (default /tmp/data, where
 # setup.sh unpacks) move the two directories; STUDY_TOKENIZER the tokenizer.
 #
@@ -72,21 +78,28 @@ bring_back() {
   setup=$(seconds "$start" "${main_start:-$now}")
   [ -n "$main_start" ] && main=$(seconds "$main_start" "${main_end:-$now}")
   echo "gpu_study.sh: $outcome (status $status); setup ${setup} s, main.py ${main} s" >> "$log"
+  # The small files in one archive, so that the encoders fit in the files that come back.
+  local records
+  records=$(mktemp -d)
   for f in study.json study.md sizing.json; do
-    [ -f "$workdir/$f" ] && cp "$workdir/$f" "$out/"
+    [ -f "$workdir/$f" ] && cp "$workdir/$f" "$records/"
   done
   for f in "$workdir"/*.png; do
-    [ -f "$f" ] && cp "$f" "$out/"
+    [ -f "$f" ] && cp "$f" "$records/"
+  done
+  for f in "$workdir"/encoders/*.npz; do
+    [ -f "$f" ] && cp "$f" "$out/encoder_$(basename "$f")"
   done
   # The log can grow long; keep its end.
-  tail -n 400 "$log" > "$log.tail" && mv "$log.tail" "$log"
+  tail -n 400 "$log" > "$records/study.log" && rm -f "$log"
   local m=null text=${outcome//\\/\\\\}
   [[ $minutes =~ ^[0-9]+([.][0-9]+)?$ ]] && m=$(awk -v m="$minutes" 'BEGIN { print m + 0 }')
   text=${text//\"/\\\"}
   printf '{"preset": "%s", "minutes": %s, "timeout_seconds": %s, "setup_seconds": %s, %s\n' \
     "$preset" "$m" "${timeout_seconds:-null}" "$setup" \
     "$(printf '"main_seconds": %s, "exit_status": %d, "outcome": "%s"}' "$main" "$status" "$text")" \
-    > "$out/call.json"
+    > "$records/call.json"
+  tar -czf "$out/records.tar.gz" -C "$records" . && rm -rf "$records"
   exit "$status"
 }
 trap 'bring_back $?' EXIT
@@ -122,6 +135,8 @@ fi
 for d in wiki_large wiki glue; do
   [ -d "$data/$d" ] || fail "$data/$d is missing: stage.sh it with the others"
 done
+glue=(--config.glue_dir="$data/glue")
+[ "$preset" = mechanism ] && glue=()  # pretraining and the rank analysis only
 tokenizer=${STUDY_TOKENIZER:-$data/study_tokenizer/tokenizer.model}
 flags=()
 if [ -f "$tokenizer" ]; then
@@ -142,14 +157,14 @@ timeout -k "$grace" -s TERM "$timeout_seconds" \
   --time_limit_minutes="$minutes" "${flags[@]}" \
   --config.pretrain.data.sources.large.path="$data/wiki_large" \
   --config.pretrain.data.sources.wiki.path="$data/wiki" \
-  --config.glue_dir="$data/glue" "$@" >> "$log" 2>&1 &
+  "${glue[@]}" "$@" >> "$log" 2>&1 &
 child=$!
 wait "$child"
 status=$?
 main_end=$(date +%s.%N)
 
 case $status in
-  0) outcome="the call finished; its record is $out/study.json" ;;
+  0) outcome="the call finished; its record is study.json in $out/records.tar.gz" ;;
   75) outcome="not finished (the time limit); study.json says what is done" ;;
   143) outcome="preempted (SIGTERM); study.json says what is done" ;;
   124|137) outcome="killed by the outer timeout (${timeout_seconds} s); what it wrote is copied"

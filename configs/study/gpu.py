@@ -25,16 +25,26 @@ by weight. Presets:
   states it.
 * `seeds` (claims (b) and (d), one call per pretraining seed: --config.pretrain.seed=N):
   MLM, MAE-LM and 3ML_self on the same pretraining design, 10 fine-tuning seeds on SST-2
-  and STS-B (30 runs a task, one program), no control and no rank analysis; calls pool
+  and STS-B (30 runs a task, one program), no control, the rank analysis; calls pool
   with `one_call`'s (configs/study/pool.py).
+
+`one_call`, `seeds` and `mechanism` analyse the ranks in every call and pack each
+pretrained encoder (bfloat16, config and tokenizer: study/encoders.py) into
+encoders/<model>.npz, which benchmarks/gpu_study.sh brings back.
+* `mechanism` (claims (c0)-(c2'), one call per pretraining seed: --config.pretrain.seed=N):
+  MLM, MAE-LM and MAE-LM with [MASK] in the encoder (`enc_mask`, MAE-LM Table 2's "enc.
+  w. [MASK]", masking.delta = 1) on the same pretraining design, the rank analysis, no
+  fine-tuning: the mechanism's own contrast at MAE-LM's decoder and FLOPs, with the
+  minutes of a call spent on three pretrainings.
 * `gpu` (the whole study in several leases, a 6 x 512 encoder, every GLUE task found; run
   in parts and merged, configs/study/merge.py).
 
 In `one_call` and `seeds` 3ML_self pretrains 86 % of the others' steps (config.step_scale):
 its step costs 0.87x MLM's FLOPs at 6 x 256, so it trains on 0.75x MLM's FLOPs, the budget
-of the 3ML paper's claim. Option `tiny` (`one_call,tiny`, `seeds,tiny`) shrinks either to
-laptop sizes, for tests and a dry run on a CPU; `gpu.py:tiny` is the `gpu` preset's twin
-and `gpu.py:pretrain` the `gpu` preset's MLM pretraining config (what the benchmarks take).
+of the 3ML paper's claim. Option `tiny` (`one_call,tiny`, `seeds,tiny`, `mechanism,tiny`)
+shrinks them to laptop sizes, for tests and a dry run on a CPU; `gpu.py:tiny` is the `gpu`
+preset's twin and `gpu.py:pretrain` the `gpu` preset's MLM pretraining config (what the
+benchmarks take).
 `gpu.py:one_call_pretrain` is the pretraining of `one_call`'s MAE-LM (`--config.objective=mlm`
 gives its MLM), to probe one model of the design on its own, e.g. on a CPU at a smaller
 batch (docs/study.md).
@@ -51,7 +61,7 @@ from configs.pretrain import quickstart
 from maelm_jax.config import variants
 from maelm_jax.study import config as study_config
 
-PRESETS = ("gpu", "one_call", "seeds", "tiny", "pretrain", "one_call_pretrain")
+PRESETS = ("gpu", "one_call", "seeds", "mechanism", "tiny", "pretrain", "one_call_pretrain")
 OPTIONS = {"size": ("full", "tiny")}
 # The GLUE tasks of the one-call design, the most informative first.
 ONE_CALL_TASKS = ("SST-2", "STS-B", "MRPC", "CoLA")
@@ -134,6 +144,11 @@ def _one_call_design(c, tiny: bool) -> None:
     c.sizing.enabled = True
     c.sizing.overhead_seconds = 15.0  # the reports and plots at the end
     c.reserve_seconds = 20.0
+    # Every call of the design analyses its ranks and brings back its encoders (bfloat16,
+    # about 14 MB each at 6 x 256), so a seed's replicate counts toward claim (c) and
+    # anything it trained can be analysed again on a CPU.
+    c.rank = True
+    c.return_encoders = True
     if tiny:  # a CPU's seconds, no time limit needed
         f.update(max_seq_len=32, max_train_examples=16, min_train_examples=8, num_epochs=1,
                  batch_size=4, learning_rate=1e-3)
@@ -145,7 +160,7 @@ def _one_call_design(c, tiny: bool) -> None:
 def get_config(arg: str | None = None):
     preset, options = variants.parse(arg, PRESETS, "gpu", OPTIONS)
     tiny = options["size"] == "tiny"
-    if tiny and preset not in ("one_call", "seeds"):
+    if tiny and preset not in ("one_call", "seeds", "mechanism"):
         raise variants.VariantError(f"variant option tiny: for one_call and seeds (the gpu "
                                     f"preset's twin is gpu.py:tiny), not {preset}")
     if preset == "pretrain":
@@ -166,10 +181,20 @@ def get_config(arg: str | None = None):
         _one_call_design(c, tiny)
         c.models = ("mlm", "maelm", "3ml_self")
         c.scratch = False
-        c.rank = False
         c.tasks = ("SST-2", "STS-B")
         c.seeds = tuple(range(1, 11))
         c.finetune.seeds_per_program = 10
+        return c
+    if preset == "mechanism":
+        c.title = "The [MASK] mechanism: MLM, MAE-LM and MAE-LM with [MASK] in the encoder" + (
+            " (tiny)" if tiny else "")
+        _one_call_design(c, tiny)
+        # MAE-LM Table 2's "enc. w. [MASK]" (masking.delta = 1): MAE-LM's decoder and FLOPs
+        # with the [MASK]s in the encoder, the contrast of claim (c2'). Pretraining and the
+        # rank analysis only: no GLUE directory is read (benchmarks/gpu_study.sh gives none).
+        c.models = ("mlm", "maelm", "enc_mask")
+        c.scratch = False
+        c.glue_dir = ""
         return c
     c.title = "One-GPU study" + (" (tiny preset)" if preset == "tiny" else "")
     c.pretrain = _pretrain(preset)

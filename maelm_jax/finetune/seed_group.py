@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -267,8 +267,24 @@ def _encoders(p: inputs.Inputs, configs: Sequence[ml_collections.ConfigDict],
     return params, sources
 
 
+# What a group may measure of its runs at its end (the study's rank of each fine-tuned
+# encoder, analysis/finetuned.py): (encoder config, encoder parameters with a leading runs
+# axis, the task's dev sequences, their length) -> a record per run, kept in its results
+# under "rank".
+Measure = Callable[[Any, Any, list, int], list[dict]]
+
+
+def _reported_params(p: inputs.Inputs, state, made: GroupFineTuning | None) -> Any:
+    """Every run's parameters its results report, [runs, ...] on the host: its best
+    evaluation's (select="best"), else the last."""
+    best = made.best_params if made is not None else None
+    if p.config.train.select == "best" and best is not None:
+        return best
+    return jax.tree.map(np.asarray, distributed.host_copy(state.params))
+
+
 def run_members(members: Sequence[Member], workdir: str,
-                allow_config_change: bool = False) -> list[dict]:
+                allow_config_change: bool = False, measure: Measure | None = None) -> list[dict]:
     """Fine-tunes every member's run as one program in `workdir`; writes each one's
     config.json and results.json to its own directory and returns the results, in the
     order of `members`. Their configs may differ only in MEMBER_FIELDS; their encoders
@@ -278,6 +294,8 @@ def run_members(members: Sequence[Member], workdir: str,
     latest resume checkpoint; on a stop request it saves one and raises
     preemption.Preempted (TimeLimit). A group writes no predictions and no checkpoint
     (config.predict_test and save_checkpoint must be False, as a sweep's runs have them).
+    With `measure`, each run's results also hold what it measures of the runs' encoders
+    ("rank").
     """
     started = time.perf_counter()
     configs = _check_members(members)
@@ -303,11 +321,15 @@ def run_members(members: Sequence[Member], workdir: str,
     program = setup_lib.build(config, p.encoder_cfg, p.task, num_steps, p.buckets[0],
                               runs=runs)
     # The group keeps every run's best parameters itself (GroupFineTuning).
-    _, progress, _, _ = train.train_prepared(
-        dataclasses.replace(p, encoder_params=params), program,
-        lambda run_eval_with, progress, best_params: GroupFineTuning(
-            config, program, p.task, run_eval_with, p.steps_per_epoch, started, keys,
-            progress.evals, best_params),
+    made: list[GroupFineTuning] = []
+
+    def make_run(run_eval_with, progress, best_params) -> GroupFineTuning:
+        made.append(GroupFineTuning(config, program, p.task, run_eval_with, p.steps_per_epoch,
+                                    started, keys, progress.evals, best_params))
+        return made[-1]
+
+    state, progress, _, _ = train.train_prepared(
+        dataclasses.replace(p, encoder_params=params), program, make_run,
         lambda start: stacked_batches(p.task.train, t.batch_size, p.buckets, runs.seeds,
                                       t.num_epochs, start),
         records=[lambda: paths.write_text(group_dir / layout.GROUP_FILE,
@@ -315,8 +337,12 @@ def run_members(members: Sequence[Member], workdir: str,
 
     seconds = progress.seconds + time.perf_counter() - started
     primary = p.task.primary_metric
+    ranks = [None] * len(members)
+    if measure is not None:
+        ranks = measure(p.encoder_cfg, _reported_params(p, state, made[-1] if made else None)
+                        ["encoder"], list(p.task.eval_splits()[0].sequences), p.max_len)
     results = []
-    for key, c, source in zip(keys, configs, sources, strict=True):
+    for key, c, source, found in zip(keys, configs, sources, ranks, strict=True):
         evals = [run_scores(e, key) for e in progress.evals]
         record = train.results_record(dataclasses.replace(p, config=c, source=source),
                                       c.seed, evals, best_index(evals, primary), [],
@@ -324,6 +350,8 @@ def run_members(members: Sequence[Member], workdir: str,
         # wall_seconds is the run's share, so a sweep's sums count the group's time once.
         record["seed_group"] = {"runs": keys, "seeds": list(runs.seeds),
                                 "workdir": str(p.workdir), "wall_seconds": seconds}
+        if found is not None:
+            record["rank"] = found
         results.append(record)
     if distributed.is_leader():
         for m, c, record in zip(members, configs, results, strict=True):

@@ -108,13 +108,15 @@ def _architecture(config: ml_collections.ConfigDict) -> str:
 
 
 def run_models(sweeps: dict[str, ml_collections.ConfigDict], workdirs: dict[str, str],
-               group_root: str, allow_config_change: bool = False) -> dict[str, dict]:
+               group_root: str, allow_config_change: bool = False,
+               measure: seed_group.Measure | None = None) -> dict[str, dict]:
     """Each model's sweep (`sweeps[name]`, one setting; `workdirs[name]`, as run_sweep's
     workdir) with the runs of every model whose encoder shares an architecture trained
     together: one program per seed group (grid.seeds_per_program of the first sweep) in
     <group_root>/<models>/seeds_<a>_<b>..., each run keyed "<name>/seed_<s>". Finished
     runs are reused; a group with an unfinished run runs again whole (its runs depend on
-    one another). Returns each model's run_sweep summary."""
+    one another). `measure`: what each group measures of its runs' encoders at its end
+    (seed_group.run_members). Returns each model's run_sweep summary."""
     names = list(sweeps)
     prepared = {n: finetune_config.validated(sweeps[n], workdirs[n]) for n in names}
     plans = {}
@@ -150,7 +152,7 @@ def run_models(sweeps: dict[str, ml_collections.ConfigDict], workdirs: dict[str,
                 continue
             seed_group.run_members(
                 members, str(root / "_".join(together) / seed_group.group_name(chunk)),
-                allow_config_change)
+                allow_config_change, measure)
     return {n: run_sweep(sweeps[n], workdirs[n], allow_config_change) for n in names}
 
 
@@ -197,6 +199,10 @@ def run_sweep(config: ml_collections.ConfigDict, workdir: str,
             "median": {k: _median([r["dev"][k] for r in per_seed]) for k in metric_names},
             "per_seed": {str(s): r["dev"][primary] for s, r in zip(seeds, per_seed, strict=False)},
             "wall_seconds": sum(r["wall_seconds"] for r in per_seed),
+            # A seed group's runs: their encoders' ranks on the dev set (seed_group.py).
+            **({"rank_per_seed": {str(s): r["rank"] for s, r in
+                                  zip(seeds, per_seed, strict=False)}}
+               if all("rank" in r for r in per_seed) else {}),
         })
     primary = per_seed[0]["primary_metric"]
     summary = {

@@ -315,3 +315,68 @@ def call_lines(record: dict) -> list[str]:
                 "the first transformer layer; continuous ranks where recorded, with the "
                 "bootstrap interval of the measurement; " + TABLE_3 + "):", "",
             *markdown.table(["rule", "uncentred", "centred"], rows)]
+
+
+# ------------------------------------------------------ Table 3's ranks after fine-tuning
+
+def finetuned_ranks(record: dict) -> dict:
+    """{task: {"models": {model: {seed: continuous rank}}, "paired": {(model, reference):
+    {"difference", "lower", "upper", "n"}}}}: each fine-tuned encoder's last-layer rank
+    (uncentred, real tokens without [MASK]) on the task's dev sequences, and every pair of
+    the study's models (not the control) paired by fine-tuning seed, with Student's t 95 %
+    interval over the seeds (fine-tuning seeds only: one pretraining seed)."""
+    from scipy import stats
+
+    out = {}
+    tasks = dict.fromkeys(t for per_task in record.get("glue", {}).values() for t in per_task)
+    for task in tasks:
+        models = {}
+        for m, per_task in record["glue"].items():
+            found = per_task.get(task, {}).get("rank_per_seed")
+            if found:
+                models[m] = {s: r["last_layer"]["uncentred"]["without_mask"]["continuous"]
+                             for s, r in found.items()}
+        if not models:
+            continue
+        paired = {}
+        studied = [m for m in record.get("models", []) if m in models]
+        for i, ref in enumerate(studied):
+            for m in studied[i + 1:]:
+                seeds = sorted(set(models[m]) & set(models[ref]))
+                values = [models[m][s] - models[ref][s] for s in seeds]
+                if not values:
+                    continue
+                mean = statistics.fmean(values)
+                half = (float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values)
+                        / len(values) ** 0.5 if len(values) > 1 else None)
+                paired[f"{m} minus {ref}"] = {
+                    "difference": mean, "n": len(values),
+                    "lower": None if half is None else mean - half,
+                    "upper": None if half is None else mean + half}
+        out[task] = {"models": models, "paired": paired}
+    return out
+
+
+def finetuned_lines(record: dict) -> list[str]:
+    """study.md's section of ranks after fine-tuning (MAE-LM Table 3's other columns)."""
+    found = finetuned_ranks(record)
+    if not found:
+        return []
+    rows = []
+    for task, t in found.items():
+        for m, per_seed in t["models"].items():
+            rows.append([task, recipes.display_name(m),
+                         ", ".join(f"{v:.1f}" for v in per_seed.values()),
+                         f"{statistics.fmean(per_seed.values()):.1f}"])
+        for pair, d in t["paired"].items():
+            m, ref = pair.split(" minus ")
+            interval = ("" if d["lower"] is None else
+                        f" [{d['lower']:+.1f}, {d['upper']:+.1f}]")
+            rows.append([task, f"{recipes.display_name(m)} minus {recipes.display_name(ref)}",
+                         f"paired over {d['n']} fine-tuning seeds",
+                         f"{d['difference']:+.1f}{interval}"])
+    return ["", "Ranks after fine-tuning (MAE-LM Table 3's other columns): each fine-tuned "
+                "encoder's continuous last-layer rank_0.9 on the task's dev sequences (real "
+                "tokens, no [MASK]), per fine-tuning seed; differences paired by seed, with "
+                "Student's t 95 % interval over the fine-tuning seeds (one pretraining seed):",
+            "", *markdown.table(["task", "model", "per seed", "mean"], rows)]

@@ -54,7 +54,11 @@ def study_defaults() -> ml_collections.ConfigDict:
     # (benchmarks/finetune_seeds.py measures it).
     c.finetune.seeds_per_program = 1
     c.rank = True  # the rank analysis of the pretrained models (MAE-LM Fig. 1, Table 3)
-    c.rank_tokens = 0  # tokens of held-out text per run (0: 100 x d_model)
+    c.rank_tokens = 0  # tokens of held-out text per run (0: 1000 x d_model)
+    # Each pretrained encoder packed into <workdir>/encoders/<model>.npz (bfloat16, with its
+    # config and tokenizer; study/encoders.py): what a GPU call brings back to redo
+    # fine-tuning and the analyses on a CPU.
+    c.return_encoders = False
     # Pretraining steps per model as a fraction of config.pretrain.train.num_steps, e.g.
     # {"3ml_self": 0.86}: 3ML_self at 0.75x MLM's training FLOPs at 6 x 256 (its step
     # costs 0.87x MLM's); part of the study's design.
@@ -121,6 +125,7 @@ FIELDS: dict[str, schema.Field] = {
     "finetune.seeds_per_program": schema.integer(1),
     "rank": schema.boolean(),
     "rank_tokens": schema.integer(0),
+    "return_encoders": schema.boolean(),
     "step_scale": schema.free_form("model name -> a fraction of the pretraining steps, "
                                    "in (0, 1]"),
     "sizing.enabled": schema.boolean(),

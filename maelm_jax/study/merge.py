@@ -27,6 +27,7 @@ from typing import Any
 import ml_collections
 from absl import logging
 
+from maelm_jax.analysis import measures
 from maelm_jax.analysis import report as rank_report
 from maelm_jax.config import schema
 from maelm_jax.infra import errors, paths
@@ -36,7 +37,7 @@ from maelm_jax.workdirs import guard as workdir_lib
 from maelm_jax.workdirs import layout
 
 # The rank analysis's settings (rank.json), which every part's analysis must share.
-_RANK_SETTINGS = ("tau", "center", "mask_ratio", "seed", "source")
+_RANK_SETTINGS = ("tau", "center", "mask_ratio", "seed", "bootstrap", "source")
 
 
 class MergeError(errors.UserError):
@@ -124,8 +125,11 @@ def _combined(inputs: list[tuple[paths.Path, dict]]) -> dict:
             owner[name] = file
     first = inputs[0][1]
     analysed = [r["rank"] for _, r in inputs if r["rank"].get("tau") is not None]
-    rank = ({**{k: v for k, v in analysed[0].items() if k != "runs"},
-             "runs": [run for r in analysed for run in r["runs"]]}
+    runs = [run for r in analysed for run in r["runs"]]
+    # Paired differences again over every part's runs: parts read the same sequences
+    # (the same data and rank settings) and draw the same bootstrap counts.
+    rank = ({**{k: v for k, v in analysed[0].items() if k not in ("runs", "differences")},
+             "runs": runs, "differences": measures.differences(runs)}
             if analysed else {"tau": None, "runs": []})
     merged = {
         "title": first["title"],

@@ -150,7 +150,8 @@ def markdown(result: dict) -> str:
         lines += ["Run on " + "; ".join(
             (f"{', '.join(map(_name, p['models'] + p['controls']))}: " if len(parts) > 1 else "")
             + records.describe(p) for p in parts) + ".", ""]
-    lines += table(result) + plateau_lines(result) + claims.call_lines(result)
+    lines += (table(result) + plateau_lines(result) + claims.call_lines(result)
+              + claims.finetuned_lines(result))
     if tasks:
         lines += ["", "Per seed (dev, the task's metric):", ""]
         for t in tasks:

@@ -23,6 +23,7 @@ from absl import logging
 
 from maelm_jax import runs
 from maelm_jax.analysis import config as rank_config
+from maelm_jax.analysis import finetuned
 from maelm_jax.analysis import run as rank_run
 from maelm_jax.data import digests, run_data
 from maelm_jax.finetune import config as finetune_config
@@ -33,7 +34,7 @@ from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.study import config as study_config
-from maelm_jax.study import report, sizing
+from maelm_jax.study import encoders, report, sizing
 from maelm_jax.training import preemption
 from maelm_jax.workdirs import guard as workdir_lib
 from maelm_jax.workdirs import layout
@@ -240,6 +241,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
             _start(f"pretrain {n}", reserve)
             result["pretraining"][n] = _pretrain(n, configs[n],
                                                  root / layout.STUDY_PRETRAIN_DIR / n)
+            if config.return_encoders:
+                result["pretraining"][n]["encoder_file"] = str(encoders.pack(
+                    root / layout.STUDY_PRETRAIN_DIR / n,
+                    root / layout.STUDY_ENCODERS_DIR / f"{n}.npz"))
             done(f"pretrain {n}")
         if config.rank:
             _start("the rank analysis", reserve)
@@ -254,15 +259,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                                  result["pretraining"][names[0]]["workdir"])
             _start(f"fine-tuning on {task}", reserve)
             # Every model and the control, every seed: one program (per architecture).
+            # Each group also measures its fine-tuned encoders' ranks on the task's dev set
+            # (Table 3 after fine-tuning).
             summaries = sweep.run_models(
                 sweeps, {n: str(finetune_dir / n / task) for n in sweeps},
-                str(finetune_dir / layout.STUDY_GROUPS_DIR / task))
+                str(finetune_dir / layout.STUDY_GROUPS_DIR / task),
+                measure=finetuned.run_ranks if config.rank else None)
             for n, summary in summaries.items():
+                setting = summary["settings"][0]
                 result["glue"].setdefault(n, {})[task] = {
                     "metric": summary["primary_metric"],
                     "median": summary["best_median"][summary["primary_metric"]],
-                    "per_seed": summary["settings"][0]["per_seed"],
-                    "seconds": summary["settings"][0]["wall_seconds"],
+                    "per_seed": setting["per_seed"],
+                    "seconds": setting["wall_seconds"],
+                    **({"rank_per_seed": setting["rank_per_seed"]}
+                       if "rank_per_seed" in setting else {}),
                 }
             done(f"fine-tune on {task}")
         result["finished"] = True

@@ -78,6 +78,7 @@ STUDY_PRETRAIN_DIR = "pretrain"  # <model>/: a pretraining run
 STUDY_RANK_DIR = "rank"  # the rank analysis of every model
 STUDY_FINETUNE_DIR = "finetune"  # <model>/<task>/: a sweep
 STUDY_GROUPS_DIR = "groups"  # under finetune/: <task>/<models>/seeds_<a>_...: a task's programs
+STUDY_ENCODERS_DIR = "encoders"  # <model>.npz: each pretrained encoder packed (study/encoders.py)
 # Mode "prepare": the shards' manifest (written last) and tokenizer, beside the shards.
 MANIFEST_FILE = "manifest.json"
 # Held by the run that writes the workdir, and removed when it ends (workdirs/lock.py).
@@ -113,7 +114,7 @@ KINDS: dict[str, Kind] = {k.mode: k for k in (
     Kind("study", (CONFIG_FILE, TOKENIZER_FILE, HF_TOKENIZER_FILE, DATA_DIR + "/", STUDY_JSON_FILE,
                    STUDY_SIZING_FILE, STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT, STUDY_GLUE_PLOT,
                    RANK_LAYERS_PLOT, STUDY_PRETRAIN_DIR + "/", STUDY_RANK_DIR + "/",
-                   STUDY_FINETUNE_DIR + "/")),
+                   STUDY_FINETUNE_DIR + "/", STUDY_ENCODERS_DIR + "/")),
     # Parts of one study run apart, merged (study/merge.py): the report and rank/ only.
     Kind("study_merge", (CONFIG_FILE, STUDY_JSON_FILE, STUDY_MARKDOWN_FILE, STUDY_LOSS_PLOT,
                          STUDY_GLUE_PLOT, RANK_LAYERS_PLOT, STUDY_RANK_DIR + "/")),

@@ -433,3 +433,31 @@ def test_the_call_report_shows_the_evaluations_at_the_fixed_ratio_when_recorded(
     assert "| loss at the fixed ratio | acc. % at the fixed ratio |" in after[0]
     assert all("| 4.25 | 12.5 |" in row for row in after[2:-1])
     assert len(after[-1].split("|")) == len(after[0].split("|"))  # the control's row too
+
+
+def test_ranks_after_fine_tuning_are_listed_per_seed_and_paired_across_objectives():
+    from maelm_jax.study import claims, report
+
+    def ranks(*values):
+        return {str(s): {"last_layer": {"uncentred": {"without_mask": {"continuous": v}}}}
+                for s, v in zip(SEEDS, values, strict=True)}
+
+    record = _ranked(MLM_GROWING, {"w": [60, 50, 45, 45], "wo": [60, 50, 45, 44]})
+    record["glue"]["mlm"]["SST-2"]["rank_per_seed"] = ranks(40.0, 42.0, 41.0)
+    record["glue"]["maelm"]["SST-2"]["rank_per_seed"] = ranks(45.0, 46.0, 48.0)
+    found = claims.finetuned_ranks(record)["SST-2"]
+    assert found["models"]["maelm"] == {"1": 45.0, "2": 46.0, "3": 48.0}
+    pair = found["paired"]["maelm minus mlm"]
+    half = stats.t.ppf(0.975, 2) * statistics.stdev([5.0, 4.0, 7.0]) / 3 ** 0.5
+    assert pair["n"] == 3 and pair["difference"] == pytest.approx(16 / 3)
+    assert pair["lower"] == pytest.approx(16 / 3 - half)
+    record.update(seeds=[1, 2, 3], glue_dir="/g", rank={**record["rank"], "tau": 0.9})
+    for m, p in record["pretraining"].items():
+        p["workdir"] = f"/w/{m}"
+    for run in record["rank"]["runs"]:
+        run["path"], run["last_layer"] = f"/w/{run['label']}", {}
+    for per_task in record["glue"].values():
+        per_task["SST-2"].update(metric="accuracy", seconds=60.0)
+    text = report.markdown(record)
+    assert "| SST-2 | MAE-LM | 45.0, 46.0, 48.0 | 46.3 |" in text
+    assert "| SST-2 | MAE-LM minus MLM | paired over 3 fine-tuning seeds | +5.3 [" in text

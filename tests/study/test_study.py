@@ -4,6 +4,7 @@ import json
 import pathlib
 import re
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -244,6 +245,22 @@ def test_the_gpu_preset_holds_its_sizes_and_every_model():
     assert one.pretrain.train.warmup_steps / one.pretrain.train.num_steps == 0.1
     assert one.finetune.scratch_learning_rate in (0.0, one.finetune.learning_rate)
     assert names_of(gpu.get_config("seeds").models) == ["mlm", "maelm", "3ml_self"]
+    # Every call of the one-call design analyses its ranks and packs its encoders; the
+    # mechanism design pretrains MLM, MAE-LM and MAE-LM with [MASK] in the encoder (the
+    # same config but masking.delta = 1), without fine-tuning.
+    for preset in ("one_call", "seeds", "mechanism", "mechanism,tiny"):
+        c = gpu.get_config(preset)
+        study_config.validate(c)
+        assert c.rank and c.return_encoders, preset
+    mechanism = gpu.get_config("mechanism")
+    assert names_of(mechanism.models) == ["mlm", "maelm", "enc_mask"]
+    assert not mechanism.glue_dir and not mechanism.scratch
+    enc_mask = study_config.model_config(mechanism, "enc_mask")
+    maelm = study_config.model_config(mechanism, "maelm")
+    assert enc_mask.masking.delta == 1.0 and maelm.masking.delta == 0.0
+    enc_mask.masking.delta = 0.0
+    assert enc_mask.to_dict() == maelm.to_dict()
+    assert recipes.display_name("enc_mask") == "enc. w. [MASK]"
     with pytest.raises(ValueError, match="unknown config variant 'big'"):
         gpu.get_config("big")
 
@@ -353,15 +370,35 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
                       .read_text())["grid"]["learning_rate"] == [1e-3]
     assert [r["label"] for r in first["rank"]["runs"]] == ["mlm", "maelm"]
 
+    # Each encoder packed (bfloat16, with config and tokenizer) and unpacked into a workdir
+    # that loads as the pretraining run's, within bfloat16's rounding.
+    from maelm_jax import runs
+    from maelm_jax.models import builder
+    from maelm_jax.study import encoders
+
+    packed = tmp_path / "one" / "encoders" / "maelm.npz"
+    assert first["pretraining"]["maelm"]["encoder_file"] == str(packed)
+    encoders.unpack(packed, tmp_path / "maelm_back")
+    back = runs.load_pretrained(str(tmp_path / "maelm_back"), builder.Run())
+    original = runs.load_pretrained(str(tmp_path / "one" / "pretrain" / "maelm"), builder.Run())
+    assert back.encoder_cfg == original.encoder_cfg
+    for a, b in zip(jax.tree.leaves(back.params), jax.tree.leaves(original.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-6)
+    with pytest.raises(encoders.EncoderFileError, match="not empty"):
+        encoders.unpack(packed, tmp_path / "maelm_back")
+
     second = call("seeds,tiny", "two", models=("mlm", "maelm"), tasks=("SST-2",))
     second_config = gpu.get_config("seeds,tiny")
     assert second["pretrain_seed"] == second_config.pretrain.seed == 0
-    assert "rank analysis" not in second["parts_done"] and not second["rank"]["runs"]
+    assert "rank analysis" in second["parts_done"]  # every call a replicate of claim (c)
+    assert [r["label"] for r in second["rank"]["runs"]] == ["mlm", "maelm"]
     records = tmp_path / "records"
     records.mkdir()
     for i, out in enumerate(("one", "two")):
         record = json.loads((tmp_path / out / "study.json").read_text())
         record["pretrain_seed"] = i  # as --config.pretrain.seed=1 would record the second
+        for p in record["pretraining"].values():  # as if off the unigram plateau: (c) measured
+            p["eval_mask_accuracy"] = 0.5
         (records / f"{out}.json").write_text(json.dumps(record))
     run = subprocess.run([sys.executable, "main.py", "--config=configs/study/pool.py",
                           f"--workdir={tmp_path / 'pool'}", f"--config.inputs={records}"],
@@ -374,6 +411,9 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
     assert b["over"] == "calls" and b["n"] == 2 and b["tasks"] == ["SST-2"]
     assert design["claims"]["a"]["models"]["mlm"]["GLUE average"]["over"] == "fine-tuning seeds"
     assert "| (a) |" in (tmp_path / "pool" / "pool.md").read_text()
+    # Claim (c2) over the two calls' pretraining seeds: too few to decide.
+    assert design["claims"]["c"]["c2"]["uncentred"]["status"] == (
+        "not decidable (2 pretraining seeds of the 5 needed)")
 
 
 class _Ticks:
