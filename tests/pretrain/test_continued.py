@@ -6,6 +6,8 @@ and resumes exactly; shapes that cannot be reconciled are one line naming the pa
 import json
 import logging
 
+import jax
+import numpy as np
 import pytest
 
 from maelm_jax.export import config as export_config
@@ -118,3 +120,21 @@ def test_a_hugging_face_model_has_no_data_to_continue(tmp_path):
     with pytest.raises(continued.ContinuedError, match=r"^config.train.continue_data: .* is a "
                        r"huggingface model, not a pretraining run"):
         continued.read_source(c, tmp_path)
+
+
+def test_a_scanned_run_loads_the_same_parameters(mlm_run, tiny_tokenizer, tmp_path):
+    """model.scan_layers: the source's layers are read stacked, the same values."""
+    from maelm_jax.models import layer_layout
+
+    c = tiny_config("maelm", tiny_tokenizer.model_path)
+    c.train.init_from = str(mlm_run)
+    source = continued.read_source(c, tmp_path)
+    per_layer = continued.load(source, tiny_model(c)[2], stacked=False)
+    c.model.scan_layers = True
+    stacked = continued.load(source, tiny_model(c)[2], stacked=True)
+    assert len(stacked.loaded) < len(per_layer.loaded)  # a leaf per weight, not per layer
+    want = layer_layout.to_stacked(per_layer.params["encoder"])
+    got = stacked.params["encoder"]
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
