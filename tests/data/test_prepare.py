@@ -11,13 +11,15 @@ import subprocess
 import sys
 import time
 
+import hf_tokenizers
 import numpy as np
 import pytest
 
-from maelm_jax.data import loader, prepare, run_data, shards
+from maelm_jax.data import loader, prepare, run_data, shards, sources
 from maelm_jax.infra import paths
 from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import train as pretrain_train
+from maelm_jax.text import tokenizer as tokenizer_lib
 from maelm_jax.workdirs import layout
 
 from conftest import HANG_SECONDS, REPO_ROOT, subprocess_env
@@ -413,3 +415,21 @@ def test_a_second_preparation_is_refused_and_a_ctrl_c_leaves_nothing(prepared, t
     assert "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1].startswith("interrupted (Ctrl-C)")
     assert not out.exists()
+
+
+def test_the_workers_cut_with_a_hugging_face_tokenizer_and_its_ids(tmp_path):
+    """prepare's tokenising worker rebuilds a tokenizer.json from its bytes (as Beam sends
+    it) and ends each document with that tokenizer's EOS ([SEP] of BERT's layout)."""
+    path = hf_tokenizers.bert_like(made_up_documents(200), tmp_path / "tokenizer.json")
+    tok = tokenizer_lib.load_tokenizer(str(path))
+    (tmp_path / "corpus.txt").write_text("The first document.\n\nAnd the second one.\n")
+    source = {"kind": "text", "path": [str(tmp_path / "corpus.txt")],
+              "doc_separator": "blank_line"}
+    worker = prepare._Tokenise((path.read_bytes(), str(path)), 0.0, "replace",
+                               str(tmp_path / "notes"))
+    (tmp_path / "notes").mkdir()
+    worker.setup()
+    item = ("main", 0, sources.source_settings(source))
+    cut = [tokens for _, (_, _, tokens) in worker.process(item)]
+    assert [t.tolist() for t in cut] == [ids + [tok.special.eos] for ids in tok.encode(
+        ["The first document.", "And the second one."])]
