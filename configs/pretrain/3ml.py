@@ -14,7 +14,9 @@ number of updates (the warmup stays 6 % of it).
 Both sizes: 80-10-10 masking, a 2-layer half-width decoder behind a projection, dropout
 and attention dropout 0.1 on the whole model (decoder included), learned absolute
 positions only (RoBERTa's; no relative bias), warmup 6 %, linear decay, Adam (0.9, 0.98,
-1e-6), weight decay 0.01, no clipping, a cased 50,265-piece vocabulary (RoBERTa's size).
+1e-6), weight decay 0.01, no clipping, a cased 50,265-piece vocabulary (RoBERTa's size;
+--config.tokenizer.model_path=<roberta-base>/tokenizer.json makes it RoBERTa's own
+byte-level BPE, docs/data.md).
 Large: 24 x 1024 encoder, L = 128, batch 4,096, lr 2e-3, 23K steps, pre-LN (the 24hBERT
 recipe). Base: 12 x 768 encoder, L = 512, batch 2,048, lr 7e-4, 153K steps for 3ML_self
 and 160K for 3ML_cross as Table 4 prints them (125K for the RoBERTa baseline), post-LN
