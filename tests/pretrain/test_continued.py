@@ -99,6 +99,8 @@ def test_an_mlm_run_continues_as_maelm_at_a_longer_length_and_resumes_exactly(
      r"\(32,\), this run's model needs \(64,\)"),
     ({"num_layers": 3}, r"parameter \['encoder'\]\['stack'\]\['layer_2'\]\S+ is only in this "
      r"run's model \(another depth\)"),
+    ({"num_heads": 4}, r"parameter \['encoder'\]\['relative_bias'\]\['rel_embedding'\] has "
+     r"shape \(8, 2\), this run's model needs \(8, 4\)"),
 ])
 def test_shapes_that_cannot_be_reconciled_are_one_line(mlm_run, tiny_tokenizer, change, named,
                                                        tmp_path):
@@ -138,3 +140,14 @@ def test_a_scanned_run_loads_the_same_parameters(mlm_run, tiny_tokenizer, tmp_pa
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_source_that_does_not_fit_leaves_the_workdir_as_it_was(mlm_run, tiny_tokenizer,
+                                                                 tmp_path):
+    c = tiny_config("maelm", tiny_tokenizer.model_path)
+    c.model.d_model, c.model.d_ff = 64, 128
+    c.train.init_from = str(mlm_run)
+    with pytest.raises(continued.ContinuedError, match=r"^config.train.init_from: .* has "
+                       r"shape \(32,\), this run's model needs \(64,\)"):
+        pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
