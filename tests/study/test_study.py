@@ -369,6 +369,14 @@ def test_one_gpu_call_in_miniature_sizes_itself_and_pools_with_a_seed_call(tmp_p
     assert json.loads((tmp_path / "one" / "finetune" / "scratch" / "SST-2" / "config.json")
                       .read_text())["grid"]["learning_rate"] == [1e-3]
     assert [r["label"] for r in first["rank"]["runs"]] == ["mlm", "maelm"]
+    # Every fine-tuned encoder's rank on the task's dev sequences, per model and seed.
+    for m in ("mlm", "maelm", "scratch"):
+        found = first["glue"][m]["SST-2"]["rank_per_seed"]
+        assert set(found) == {"1", "2", "3"}
+        last = found["1"]["last_layer"]["uncentred"]["without_mask"]
+        assert 1 <= last["rank"] <= 32 and last["rank"] - 1 < last["continuous"] <= last["rank"]
+    assert "| SST-2 | MAE-LM minus MLM | paired over 3 fine-tuning seeds |" in (
+        tmp_path / "one" / "study.md").read_text()
 
     # Each encoder packed (bfloat16, with config and tokenizer) and unpacked into a workdir
     # that loads as the pretraining run's, within bfloat16's rounding.
