@@ -16,34 +16,14 @@ before it zero (never read: only padding has those ids); the one token-type row 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
 from maelm_jax.export.config import ExportError
+from maelm_jax.sources import huggingface
 
 MODEL_TYPE = "roberta"
-# The export's PyTorch names (models/torch_names.py) -> RobertaForMaskedLM's.
-_NAMES = (
-    (r"encoder\.word_embeddings\.weight", "roberta.embeddings.word_embeddings.weight"),
-    (r"encoder\.ln_embed\.(weight|bias)", r"roberta.embeddings.LayerNorm.\1"),
-    (r"encoder\.stack\.layers\.(\d+)\.attention\.(query|key|value)\.(weight|bias)",
-     r"roberta.encoder.layer.\1.attention.self.\2.\3"),
-    (r"encoder\.stack\.layers\.(\d+)\.attention\.out\.(weight|bias)",
-     r"roberta.encoder.layer.\1.attention.output.dense.\2"),
-    (r"encoder\.stack\.layers\.(\d+)\.ln_attention\.(weight|bias)",
-     r"roberta.encoder.layer.\1.attention.output.LayerNorm.\2"),
-    (r"encoder\.stack\.layers\.(\d+)\.mlp\.wi\.(weight|bias)",
-     r"roberta.encoder.layer.\1.intermediate.dense.\2"),
-    (r"encoder\.stack\.layers\.(\d+)\.mlp\.wo\.(weight|bias)",
-     r"roberta.encoder.layer.\1.output.dense.\2"),
-    (r"encoder\.stack\.layers\.(\d+)\.ln_mlp\.(weight|bias)",
-     r"roberta.encoder.layer.\1.output.LayerNorm.\2"),
-    (r"lm_head\.dense\.(weight|bias)", r"lm_head.dense.\1"),
-    (r"lm_head\.ln\.(weight|bias)", r"lm_head.layer_norm.\1"),
-    (r"lm_head\.bias", "lm_head.bias"),
-)
 _POSITIONS = "encoder.position_embeddings.weight"
 
 
@@ -89,12 +69,11 @@ def state_dict(state: dict[str, np.ndarray], pad: int,
             out["roberta.embeddings.token_type_embeddings.weight"] = np.zeros(
                 (1, value.shape[1]), np.float32)
             continue
-        for pattern, theirs in _NAMES:
-            if re.fullmatch(pattern, name):
-                out[re.sub(pattern, theirs, name)] = value
-                break
-        else:  # a plain encoder and an MLM head hold nothing else
+        # The one table of names the import of RoBERTa checkpoints reads the other way.
+        theirs = huggingface.roberta_name(name)
+        if theirs is None:  # a plain encoder and an MLM head hold nothing else
             raise ValueError(f"{name} has no RoBERTa counterpart")
+        out[theirs] = value
     if masked_lm:  # the tied projection, stored as transformers saves it
         out["lm_head.decoder.weight"] = out["roberta.embeddings.word_embeddings.weight"]
         out["lm_head.decoder.bias"] = out["lm_head.bias"]

@@ -43,29 +43,55 @@ TORCH_BIN = "pytorch_model.bin"
 ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 MODEL_TYPES = (*ROBERTA_TYPES, "bert")
 
-# Hugging Face names (the model prefix "roberta."/"bert." removed) -> the export's.
-_RENAMES = (
-    (r"embeddings\.word_embeddings\.weight", "encoder.word_embeddings.weight"),
-    (r"embeddings\.LayerNorm\.(weight|bias)", r"encoder.ln_embed.\1"),
-    (r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.(weight|bias)",
-     r"encoder.stack.layers.\1.attention.\2.\3"),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)",
-     r"encoder.stack.layers.\1.attention.out.\2"),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.(weight|bias)",
-     r"encoder.stack.layers.\1.ln_attention.\2"),
-    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)",
-     r"encoder.stack.layers.\1.mlp.wi.\2"),
-    (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", r"encoder.stack.layers.\1.mlp.wo.\2"),
-    (r"encoder\.layer\.(\d+)\.output\.LayerNorm\.(weight|bias)",
-     r"encoder.stack.layers.\1.ln_mlp.\2"),
-    (r"(?:lm_head|cls\.predictions\.transform)\.dense\.(weight|bias)", r"lm_head.dense.\1"),
-    (r"(?:lm_head\.layer_norm|cls\.predictions\.transform\.LayerNorm)\.(weight|bias)",
-     r"lm_head.ln.\1"),
-    (r"(?:lm_head|cls\.predictions)\.bias", "lm_head.bias"),
+# Our PyTorch names (the export's, models/torch_names.py) and RobertaForMaskedLM's, module
+# by module (each holds a weight and a bias; {i} a layer): the import reads this table one
+# way, the export in transformers' own classes (export/roberta.py) the other. BertModel's
+# encoder is RoBERTa's under "bert."; BERT's masked-LM head has names of its own.
+MODULES = (
+    ("encoder.word_embeddings", "roberta.embeddings.word_embeddings"),
+    ("encoder.ln_embed", "roberta.embeddings.LayerNorm"),
+    *((f"encoder.stack.layers.{{i}}.attention.{p}",
+       f"roberta.encoder.layer.{{i}}.attention.self.{p}") for p in ("query", "key", "value")),
+    ("encoder.stack.layers.{i}.attention.out", "roberta.encoder.layer.{i}.attention.output.dense"),
+    ("encoder.stack.layers.{i}.ln_attention",
+     "roberta.encoder.layer.{i}.attention.output.LayerNorm"),
+    ("encoder.stack.layers.{i}.mlp.wi", "roberta.encoder.layer.{i}.intermediate.dense"),
+    ("encoder.stack.layers.{i}.mlp.wo", "roberta.encoder.layer.{i}.output.dense"),
+    ("encoder.stack.layers.{i}.ln_mlp", "roberta.encoder.layer.{i}.output.LayerNorm"),
+    ("lm_head.dense", "lm_head.dense"),
+    ("lm_head.ln", "lm_head.layer_norm"),
+    ("lm_head", "lm_head"),  # the output bias
 )
+_BERT_HEAD = (("lm_head.dense", "cls.predictions.transform.dense"),
+              ("lm_head.ln", "cls.predictions.transform.LayerNorm"), ("lm_head", "cls.predictions"))
 # Read into the position table, or the same as a parameter kept (the tied projection).
 _FOLDED = re.compile(r"embeddings\.(position_embeddings|token_type_embeddings)\.weight|"
                      r"embeddings\.position_ids|(lm_head|cls\.predictions)\.decoder\.(weight|bias)")
+
+
+def _renamed(name: str, pairs) -> str | None:
+    """`name` (module and weight or bias) under the other side's name of `pairs`
+    ((from, to) module templates), or None."""
+    for source, target in pairs:
+        pattern = re.escape(source).replace(re.escape("{i}"), r"(?P<i>\d+)")
+        match = re.fullmatch(pattern + r"\.(?P<leaf>weight|bias)", name)
+        if match:
+            return f"{target.format(i=match.groupdict().get('i'))}.{match['leaf']}"
+    return None
+
+
+def roberta_name(ours: str) -> str | None:
+    """RobertaForMaskedLM's name of one of the export's PyTorch names (None: RoBERTa has
+    no such parameter; the position table is the caller's, it differs in shape)."""
+    return _renamed(ours, MODULES)
+
+
+def our_name(theirs: str) -> str | None:
+    """The export's PyTorch name of a RoBERTa or BERT checkpoint's (RobertaModel's and
+    BertModel's without the model prefix, *ForMaskedLM's with it), or None."""
+    bare = re.sub(r"^(roberta|bert)\.", "", theirs)
+    full = bare if bare.startswith(("lm_head.", "cls.")) else f"roberta.{bare}"
+    return _renamed(full, [(b, a) for a, b in MODULES + _BERT_HEAD])
 
 
 class HuggingFaceError(errors.UserError):
@@ -147,15 +173,13 @@ def params(directory: paths.Path, config: Mapping[str, Any]) -> tuple[dict, list
     arch = architecture(config, where)
     state, dropped = {}, []
     for name, value in read_state(directory).items():
-        bare = re.sub(r"^(roberta|bert)\.", "", name.replace(".gamma", ".weight")
-                      .replace(".beta", ".bias"))
+        modern = name.replace(".gamma", ".weight").replace(".beta", ".bias")  # old BERTs
+        bare = re.sub(r"^(roberta|bert)\.", "", modern)
+        ours = our_name(modern)
         if _FOLDED.fullmatch(bare):
             state[bare] = value
-            continue
-        for pattern, ours in _RENAMES:
-            if re.fullmatch(pattern, bare):
-                state[re.sub(pattern, ours, bare)] = value
-                break
+        elif ours is not None:
+            state[ours] = value
         else:
             dropped.append(name)
     positions = state.get("embeddings.position_embeddings.weight")

@@ -33,6 +33,7 @@ from maelm_jax.pretrain import config as pretrain_config
 from maelm_jax.pretrain import setup as setup_lib
 from maelm_jax.pretrain import train as pretrain_train
 from maelm_jax.pretrain.objectives import recipes
+from maelm_jax.sources import source as source_lib
 from maelm_jax.text import masking
 from maelm_jax.text import tokenizer as tokenizer_lib
 
@@ -210,6 +211,14 @@ def test_a_plain_encoder_exports_in_the_stock_roberta_classes(tiny_tokenizer, tm
         expected, masked = _our_logits(c, params, ids)
         np.testing.assert_allclose(out_hf.logits[row, masked].numpy(), expected,
                                    atol=TOLERANCE, rtol=TOLERANCE)
+    # Imported back (sources/huggingface.py reads the one table of names the other way):
+    # every parameter as it was.
+    back = source_lib.read(str(out)).params()
+    want = dict(jax.tree_util.tree_leaves_with_path(params))
+    assert sorted(map(jax.tree_util.keystr, want)) == sorted(
+        jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(back))
+    for k, v in jax.tree_util.tree_leaves_with_path(back):
+        np.testing.assert_array_equal(v, np.asarray(want[k]), err_msg=jax.tree_util.keystr(k))
     exported["hf_config"] = export_run.pretraining_config(_config("mlm", {}), TINY_VOCAB)
     with pytest.raises(export_config.ExportError, match=r"^config.classes: 'roberta' needs a "
                        r"plain RoBERTa encoder .*model.rel_pos_buckets=8;"):
