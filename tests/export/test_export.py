@@ -310,8 +310,11 @@ def _write_glue(directory, task, columns, label):
         (directory / task / f"{split}.tsv").write_text("\n".join(rows) + "\n")
 
 
+SQUAD_CONTEXT = "the house by the tree was built in the long summer of the good year"
+
+
 def _write_squad(path):
-    context = "the house by the tree was built in the long summer of the good year"
+    context = SQUAD_CONTEXT
     qas = [{"id": "a", "question": "what was built", "is_impossible": False,
             "answers": [{"text": "the house", "answer_start": 0}]},
            {"id": "b", "question": "who sang", "is_impossible": True, "answers": []}]
@@ -412,8 +415,26 @@ for name, (path, kind) in spec["exports"].items():
                 found = found if isinstance(found[0], list) else [found]
                 out[f"{name}/fill/{i}"] = np.asarray([[r["token"] for r in m] for m in found])
         elif kind == "qa":
-            r = AutoModelForQuestionAnswering.from_pretrained(path, **kw)(**enc)
+            model = AutoModelForQuestionAnswering.from_pretrained(path, **kw)
+            r = model(**enc)
             out[name + "/start"], out[name + "/end"] = r.start_logits.numpy(), r.end_logits.numpy()
+            # run_qa.py's preparation: windows with offsets, the answer's tokens from them.
+            qa = spec["qa"]
+            first, last = qa["answer_start"], qa["answer_start"] + len(qa["answer"])
+            f = tok(qa["question"], qa["context"], truncation="only_second", max_length=16,
+                    stride=4, return_overflowing_tokens=True, return_offsets_mapping=True,
+                    padding="max_length")
+            spans = []
+            for i, offsets in enumerate(f["offset_mapping"]):
+                context = [j for j, s in enumerate(f.sequence_ids(i)) if s == 1]
+                if offsets[context[0]][0] <= first and offsets[context[-1]][1] >= last:
+                    start = next(j for j in context if offsets[j][1] > first)
+                    end = next(j for j in context[::-1] if offsets[j][0] < last)
+                    spans.append(qa["context"][offsets[start][0]:offsets[end][1]])
+            out[name + "/qa_spans"] = np.asarray(spans)
+            ids, mask = torch.tensor(f["input_ids"]), torch.tensor(f["attention_mask"])
+            out[name + "/qa_ids"], out[name + "/qa_mask"] = ids.numpy(), mask.numpy()
+            out[name + "/qa_start"] = model(input_ids=ids, attention_mask=mask).start_logits.numpy()
         else:
             model = AutoModelForSequenceClassification.from_pretrained(path, **kw)
             out[name + "/logits"] = model(**enc).logits.numpy()
@@ -448,6 +469,8 @@ def test_exports_load_with_the_auto_classes_and_match_ours(exports, tmp_path):
     kinds = {"rte": "classifier", "stsb": "classifier", "squad": "qa"}
     spec = {"exports": {n: (str(e), kinds.get(n, "pretraining")) for n, (_, e) in exports.items()},
             "texts": TEXTS[:2] + ["short"], "pairs": PAIRS + ["pair"], "masked": MASKED,
+            "qa": {"question": "what was built", "context": SQUAD_CONTEXT,
+                   "answer": "the good year", "answer_start": SQUAD_CONTEXT.index("the good")},
             "out": str(tmp_path / "hf.npz"), "trainer": str(exports["maelm"][1])}
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
     subprocess.run([sys.executable, "-c", _LOAD, json.dumps(spec)], cwd=tmp_path, env=env,
@@ -502,6 +525,17 @@ def _check_head(name, run_dir, pretrained, tokens, key_mask, hf):
         np.testing.assert_allclose(hf[name + "/start"], np.asarray(start), atol=TOLERANCE,
                                    rtol=TOLERANCE)
         np.testing.assert_allclose(hf[name + "/end"], np.asarray(end), atol=TOLERANCE,
+                                   rtol=TOLERANCE)
+        # transformers' QA preparation (offsets -> the answer's tokens) on the fast
+        # tokenizer: several windows, the answer found in those that hold it (a piece's
+        # offsets take the space before it, which SQuAD's scoring drops), and the model's
+        # logits over those windows ours.
+        spans = [span.strip() for span in hf[name + "/qa_spans"].tolist()]
+        assert len(hf[name + "/qa_ids"]) > 1 and spans == ["the good year"] * len(spans) != []
+        windows, window_mask = hf[name + "/qa_ids"].astype(np.int32), hf[name + "/qa_mask"] > 0
+        start, _ = model.apply({"params": params}, windows, window_mask)
+        np.testing.assert_allclose(hf[name + "/qa_start"][window_mask],
+                                   np.asarray(start)[window_mask], atol=TOLERANCE,
                                    rtol=TOLERANCE)
         return
     labels = {"rte": ["entailment", "not_entailment"], "stsb": ["score"]}[name]
