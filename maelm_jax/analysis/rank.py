@@ -59,14 +59,6 @@ def effective_rank_of_matrix(h: np.ndarray, tau: float) -> int:
     return effective_rank(np.linalg.svd(np.asarray(h, np.float64), compute_uv=False) ** 2, tau)
 
 
-def gram_ranks(grams: np.ndarray, tau: float) -> list[int]:
-    """rank_tau per layer from Gram matrices [layers, d, d]."""
-    out = []
-    for g in np.asarray(grams, np.float64):
-        out.append(effective_rank(np.linalg.eigvalsh((g + g.T) / 2.0), tau))
-    return out
-
-
 def hidden_states(encoder: encoder_lib.Encoder, params: Any, tokens: jax.Array,
                   key_mask: jax.Array) -> jax.Array:
     """The embedding output and every layer's output, [L + 1, B, n, d], for tokens [B, n]

@@ -1,13 +1,19 @@
 """The rank analysis's outputs: rank.json, rank.md and the plots of the MAE-LM paper's Fig. 1.
 
-* ``rank.json``: the settings and, per run, rank_tau per layer of each statistic
-  (maelm_jax/analysis/rank.py) with the number of rows n behind it; with ``center``, the
-  same of the centred representations under "centred".
-* ``rank.md``: Table 3 (the last layer of every run), then Fig. 1's numbers per layer.
-* ``rank_layers.png`` (Fig. 1(a)): rank_tau per layer, input with [MASK] (solid) and
-  without (dashed), one colour per run. ``rank_mask.png`` (Fig. 1(b)): rank_tau of the
-  [MASK] token representations per layer, one line per run. With centred ranks, each has
-  a second panel of them on the right.
+* ``rank.json``: the settings and, per run, the integer rank_tau per layer of each
+  statistic (maelm_jax/analysis/rank.py) with the number of rows n behind it (with
+  ``center``, the same of the centred representations under "centred"); every layer's
+  spectrum, the continuous, entropy and multi-tau ranks with their bootstrap intervals,
+  the last layer's replicates and the [MASK] rows' energy outside the real tokens'
+  subspace (analysis/measures.py); over runs, the paired differences. Written by `dumps`:
+  indented, each list of numbers on one line.
+* ``rank.md``: Table 3 (the last layer of every run, continuous ranks with intervals) and
+  the paired differences, then Fig. 1's numbers per layer and the energy outside.
+* ``rank_layers.png`` (Fig. 1(a)): the continuous rank_tau per layer with its bootstrap
+  band, input with [MASK] (solid) and without (dashed), one colour per run;
+  ``rank_mask.png`` (Fig. 1(b)): that of the [MASK] rows. With centred ranks, each has a
+  second panel of them on the right. `figures` draws them for any list of runs: the
+  README's figures of the study's records too (study/figures.py).
 """
 
 from __future__ import annotations
