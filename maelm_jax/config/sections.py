@@ -92,6 +92,8 @@ ENCODER = Section({
     # Bucketing of relative distances: "t5" (Raffel et al., as both papers cite) or
     # "maelm", the official MAE-LM code's (options.BUCKET_FNS).
     "rel_pos_bucket_fn": ("t5", schema.choice(*options.BUCKET_FNS)),
+    # Added to the variance in every LayerNorm (RoBERTa's and MAE-LM's 1e-5; BERT's 1e-12).
+    "layer_norm_eps": (1e-5, schema.number(0.0, low_open=True)),
     # Compute dtype (options.DTYPES): "auto" is bfloat16 on GPUs and TPUs, float32 on CPUs.
     # Parameters, optimiser state, softmax, LayerNorm statistics and the loss stay float32.
     "dtype": ("auto", schema.choice(*options.DTYPES)),

@@ -139,6 +139,7 @@ def _encoder_fields(arch: dict[str, Any], model: ml_collections.ConfigDict) -> d
         "rel_pos_buckets": arch["rel_pos_buckets"],
         "rel_pos_max_distance": arch["rel_pos_max_distance"],
         "rel_pos_bucket_fn": arch["rel_pos_bucket_fn"],
+        "layer_norm_eps": arch["layer_norm_eps"],
         "hidden_dropout_prob": float(model.dropout),
         "attention_probs_dropout_prob": float(model.attention_dropout),
         "activation_dropout": float(model.get("activation_dropout", 0.0)),
@@ -150,7 +151,7 @@ def _base_config(architectures: list[str], fields: dict[str, Any],
                  ) -> dict[str, Any]:
     """config.json's fields every export has; `special`: the run's tokenizer's ids."""
     return {"architectures": architectures, "model_type": MODEL_TYPE, "auto_map": AUTO_MAP,
-            "torch_dtype": "float32", "layer_norm_eps": 1e-5,
+            "torch_dtype": "float32",
             "pad_token_id": special.pad, "bos_token_id": special.bos,
             "eos_token_id": special.eos, "mask_token_id": special.mask, **fields}
 

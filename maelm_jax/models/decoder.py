@@ -94,7 +94,7 @@ class Decoder(nn.Module):
         x = x + _position_table(self, cfg, encoder_positions)[None]
         # Sown (a no-op unless the "intermediates" collection is mutable) for diagnostics.
         self.sow("intermediates", "input", x)
-        x = layers.layer_norm("ln_embed", stack.dtype)(x)
+        x = layers.layer_norm("ln_embed", stack.dtype, stack.layer_norm_eps)(x)
         # As after the encoder's embedding LayerNorm (and the fairseq encoder stack that the
         # official decoder reuses): 3ML's dropout covers the whole model; 0 for MAE-LM.
         x = Dropout(stack.dropout)(x, deterministic=deterministic)
@@ -170,7 +170,7 @@ class CrossDecoder(nn.Module):
         )
         table = _position_table(self, cfg, encoder_positions)
         x = mask_vector.astype(stack.dtype) + jnp.take(table, dec_index, axis=0)
-        x = layers.layer_norm("ln_embed", stack.dtype)(x)
+        x = layers.layer_norm("ln_embed", stack.dtype, stack.layer_norm_eps)(x)
         x = Dropout(stack.dropout)(x, deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         self_bias = cross_bias = None
@@ -189,5 +189,5 @@ class CrossDecoder(nn.Module):
             x = layer_cls(stack, CROSS_SELF_ATTENTION[cfg.kind], name=f"layer_{i}")(
                 x, context, self_bias, cross_bias, deterministic)
         if stack.pre_ln:
-            x = layers.layer_norm("ln_final", stack.dtype)(x)
+            x = layers.layer_norm("ln_final", stack.dtype, stack.layer_norm_eps)(x)
         return x

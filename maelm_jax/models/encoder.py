@@ -66,9 +66,10 @@ ARCHITECTURE: dict[str, type] = {
     "rel_pos_buckets": int,
     "rel_pos_max_distance": int,
     "rel_pos_bucket_fn": str,
+    "layer_norm_eps": float,
 }
 # Fields added after the first release, with the value every record written before meant.
-ADDED = {"rel_pos_bucket_fn": "t5"}
+ADDED = {"rel_pos_bucket_fn": "t5", "layer_norm_eps": 1e-5}
 # Fields whose values are one of a few names.
 _CHOICES = {"rel_pos_bucket_fn": tuple(relative_position.BUCKET_FNS)}
 # The architecture fields a run config's model section holds under the same names: the
@@ -76,7 +77,8 @@ _CHOICES = {"rel_pos_bucket_fn": tuple(relative_position.BUCKET_FNS)}
 # fine-tuning's model.max_positions.
 MODEL_FIELDS = tuple(k for k in ARCHITECTURE if k not in ("vocab_size", "max_positions"))
 _STACK_FIELDS = frozenset(f.name for f in dataclasses.fields(layers.StackConfig))
-_TYPE_NAMES = {int: "an integer", bool: "true or false", str: "a string"}
+_TYPE_NAMES = {int: "an integer", bool: "true or false", str: "a string",
+               float: "a positive number"}
 
 
 def architecture(cfg: EncoderConfig) -> dict[str, Any]:
@@ -87,8 +89,11 @@ def architecture(cfg: EncoderConfig) -> dict[str, Any]:
 def model_architecture(model: Mapping[str, Any], *, vocab_size: int,
                        max_positions: int) -> dict[str, Any]:
     """The architecture record a run config's model section describes (see MODEL_FIELDS)."""
-    return {**{k: model[k] for k in MODEL_FIELDS}, "vocab_size": vocab_size,
-            "max_positions": max_positions}
+    # A field added since a run was recorded takes what the run meant (ADDED).
+    record = {**{k: model[k] if k in model else ADDED[k] for k in MODEL_FIELDS},
+              "vocab_size": vocab_size, "max_positions": max_positions}
+    record["layer_norm_eps"] = float(record["layer_norm_eps"])  # a config may say 1
+    return record
 
 
 def from_architecture(arch: Any, *, where: str = "architecture", dtype: Any = "float32",
@@ -135,6 +140,9 @@ def checked(arch: Any, where: str) -> dict[str, Any]:
         if type(value) is not kind:
             raise ArchitectureError(f"{where}: field {name!r} must be {_TYPE_NAMES[kind]}, "
                                     f"got {value!r}")
+        if kind is float and not value > 0:
+            raise ArchitectureError(f"{where}: field {name!r} must be {_TYPE_NAMES[kind]}, "
+                                    f"got {value!r}")
         if name in _CHOICES and value not in _CHOICES[name]:
             raise ArchitectureError(f"{where}: field {name!r} must be one of "
                                     f"{', '.join(_CHOICES[name])}, got {value!r}")
@@ -160,7 +168,7 @@ class Encoder(nn.Module):
             dtype=stack.dtype,
             embedding_init=layers.normal_init(("positions", "embed")),
         )
-        self.ln_embed = layers.layer_norm("ln_embed", stack.dtype)
+        self.ln_embed = layers.layer_norm("ln_embed", stack.dtype, stack.layer_norm_eps)
         self.dropout = Dropout(stack.dropout)
         self.relative_bias = (
             relative_position.RelativePositionBias(

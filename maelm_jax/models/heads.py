@@ -21,6 +21,7 @@ class LmHead(nn.Module):
     d_model: int  # encoder width = word-embedding width
     vocab_size: int
     dtype: layers.Dtype = jnp.float32
+    layer_norm_eps: float = 1e-5  # the encoder's (StackConfig.layer_norm_eps)
 
     @nn.compact
     def __call__(self, x: jax.Array, attend: Callable[[jax.Array], jax.Array]) -> jax.Array:
@@ -33,6 +34,6 @@ class LmHead(nn.Module):
             bias_init=layers.zeros_init(("embed",)),
         )(x)
         x = layers.gelu(x)
-        x = layers.layer_norm("ln", self.dtype)(x)
+        x = layers.layer_norm("ln", self.dtype, self.layer_norm_eps)(x)
         bias = self.param("bias", layers.zeros_init(("vocab",)), (self.vocab_size,), jnp.float32)
         return attend(x) + bias

@@ -60,6 +60,9 @@ class StackConfig:
     pallas: flash_attention.KernelOptions = flash_attention.KernelOptions()
     scan_layers: bool = False  # nn.scan over the layers (TransformerStack; see below)
     remat_policy: str = "none"  # one of REMAT_POLICIES
+    # Added to the variance in every LayerNorm: fairseq RoBERTa's and MAE-LM's 1e-5;
+    # an imported BERT keeps its 1e-12 (the outputs differ visibly for small activations).
+    layer_norm_eps: float = 1e-5
 
     @property
     def head_dim(self) -> int:
@@ -162,9 +165,11 @@ def gelu(x: jax.Array) -> jax.Array:
     return 0.5 * x * (1.0 + jax.lax.erf(x * jnp.asarray(0.5 ** 0.5, x.dtype)))
 
 
-def layer_norm(name: str, dtype: Dtype) -> nn.LayerNorm:
+def layer_norm(name: str, dtype: Dtype, epsilon: float) -> nn.LayerNorm:
+    """A LayerNorm whose statistics are float32 whatever `dtype` (flax computes them so);
+    `epsilon` is the architecture's (StackConfig.layer_norm_eps)."""
     return nn.LayerNorm(
-        epsilon=1e-5,
+        epsilon=epsilon,
         dtype=dtype,
         name=name,
         scale_init=ones_init(("embed",)),

@@ -60,9 +60,9 @@ class MaeLmModel(nn.Module):
                     kernel_init=layers.normal_init(("dec_embed", "embed")),
                     bias_init=layers.zeros_init(("embed",)),
                 )
-        self.lm_head = heads.LmHead(
-            cfg.encoder.stack.d_model, cfg.encoder.vocab_size, cfg.encoder.stack.dtype
-        )
+        stack = cfg.encoder.stack
+        self.lm_head = heads.LmHead(stack.d_model, cfg.encoder.vocab_size, stack.dtype,
+                                    stack.layer_norm_eps)
 
     def __call__(self, batch: masking.MaskedBatch, deterministic: bool = True) -> jax.Array:
         """Returns logits [B, k, vocab] (float32) at batch.pred_index."""

@@ -26,7 +26,8 @@ class MlmModel(nn.Module):
     def setup(self):
         e = self.cfg.encoder
         self.encoder = encoder_lib.Encoder(e)
-        self.lm_head = heads.LmHead(e.stack.d_model, e.vocab_size, e.stack.dtype)
+        self.lm_head = heads.LmHead(e.stack.d_model, e.vocab_size, e.stack.dtype,
+                                    e.stack.layer_norm_eps)
 
     def __call__(self, batch: masking.MaskedBatch, deterministic: bool = True) -> jax.Array:
         """Logits [B, k, vocab] (float32) at batch.pred_index."""

@@ -39,7 +39,8 @@ class TransformerLayer(nn.Module):
         drop = Dropout(cfg.dropout)
         attn = MultiHeadAttention(cfg, name="attention")
         mlp = FeedForward(cfg, name="mlp")
-        ln_attn, ln_mlp = layer_norm("ln_attention", cfg.dtype), layer_norm("ln_mlp", cfg.dtype)
+        ln_attn = layer_norm("ln_attention", cfg.dtype, cfg.layer_norm_eps)
+        ln_mlp = layer_norm("ln_mlp", cfg.dtype, cfg.layer_norm_eps)
         if cfg.pre_ln:
             h = ln_attn(x)
             x = x + drop(attn(h, h, bias, key_mask, deterministic), deterministic=deterministic)
@@ -88,15 +89,15 @@ class CrossTransformerLayer(nn.Module):
             return Dropout(cfg.dropout)(y, deterministic=deterministic)
         cross_attn = MultiHeadAttention(cfg, name="cross_attention")
         mlp = FeedForward(cfg, name="mlp")
-        ln_cross = layer_norm("ln_cross_attention", cfg.dtype)
-        ln_mlp = layer_norm("ln_mlp", cfg.dtype)
+        ln_cross = layer_norm("ln_cross_attention", cfg.dtype, cfg.layer_norm_eps)
+        ln_mlp = layer_norm("ln_mlp", cfg.dtype, cfg.layer_norm_eps)
         if self.self_attention != "none":
             n = x.shape[1]
             # Queries are sorted by position, so "earlier" is the lower triangle.
             causal = jnp.tril(jnp.ones((1, n, n), bool)) if self.self_attention == "causal" \
                 else None
             self_attn = MultiHeadAttention(cfg, name="self_attention")
-            ln_self = layer_norm("ln_self_attention", cfg.dtype)
+            ln_self = layer_norm("ln_self_attention", cfg.dtype, cfg.layer_norm_eps)
             if cfg.pre_ln:
                 h = ln_self(x)
                 x = x + drop(self_attn(h, h, self_bias, causal, deterministic))
@@ -190,7 +191,7 @@ class TransformerStack(nn.Module):
             )
             x, outputs = scan(cfg, deterministic, collect, name="scan")(x, bias, key_mask)
             if cfg.pre_ln:
-                x = layer_norm("ln_final", cfg.dtype)(x)
+                x = layer_norm("ln_final", cfg.dtype, cfg.layer_norm_eps)(x)
             if collect:
                 for i in range(cfg.num_layers - 1):
                     self.sow(HIDDEN_STATES, "layers", outputs[i])
@@ -200,6 +201,6 @@ class TransformerStack(nn.Module):
         for i in range(cfg.num_layers):
             x = layer_cls(cfg, name=f"layer_{i}")(x, bias, key_mask, deterministic)
             if cfg.pre_ln and i == cfg.num_layers - 1:
-                x = layer_norm("ln_final", cfg.dtype)(x)
+                x = layer_norm("ln_final", cfg.dtype, cfg.layer_norm_eps)(x)
             self.sow(HIDDEN_STATES, "layers", x)
         return x

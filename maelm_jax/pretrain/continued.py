@@ -104,6 +104,17 @@ def read_source(config: ml_collections.ConfigDict,
         raise ContinuedError(f"config.train.continue_data: {t.init_from} is a {source.kind} "
                              "model, not a pretraining run whose data could be continued; "
                              "set it to False")
+    try:
+        theirs = source.layer_norm_eps
+    except source_lib.CheckpointError as e:
+        raise ContinuedError(str(e)) from None
+    if theirs != float(config.model.layer_norm_eps):
+        # Not a shape, so no parameter would say it: the same weights would compute
+        # another function (BERT's 1e-12 against our default 1e-5).
+        raise ContinuedError(f"config.model.layer_norm_eps: {source.description} was "
+                             f"trained with LayerNorm epsilon {theirs:g}, this run has "
+                             f"{float(config.model.layer_norm_eps):g}; set "
+                             f"--config.model.layer_norm_eps={theirs:g}")
     return source
 
 

@@ -131,7 +131,9 @@ def architecture(config: Mapping[str, Any], where: str) -> dict[str, Any]:
             "d_ff": int(config["intermediate_size"]), "pre_ln": False,
             "vocab_size": int(config["vocab_size"]),
             "max_positions": int(config["max_position_embeddings"]) - _first_position(config),
-            "rel_pos_buckets": 0, "rel_pos_max_distance": 128, "rel_pos_bucket_fn": "t5"},
+            "rel_pos_buckets": 0, "rel_pos_max_distance": 128, "rel_pos_bucket_fn": "t5",
+            # transformers' default for both (a RoBERTa checkpoint states its 1e-5).
+            "layer_norm_eps": float(config.get("layer_norm_eps", 1e-12))},
             where)
     except KeyError as e:
         raise HuggingFaceError(f"{where}: field {e.args[0]!r} is missing") from None

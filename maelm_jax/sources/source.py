@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from maelm_jax.infra import errors, paths
+from maelm_jax.models import encoder as encoder_lib
 from maelm_jax.models import layer_layout
 from maelm_jax.sources import huggingface
 from maelm_jax.training import budget as budget_lib
@@ -62,6 +63,19 @@ class Source:
         if self.kind == HUGGING_FACE:
             return f"Hugging Face {self.config.get('model_type')} model {self.path}"
         return f"{self.kind} checkpoint {self.step_dir}"
+
+    @property
+    def layer_norm_eps(self) -> float:
+        """The epsilon the source's LayerNorms were trained with (an architecture field no
+        parameter's shape shows)."""
+        if self.kind == HUGGING_FACE:
+            try:
+                return huggingface.architecture(self.config, self.field)["layer_norm_eps"]
+            except huggingface.HuggingFaceError as e:
+                raise CheckpointError(str(e)) from None
+        arch = (read_json(self.path / layout.ENCODER_FILE, self.field)
+                if self.kind == FINETUNING else self.config.get("model", {}))
+        return float(arch.get("layer_norm_eps", encoder_lib.ADDED["layer_norm_eps"]))
 
     def params(self, part: str | None = None, stacked: bool = False,
                unmapped: list[str] | None = None) -> Any:

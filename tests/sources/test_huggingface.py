@@ -44,10 +44,8 @@ def _save(kind: str, directory, safetensors: bool, **changes):
         config = transformers.RobertaConfig(**SIZES, max_position_embeddings=18,
                                             type_vocab_size=1, layer_norm_eps=1e-5, **changes)
         model = transformers.RobertaForMaskedLM(config)
-    else:  # BERT's: two token types, its own LayerNorm epsilon; larger weights, as a
-        # trained model's activations are (1e-12 against our 1e-5 is then below rounding)
-        config = transformers.BertConfig(**SIZES, max_position_embeddings=16,
-                                         initializer_range=0.5, **changes)
+    else:  # BERT's: two token types, its own LayerNorm epsilon (1e-12), imported as such
+        config = transformers.BertConfig(**SIZES, max_position_embeddings=16, **changes)
         model = transformers.BertForMaskedLM(config)
     with torch.no_grad():  # LayerNorms and biases off their initial ones and zeros
         for name, p in model.named_parameters():
@@ -64,6 +62,7 @@ def test_an_imported_encoder_computes_what_transformers_does(kind, safetensors, 
     assert source.kind == source_lib.HUGGING_FACE and source.step is None
     arch, _ = runs.architecture(source, VOCAB)
     assert arch["max_positions"] == 16 and arch["rel_pos_buckets"] == 0 and not arch["pre_ln"]
+    assert arch["layer_norm_eps"] == (1e-5 if kind == "roberta" else 1e-12)
     cfg = encoder_lib.from_architecture(arch)
     params = source.params()
     ids = np.asarray([IDS], np.int32)
@@ -170,6 +169,7 @@ def test_a_hugging_face_model_continues_pretraining(tmp_path, caplog):
     import hf_tokenizers
 
     from maelm_jax.data import builtin_corpus
+    from maelm_jax.pretrain import continued
     from maelm_jax.pretrain import train as pretrain_train
     from maelm_jax.text import tokenizer as tokenizer_lib
 
@@ -192,6 +192,13 @@ def test_a_hugging_face_model_continues_pretraining(tmp_path, caplog):
     c.train.init_from = str(model_dir)
     c.train.num_steps = c.train.checkpoint_every = c.train.eval_every = 2
     c.train.fill_mask_examples = 0
+    # transformers' RobertaConfig says 1e-12 unless told: the run must say it too.
+    with pytest.raises(continued.ContinuedError, match=r"^config.model.layer_norm_eps: "
+                       r"Hugging Face roberta model .* trained with LayerNorm epsilon 1e-12, "
+                       r"this run has 1e-05; set --config.model.layer_norm_eps=1e-12$"):
+        pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    c.model.layer_norm_eps = 1e-12
     with caplog.at_level(logging.INFO):
         pretrain_train.train_and_evaluate(c, str(tmp_path / "run"))
     (summary,) = [r.getMessage() for r in caplog.records if "started from" in r.getMessage()]

@@ -107,6 +107,7 @@ class MaeLm(base.Objective):
             pallas=stack.pallas,
             scan_layers=stack.scan_layers,
             remat_policy=stack.remat_policy,
+            layer_norm_eps=stack.layer_norm_eps,
         )
         decoder = decoder_lib.DecoderConfig(
             stack=dec_stack,
