@@ -98,8 +98,9 @@ def main(argv) -> None:
         study_config.validate(study)
         c = seed_config(study)
         vocab_size = study.pretrain.tokenizer.vocab_size
+        # Random ids above SentencePiece's five special ones (random_split's draws).
         encoder_cfg = finetune_encoder.build(
-            c, finetune_encoder.scratch_architecture(c, vocab_size))
+            c, finetune_encoder.scratch_architecture(c, vocab_size), tokenizer.SENTENCEPIECE_IDS)
     except errors.UserError as e:
         cli.fail(str(e), cli.program())
     max_len = c.data.max_seq_len
