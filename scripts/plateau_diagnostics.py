@@ -66,8 +66,8 @@ def neighbour_attention(probs: np.ndarray, pred_index: np.ndarray) -> np.ndarray
     return mass.mean(axis=(0, 1))
 
 
-def report(model, params, tokens, counts, vocab_size) -> None:
-    batch = masking.apply_mask(jax.random.PRNGKey(3), tokens, counts, vocab_size)
+def report(model, params, tokens, counts, vocab_size, special) -> None:
+    batch = masking.apply_mask(jax.random.PRNGKey(3), tokens, counts, vocab_size, special)
 
     def loss(p):
         logits = model.apply({"params": p}, batch)
@@ -111,7 +111,8 @@ def main(argv):
     data = run_data.build_blocks(config, workdir, tok)
     t = config.train
     program = setup_lib.build(config, tok.vocab_size,
-                              sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+                              sharding.make_mesh((1, 1, 1), jax.devices()[:1]),
+                              special=tok.special)
     model, counts = program.model, program.counts
     eval_data = [jnp.asarray(b) for b in loader.eval_batches(data, t.batch_size, t.eval_batches)]
     batches = loader.train_batches(data, t.batch_size, config.seed)
@@ -126,7 +127,7 @@ def main(argv):
                 totals += [float(sums[k]) for k in ("loss_sum", "correct_sum", "count")]
             print(f"step {step}: eval loss {totals[0] / totals[2]:.3f}, "
                   f"accuracy {totals[1] / totals[2]:.3f}", flush=True)
-            report(model, state.params, eval_data[0], counts, tok.vocab_size)
+            report(model, state.params, eval_data[0], counts, tok.vocab_size, tok.special)
 
 
 if __name__ == "__main__":
